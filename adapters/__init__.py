@@ -1,0 +1,1 @@
+"""Adapters: technologies behind the ports."""

@@ -1,0 +1,393 @@
+"""Envoy ext_proc (FULL_DUPLEX_STREAMED) translated to and from the ``RequestProcessor`` port.
+
+One gRPC ``Process`` stream carries one HTTP request and its response. The request-header
+reply is held until the body's end of stream, then the routing decision goes back as a
+header mutation (``x-gateway-destination-endpoint``, ``Content-Length``, the re-set request
+headers), ``envoy.lb`` dynamic metadata, and the body as ``streamed_response`` chunks.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import AsyncIterator, Iterable, Mapping
+from typing import Any, cast
+
+import grpc
+from envoy.config.core.v3 import base_pb2
+from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
+from envoy.type.v3 import http_status_pb2
+from google.protobuf import struct_pb2
+
+from ports.errors import ErrorCode, RequestError
+from ports.requests import (
+    SYSTEM_REQUEST_HEADERS,
+    InboundRequest,
+    Metadata,
+    RequestExchange,
+    RequestProcessor,
+    RoutingDecision,
+)
+
+__all__ = [
+    "DESTINATION_ENDPOINT_HEADER",
+    "HTTP_STATUS_BY_CODE",
+    "MAX_BODY_CHUNK_BYTES",
+    "ExtProcServicer",
+]
+
+logger = logging.getLogger(__name__)
+
+DESTINATION_ENDPOINT_HEADER = "x-gateway-destination-endpoint"
+DESTINATION_METADATA_NAMESPACE = "envoy.lb"
+REQUEST_ID_HEADER = "x-request-id"
+#: Some Envoy builds cap a streamed body chunk at 64 KiB; stay below it.
+MAX_BODY_CHUNK_BYTES = 62_000
+
+HTTP_STATUS_BY_CODE: Mapping[ErrorCode, int] = {
+    ErrorCode.BAD_REQUEST: 400,
+    ErrorCode.UNAUTHORIZED: 401,
+    ErrorCode.FORBIDDEN: 403,
+    ErrorCode.NOT_FOUND: 404,
+    ErrorCode.RESOURCE_EXHAUSTED: 429,
+    ErrorCode.INTERNAL: 500,
+    ErrorCode.SERVICE_UNAVAILABLE: 503,
+}
+
+_OVERWRITE = base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD
+
+
+class StreamAbortedError(Exception):
+    """An error with no HTTP mapping: the stream is aborted with a gRPC error."""
+
+
+def _header_option(key: str, value: str) -> Any:
+    return base_pb2.HeaderValueOption(
+        header=base_pb2.HeaderValue(key=key, raw_value=value.encode()),
+        append_action=_OVERWRITE,
+    )
+
+
+def _headers_of(header_map: Any) -> dict[str, str]:
+    headers: dict[str, str] = {}
+    for h in header_map.headers:
+        raw = h.raw_value
+        headers[h.key.lower()] = raw.decode("utf-8", "replace") if raw else h.value
+    return headers
+
+
+def _plain(value: Any) -> object:
+    """A ``google.protobuf.Value`` as a plain Python value."""
+    kind = value.WhichOneof("kind")
+    if kind == "string_value":
+        return value.string_value
+    if kind == "number_value":
+        return value.number_value
+    if kind == "bool_value":
+        return value.bool_value
+    if kind == "struct_value":
+        return {k: _plain(v) for k, v in value.struct_value.fields.items()}
+    if kind == "list_value":
+        return [_plain(v) for v in value.list_value.values]
+    return None
+
+
+def _metadata_of(request: Any) -> dict[str, dict[str, object]]:
+    filter_metadata = request.metadata_context.filter_metadata
+    return {
+        namespace: {k: _plain(v) for k, v in struct.fields.items()}
+        for namespace, struct in filter_metadata.items()
+    }
+
+
+def _struct(metadata: Metadata) -> Any:
+    struct = struct_pb2.Struct()
+    for namespace, fields in metadata.items():
+        struct.get_or_create_struct(namespace).update(cast(dict[str, Any], dict(fields)))
+    return struct
+
+
+def _chunks(body: bytes) -> Iterable[bytes]:
+    if not body:
+        yield b""
+        return
+    view = memoryview(body)
+    for start in range(0, len(body), MAX_BODY_CHUNK_BYTES):
+        yield bytes(view[start : start + MAX_BODY_CHUNK_BYTES])
+
+
+def _request_body_response(chunk: bytes, end_of_stream: bool) -> Any:
+    return pb.ProcessingResponse(
+        request_body=pb.BodyResponse(
+            response=pb.CommonResponse(
+                body_mutation=pb.BodyMutation(
+                    streamed_response=pb.StreamedBodyResponse(
+                        body=chunk, end_of_stream=end_of_stream
+                    )
+                )
+            )
+        )
+    )
+
+
+def _response_body_response(
+    chunk: bytes, end_of_stream: bool, metadata: Metadata | None = None
+) -> Any:
+    response = pb.ProcessingResponse(
+        response_body=pb.BodyResponse(
+            response=pb.CommonResponse(
+                body_mutation=pb.BodyMutation(
+                    streamed_response=pb.StreamedBodyResponse(
+                        body=chunk, end_of_stream=end_of_stream
+                    )
+                )
+            )
+        )
+    )
+    if metadata:
+        response.dynamic_metadata.CopyFrom(_struct(metadata))
+    return response
+
+
+def immediate_response(error: RequestError) -> Any:
+    status = HTTP_STATUS_BY_CODE.get(error.code)
+    if status is None:
+        raise StreamAbortedError(f"{error.code.value}: {error.message}")
+    return pb.ProcessingResponse(
+        immediate_response=pb.ImmediateResponse(
+            status=http_status_pb2.HttpStatus(code=status),
+            body=f"inference error: {error.code.value} - {error.message}".encode(),
+        )
+    )
+
+
+class _Stream:
+    """The state of one ext_proc stream (one HTTP request and its response)."""
+
+    __slots__ = (
+        "_body_chunks",
+        "_body_done",
+        "_exchange",
+        "_finished",
+        "_headers",
+        "_metadata",
+        "_processor",
+        "_request_id",
+        "_response_chunks",
+        "_response_done",
+        "_streaming",
+    )
+
+    def __init__(self, processor: RequestProcessor) -> None:
+        self._processor = processor
+        self._headers: dict[str, str] = {}
+        self._metadata: dict[str, dict[str, object]] = {}
+        self._body_chunks: list[bytes] = []
+        self._body_done = False
+        self._exchange: RequestExchange | None = None
+        self._streaming = False
+        self._response_chunks: list[bytes] = []
+        self._response_done = False
+        self._request_id = ""
+        self._finished = False
+
+    @property
+    def finished(self) -> bool:
+        """An immediate response was sent: nothing more will be processed."""
+        return self._finished
+
+    async def handle(self, request: Any) -> list[Any]:
+        kind = request.WhichOneof("request")
+        if request.HasField("metadata_context"):
+            self._metadata.update(_metadata_of(request))
+        if kind == "request_headers":
+            return await self._on_request_headers(request.request_headers)
+        if kind == "request_body":
+            return await self._on_request_body(request.request_body)
+        if kind == "response_headers":
+            return await self._on_response_headers(request.response_headers)
+        if kind == "response_body":
+            return await self._on_response_body(request.response_body)
+        if kind == "response_trailers":
+            return await self._on_response_trailers()
+        return []  # request trailers (and anything unknown) get no reply
+
+    async def close(self) -> None:
+        self._body_chunks.clear()
+        self._response_chunks.clear()
+        if self._exchange is not None:
+            await self._exchange.close()
+
+    # request path
+
+    async def _on_request_headers(self, message: Any) -> list[Any]:
+        headers = _headers_of(message.headers)
+        request_id = headers.get(REQUEST_ID_HEADER)
+        if not request_id:
+            request_id = str(uuid.uuid4())
+            headers[REQUEST_ID_HEADER] = request_id
+        self._headers = headers
+        self._request_id = request_id
+        if message.end_of_stream:
+            return await self._route(None)
+        return []
+
+    async def _on_request_body(self, message: Any) -> list[Any]:
+        if self._body_done:
+            return []  # a duplicate end-of-stream chunk
+        if message.body:
+            self._body_chunks.append(message.body)
+        if not message.end_of_stream:
+            return []
+        self._body_done = True
+        body = b"".join(self._body_chunks)
+        self._body_chunks.clear()
+        return await self._route(body)
+
+    async def _route(self, body: bytes | None) -> list[Any]:
+        inbound = InboundRequest(
+            request_id=self._request_id,
+            headers=self._headers,
+            body=body,
+            metadata=self._metadata,
+        )
+        self._exchange = self._processor.open(inbound)
+        decision = await self._exchange.route()
+        if decision.error is not None:
+            self._finished = True
+            logger.info(
+                "request %s refused: %s - %s",
+                self._request_id,
+                decision.error.code.value,
+                decision.error.message,
+            )
+            return [immediate_response(decision.error)]
+        replies = [self._header_reply(decision)]
+        if body is not None:
+            chunks = list(_chunks(decision.body))
+            last = len(chunks) - 1
+            replies.extend(_request_body_response(c, i == last) for i, c in enumerate(chunks))
+        return replies
+
+    def _header_reply(self, decision: RoutingDecision) -> Any:
+        destination = ",".join(e.host_port() for e in decision.endpoints)
+        set_headers = [_header_option(DESTINATION_ENDPOINT_HEADER, destination)]
+        if decision.body:
+            set_headers.append(_header_option("Content-Length", str(len(decision.body))))
+        set_headers.extend(_header_option(k, v) for k, v in decision.headers)
+        set_headers.extend(
+            _header_option(k, v)
+            for k, v in self._headers.items()
+            if k not in SYSTEM_REQUEST_HEADERS and not k.startswith(":") and k != "host"
+        )
+        metadata: dict[str, dict[str, object]] = {
+            ns: dict(fields) for ns, fields in decision.dynamic_metadata.items()
+        }
+        metadata.setdefault(DESTINATION_METADATA_NAMESPACE, {})[DESTINATION_ENDPOINT_HEADER] = (
+            destination
+        )
+        return pb.ProcessingResponse(
+            request_headers=pb.HeadersResponse(
+                response=pb.CommonResponse(
+                    clear_route_cache=True,
+                    header_mutation=pb.HeaderMutation(set_headers=set_headers),
+                )
+            ),
+            dynamic_metadata=_struct(metadata),
+        )
+
+    # response path
+
+    async def _on_response_headers(self, message: Any) -> list[Any]:
+        headers = _headers_of(message.headers)
+        set_headers = [_header_option("x-went-into-resp-headers", "true")]
+        if self._exchange is not None:
+            reply = await self._exchange.response_headers(headers, self._metadata)
+            self._streaming = reply.streaming
+            set_headers.extend(_header_option(k, v) for k, v in reply.headers)
+        set_headers.extend(
+            _header_option(k, v)
+            for k, v in headers.items()
+            if not k.startswith(":") and k not in SYSTEM_REQUEST_HEADERS
+        )
+        replies = [
+            pb.ProcessingResponse(
+                response_headers=pb.HeadersResponse(
+                    response=pb.CommonResponse(
+                        header_mutation=pb.HeaderMutation(set_headers=set_headers)
+                    )
+                )
+            )
+        ]
+        if message.end_of_stream and self._exchange is not None:
+            self._response_done = True
+            await self._exchange.response_body(b"", True)
+        return replies
+
+    async def _on_response_body(self, message: Any) -> list[Any]:
+        if self._response_done:
+            return []
+        end_of_stream = bool(message.end_of_stream)
+        if self._exchange is None:
+            return [_response_body_response(message.body, end_of_stream)]
+        if self._streaming:
+            self._response_done = end_of_stream
+            reply = await self._exchange.response_body(message.body, end_of_stream)
+            return [_response_body_response(reply.body, end_of_stream, reply.dynamic_metadata)]
+        if message.body:
+            self._response_chunks.append(message.body)
+        if not end_of_stream:
+            return []
+        return await self._flush_buffered_response(end_of_stream=True)
+
+    async def _flush_buffered_response(self, *, end_of_stream: bool) -> list[Any]:
+        assert self._exchange is not None
+        self._response_done = True
+        body = b"".join(self._response_chunks)
+        self._response_chunks.clear()
+        reply = await self._exchange.response_body(body, True)
+        chunks = list(_chunks(reply.body))
+        last = len(chunks) - 1
+        return [
+            _response_body_response(
+                c, end_of_stream and i == last, reply.dynamic_metadata if i == last else None
+            )
+            for i, c in enumerate(chunks)
+        ]
+
+    async def _on_response_trailers(self) -> list[Any]:
+        replies: list[Any] = []
+        if not self._response_done and self._exchange is not None:
+            if self._streaming:
+                self._response_done = True
+                await self._exchange.response_body(b"", True)
+            else:
+                replies = await self._flush_buffered_response(end_of_stream=False)
+        replies.append(pb.ProcessingResponse(response_trailers=pb.TrailersResponse()))
+        return replies
+
+
+class ExtProcServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
+    """The ``envoy.service.ext_proc.v3.ExternalProcessor`` service."""
+
+    def __init__(self, processor: RequestProcessor) -> None:
+        self._processor = processor
+
+    async def Process(  # noqa: N802 - the gRPC method name
+        self, request_iterator: AsyncIterator[Any], context: grpc.aio.ServicerContext[Any, Any]
+    ) -> AsyncIterator[Any]:
+        stream = _Stream(self._processor)
+        try:
+            async for request in request_iterator:
+                try:
+                    replies = await stream.handle(request)
+                except StreamAbortedError as exc:
+                    await context.abort(grpc.StatusCode.UNKNOWN, str(exc))
+                    return
+                for reply in replies:
+                    yield reply
+                if stream.finished:
+                    return
+        finally:
+            await stream.close()

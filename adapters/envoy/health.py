@@ -1,0 +1,54 @@
+"""The standard gRPC health service, answering from the EPP's readiness."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+__all__ = ["SERVICE_NAMES", "HealthServicer"]
+
+#: The service names the EPP reports in ``List``; ``Check`` answers for any name.
+SERVICE_NAMES = ("", "liveness", "readiness", "envoy.service.ext_proc.v3.ExternalProcessor")
+
+_SERVING = health_pb2.HealthCheckResponse.SERVING
+_NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+
+
+class HealthServicer(health_pb2_grpc.HealthServicer):  # type: ignore[misc]
+    """SERVING while ``ready()`` is true and the server is not draining.
+
+    ``liveness`` stays SERVING while draining: the process is alive, just not taking work.
+    """
+
+    def __init__(self, ready: Callable[[], bool]) -> None:
+        self._ready = ready
+        self._draining = False
+
+    def start_draining(self) -> None:
+        self._draining = True
+
+    def _status(self, service: str) -> Any:
+        if service == "liveness":
+            return _SERVING
+        return _SERVING if self._ready() and not self._draining else _NOT_SERVING
+
+    async def Check(  # noqa: N802 - the gRPC method name
+        self, request: Any, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> Any:
+        return health_pb2.HealthCheckResponse(status=self._status(request.service))
+
+    async def List(  # noqa: N802 - the gRPC method name
+        self, request: Any, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> Any:
+        response = health_pb2.HealthListResponse()
+        for name in SERVICE_NAMES:
+            response.statuses[name].status = self._status(name)
+        return response
+
+    async def Watch(  # noqa: N802 - the gRPC method name
+        self, request: Any, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> Any:
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "Watch is not implemented")

@@ -1,0 +1,200 @@
+"""The ``epp`` command line, flag-compatible with the reference Endpoint Picker."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from app.durations import parse_duration
+from app.settings import Settings
+from domain.datastore.static_source import parse_endpoint_list
+
+__all__ = ["build_parser", "main", "parse_settings"]
+
+_TRUE = {"1", "t", "true", "yes", "y", "on"}
+_FALSE = {"0", "f", "false", "no", "n", "off"}
+
+
+def _bool(text: str) -> bool:
+    lowered = text.strip().lower()
+    if lowered in _TRUE:
+        return True
+    if lowered in _FALSE:
+        return False
+    raise argparse.ArgumentTypeError(f"{text!r} is not a boolean (true or false)")
+
+
+def _duration(text: str) -> float:
+    try:
+        return parse_duration(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"{value} is not in 0..65535")
+    return value
+
+
+def _verbosity(text: str) -> int:
+    try:
+        value = int(text.removeprefix("="))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError("must be >= 0")
+    return value
+
+
+def _endpoints(text: str) -> str:
+    try:
+        parse_endpoint_list(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
+def _add_bool(parser: argparse.ArgumentParser, flag: str, default: bool, help_text: str) -> None:
+    parser.add_argument(
+        flag,
+        type=_bool,
+        nargs="?",
+        const=True,
+        default=default,
+        metavar="BOOL",
+        help=f"{help_text} (default {str(default).lower()}; --flag, --flag=true, --flag=false)",
+    )
+
+
+def _add(
+    parser: argparse.ArgumentParser,
+    flag: str,
+    kind: Callable[[str], object],
+    default: object,
+    help_text: str,
+) -> None:
+    parser.add_argument(flag, type=kind, default=default, help=f"{help_text} (default {default})")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="epp",
+        description="Endpoint Picker for LLM inference, serving Envoy ext_proc.",
+        allow_abbrev=False,
+    )
+    _add(parser, "--grpc-port", _port, 9002, "ext_proc gRPC port")
+    _add(parser, "--grpc-health-port", _port, 9003, "gRPC health port")
+    _add(parser, "--metrics-port", _port, 9090, "Prometheus metrics port")
+    _add(parser, "--bind-address", str, "0.0.0.0", "address the gRPC servers listen on")
+    _add_bool(parser, "--secure-serving", True, "serve ext_proc over TLS")
+    parser.add_argument(
+        "--cert-path",
+        type=Path,
+        default=None,
+        help="directory with tls.crt and tls.key; a self-signed certificate when empty",
+    )
+    _add_bool(parser, "--health-checking", False, "also serve gRPC health on the ext_proc port")
+    config = parser.add_mutually_exclusive_group()
+    config.add_argument("--config-file", type=Path, default=None, help="EndpointPickerConfig file")
+    config.add_argument("--config-text", default=None, help="EndpointPickerConfig as text")
+    _add(parser, "--pool-name", str, "", "InferencePool to serve")
+    parser.add_argument(
+        "--pool-namespace",
+        default=None,
+        help="namespace of the pool (default: $NAMESPACE, else 'default')",
+    )
+    _add(parser, "--pool-group", str, "inference.networking.k8s.io", "InferencePool API group")
+    parser.add_argument(
+        "--static-endpoints",
+        type=_endpoints,
+        default="",
+        help='model servers outside Kubernetes, "ip:port,ip:port" (metrics at /metrics)',
+    )
+    _add_bool(
+        parser,
+        "--disable-endpoint-subset-filter",
+        False,
+        "ignore the gateway's envoy.lb.subset_hint metadata",
+    )
+    _add(parser, "--refresh-metrics-interval", _duration, "50ms", "model-server scrape interval")
+    _add(
+        parser,
+        "--refresh-prometheus-metrics-interval",
+        _duration,
+        "5s",
+        "pool gauge refresh interval",
+    )
+    _add(parser, "--metrics-staleness-threshold", _duration, "2s", "age of stale metrics")
+    _add(
+        parser,
+        "--shutdown-grace-period",
+        _duration,
+        "30s",
+        "how long in-flight streams may finish after SIGTERM",
+    )
+    parser.add_argument(
+        "-v",
+        "--v",
+        dest="verbosity",
+        type=_verbosity,
+        default=0,
+        help="log verbosity: 0-2 info, 3 and above debug (default 0)",
+    )
+    parser.add_argument(
+        "--log-format", choices=("text", "json"), default="text", help="log format (default text)"
+    )
+    _add_bool(parser, "--tracing", True, "OpenTelemetry tracing")
+    _add_bool(parser, "--enable-pprof", True, "accepted for compatibility; no effect")
+    _add_bool(parser, "--metrics-endpoint-auth", True, "accepted for compatibility; no effect")
+    _add_bool(parser, "--ha-enable-leader-election", False, "accepted for compatibility")
+    _add_bool(parser, "--enable-cert-reload", False, "accepted for compatibility; no effect")
+    _add_bool(parser, "--uvloop", True, "run on uvloop when it is installed")
+    return parser
+
+
+def parse_settings(argv: Sequence[str] | None = None) -> Settings:
+    """Parse flags into ``Settings``; on a bad flag print why and exit with code 2."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    values = vars(args)
+    if values["pool_namespace"] is None:
+        values["pool_namespace"] = os.environ.get("NAMESPACE") or "default"
+    for flag in ("refresh_metrics_interval", "refresh_prometheus_metrics_interval"):
+        if values[flag] <= 0:
+            parser.error(f"argument --{flag.replace('_', '-')}: must be greater than 0")
+    if values["metrics_staleness_threshold"] <= 0:
+        parser.error("argument --metrics-staleness-threshold: must be greater than 0")
+    if bool(values["pool_name"]) == bool(values["static_endpoints"]):
+        parser.error("exactly one of --pool-name and --static-endpoints must be set")
+    if values["pool_name"]:
+        parser.error(
+            "argument --pool-name: Kubernetes discovery is not available in this version; "
+            "use --static-endpoints"
+        )
+    if values["cert_path"] is not None and not values["cert_path"].is_dir():
+        parser.error(f"argument --cert-path: {values['cert_path']} is not a directory")
+    if values["config_file"] is not None and not values["config_file"].is_file():
+        parser.error(f"argument --config-file: {values['config_file']} is not a readable file")
+    try:
+        return Settings(**values)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        field = "--" + "-".join(str(p) for p in first["loc"]).replace("_", "-")
+        parser.error(f"argument {field}: {first['msg']}")
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    from app.runner import run
+
+    settings = parse_settings(argv)
+    sys.exit(run(settings))

@@ -1,0 +1,53 @@
+"""Process settings, validated by pydantic; built from the command line by ``app.cli``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+__all__ = ["Settings"]
+
+Port = int
+
+
+class Settings(BaseModel):
+    """Everything the process needs to start. Durations are in seconds."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    grpc_port: Port = Field(default=9002, ge=0, le=65535)
+    grpc_health_port: Port = Field(default=9003, ge=0, le=65535)
+    metrics_port: Port = Field(default=9090, ge=0, le=65535)
+    bind_address: str = "0.0.0.0"
+    secure_serving: bool = True
+    cert_path: Path | None = None
+    health_checking: bool = False
+    config_file: Path | None = None
+    config_text: str | None = None
+    pool_name: str = ""
+    pool_namespace: str = "default"
+    pool_group: str = "inference.networking.k8s.io"
+    static_endpoints: str = ""
+    disable_endpoint_subset_filter: bool = False
+    refresh_metrics_interval: float = Field(default=0.05, gt=0)
+    refresh_prometheus_metrics_interval: float = Field(default=5.0, gt=0)
+    metrics_staleness_threshold: float = Field(default=2.0, gt=0)
+    shutdown_grace_period: float = Field(default=30.0, ge=0)
+    verbosity: int = Field(default=0, ge=0)
+    log_format: Literal["text", "json"] = "text"
+    tracing: bool = True
+    enable_pprof: bool = True
+    metrics_endpoint_auth: bool = True
+    ha_enable_leader_election: bool = False
+    enable_cert_reload: bool = False
+    uvloop: bool = True
+
+    @model_validator(mode="after")
+    def _check(self) -> Settings:
+        if self.config_file is not None and self.config_text is not None:
+            raise ValueError("--config-file and --config-text are mutually exclusive")
+        if bool(self.pool_name) == bool(self.static_endpoints):
+            raise ValueError("exactly one of --pool-name and --static-endpoints must be set")
+        return self

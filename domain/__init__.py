@@ -1,0 +1,1 @@
+"""The EPP domain: all logic, standard library and ports only."""

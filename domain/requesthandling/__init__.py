@@ -1,0 +1,1 @@
+"""Request handling: parsing request bodies and reading responses."""
