@@ -1,0 +1,35 @@
+# The two commands a newcomer needs: `make demo` and `make test`. Both build the
+# environment first (`make install`: .venv/ with the project and its test tools).
+
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: install check test demo bench clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[test]'
+	@touch $(STAMP)
+
+# Architecture contracts, lint and types.
+check: install
+	$(BIN)/lint-imports
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+
+test: check
+	$(BIN)/pytest -q
+
+demo: install
+	$(BIN)/python -m tests.demo
+
+bench: install
+	$(BIN)/python -m tests.bench.extproc_overhead
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis

@@ -1,0 +1,161 @@
+"""Benchmark (not a test): what the EPP costs on the request path.
+
+Runs the same simulated model servers behind two Envoys from the shipped config: one
+with the EPP as ext_proc, one routing directly (the client sets
+``x-gateway-destination-endpoint`` itself, picking an instance at random). Both get the
+same closed-loop load at the same concurrency; prints requests/s, median and p99
+latency, the EPP/direct ratios, and the EPP's CPU seconds per 1,000 requests.
+
+    .venv/bin/python -m tests.bench.extproc_overhead [--requests 4000] [--concurrency 32]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import random
+import statistics
+import time
+from dataclasses import dataclass
+
+import aiohttp
+import orjson
+
+from tests.simulator import DEFAULT_MODEL
+from tests.support.stack import Stack, StackOptions
+
+BODY = orjson.dumps({"model": DEFAULT_MODEL, "prompt": "Benchmark prompt " * 16, "max_tokens": 4})
+
+
+@dataclass(frozen=True)
+class Result:
+    name: str
+    requests: int
+    seconds: float
+    latencies_ms: list[float]
+    errors: int
+    epp_cpu_seconds: float | None
+
+    @property
+    def rps(self) -> float:
+        return self.requests / self.seconds
+
+    def percentile(self, q: float) -> float:
+        ordered = sorted(self.latencies_ms)
+        return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def _cpu_seconds(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    ticks = os.sysconf("SC_CLK_TCK")
+    return (int(fields[11]) + int(fields[12])) / ticks  # utime + stime
+
+
+async def _load(
+    url: str, total: int, concurrency: int, destinations: list[str] | None
+) -> tuple[float, list[float], int]:
+    latencies: list[float] = []
+    errors = 0
+    remaining = total
+    rng = random.Random(7)
+    connector = aiohttp.TCPConnector(limit=concurrency)
+    async with aiohttp.ClientSession(connector=connector) as session:
+
+        async def worker() -> None:
+            nonlocal remaining, errors
+            while remaining > 0:
+                remaining -= 1
+                headers = {"content-type": "application/json"}
+                if destinations:
+                    headers["x-gateway-destination-endpoint"] = rng.choice(destinations)
+                started = time.perf_counter()
+                async with session.post(
+                    f"{url}/v1/completions", data=BODY, headers=headers
+                ) as response:
+                    await response.read()
+                    if response.status != 200:
+                        errors += 1
+                latencies.append((time.perf_counter() - started) * 1000)
+
+        started = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        return time.perf_counter() - started, latencies, errors
+
+
+def _run(
+    name: str,
+    url: str,
+    total: int,
+    concurrency: int,
+    destinations: list[str] | None,
+    epp_pid: int | None,
+) -> Result:
+    cpu_before = _cpu_seconds(epp_pid) if epp_pid else 0.0
+    seconds, latencies, errors = asyncio.run(_load(url, total, concurrency, destinations))
+    cpu = _cpu_seconds(epp_pid) - cpu_before if epp_pid else None
+    return Result(name, total, seconds, latencies, errors, cpu)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--requests", type=int, default=4000)
+    parser.add_argument("--concurrency", type=int, default=32)
+    parser.add_argument("--simulators", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=2, help="alternating rounds per mode")
+    parser.add_argument("--plaintext", action="store_true", help="EPP without TLS")
+    args = parser.parse_args()
+
+    options = StackOptions(simulators=args.simulators, epp_tls=not args.plaintext)
+    with Stack.run(options) as stack:
+        _, direct_port = stack.start_envoy(ext_proc=False, name="envoy-direct")
+        epp_url, direct_url = stack.url, f"http://127.0.0.1:{direct_port}"
+        destinations = list(stack.simulator_addresses.values())
+        assert stack.epp is not None
+        assert stack.epp.process is not None
+        epp_pid = stack.epp.process.pid
+        # Warm up both paths (connections, code paths).
+        _run("warmup", epp_url, 300, args.concurrency, None, None)
+        _run("warmup", direct_url, 300, args.concurrency, destinations, None)
+        epp_runs, direct_runs = [], []
+        for _ in range(args.rounds):
+            epp_runs.append(_run("epp", epp_url, args.requests, args.concurrency, None, epp_pid))
+            direct_runs.append(
+                _run("direct", direct_url, args.requests, args.concurrency, destinations, None)
+            )
+
+    def merged(runs: list[Result]) -> Result:
+        cpu = [r.epp_cpu_seconds for r in runs if r.epp_cpu_seconds is not None]
+        return Result(
+            runs[0].name,
+            sum(r.requests for r in runs),
+            sum(r.seconds for r in runs),
+            [x for r in runs for x in r.latencies_ms],
+            sum(r.errors for r in runs),
+            sum(cpu) if cpu else None,
+        )
+
+    epp, direct = merged(epp_runs), merged(direct_runs)
+    print(
+        f"concurrency {args.concurrency}, {args.requests} requests x {args.rounds} rounds per mode,"
+        f" {args.simulators} simulated servers, EPP TLS {'off' if args.plaintext else 'on'},"
+        f" {os.cpu_count()} CPUs"
+    )
+    print(f"{'':<22}{'EPP':>12}{'direct':>12}{'EPP/direct':>12}")
+    print(f"{'requests/s':<22}{epp.rps:>12.0f}{direct.rps:>12.0f}{epp.rps / direct.rps:>12.2f}")
+    for label, q in (("median latency ms", 0.5), ("p99 latency ms", 0.99)):
+        a, b = epp.percentile(q), direct.percentile(q)
+        print(f"{label:<22}{a:>12.2f}{b:>12.2f}{a / b:>12.2f}")
+    print(f"{'errors':<22}{epp.errors:>12}{direct.errors:>12}")
+    if epp.epp_cpu_seconds is not None:
+        per_k = epp.epp_cpu_seconds / epp.requests * 1000
+        print(f"EPP CPU seconds per 1,000 requests: {per_k:.3f}")
+    print(
+        f"(median of per-request latency over all rounds; stdev EPP "
+        f"{statistics.pstdev(epp.latencies_ms):.2f} ms)"
+    )
+
+
+if __name__ == "__main__":
+    main()

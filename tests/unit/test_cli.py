@@ -1,0 +1,155 @@
+"""The ``epp`` command line: reference-compatible flags, defaults and errors."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from app.cli import parse_settings
+from app.durations import parse_duration
+
+STATIC = ["--static-endpoints", "127.0.0.2:8000,127.0.0.3:8000"]
+
+
+def test_defaults_match_the_reference() -> None:
+    settings = parse_settings(STATIC)
+    assert settings.grpc_port == 9002
+    assert settings.grpc_health_port == 9003
+    assert settings.metrics_port == 9090
+    assert settings.secure_serving is True
+    assert settings.cert_path is None
+    assert settings.refresh_metrics_interval == pytest.approx(0.05)
+    assert settings.refresh_prometheus_metrics_interval == pytest.approx(5.0)
+    assert settings.metrics_staleness_threshold == pytest.approx(2.0)
+    assert settings.log_format == "text"
+    assert settings.tracing is True
+    assert settings.disable_endpoint_subset_filter is False
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["--secure-serving"], True),
+        (["--secure-serving=true"], True),
+        (["--secure-serving=false"], False),
+        (["--secure-serving=False"], False),
+        (["--secure-serving", "false"], False),
+        (["--secure-serving=0"], False),
+    ],
+)
+def test_boolean_flags_accept_go_forms(argv: list[str], expected: bool) -> None:
+    assert parse_settings([*STATIC, *argv]).secure_serving is expected
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [
+        ("50ms", 0.05),
+        ("2s", 2.0),
+        ("1m30s", 90.0),
+        ("1.5h", 5400.0),
+        ("250us", 0.00025),
+        ("1h2m3s4ms", 3723.004),
+        ("0", 0.0),
+        (".5s", 0.5),
+    ],
+)
+def test_go_durations(text: str, seconds: float) -> None:
+    assert parse_duration(text) == pytest.approx(seconds)
+
+
+@pytest.mark.parametrize("text", ["", "5", "5 s", "s", "1x", "-1s", "1m30", "ms50"])
+def test_bad_durations_are_refused(text: str) -> None:
+    with pytest.raises(ValueError, match="duration"):
+        parse_duration(text)
+
+
+def test_durations_and_verbosity_flags() -> None:
+    settings = parse_settings(
+        [
+            *STATIC,
+            "--refresh-metrics-interval",
+            "100ms",
+            "--metrics-staleness-threshold=1m",
+            "-v",
+            "4",
+        ]
+    )
+    assert settings.refresh_metrics_interval == pytest.approx(0.1)
+    assert settings.metrics_staleness_threshold == pytest.approx(60.0)
+    assert settings.verbosity == 4
+    assert parse_settings([*STATIC, "--v=2"]).verbosity == 2
+
+
+def test_pool_namespace_falls_back_to_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NAMESPACE", "inference")
+    assert parse_settings(STATIC).pool_namespace == "inference"
+    monkeypatch.delenv("NAMESPACE")
+    assert parse_settings(STATIC).pool_namespace == "default"
+    assert parse_settings([*STATIC, "--pool-namespace", "x"]).pool_namespace == "x"
+
+
+@pytest.mark.parametrize(
+    ("argv", "flag"),
+    [
+        (["--grpc-port", "http"], "--grpc-port"),
+        (["--grpc-port", "70000"], "--grpc-port"),
+        (["--secure-serving=maybe"], "--secure-serving"),
+        (["--refresh-metrics-interval", "fast"], "--refresh-metrics-interval"),
+        (["--refresh-metrics-interval", "0s"], "--refresh-metrics-interval"),
+        (["--metrics-staleness-threshold", "10"], "--metrics-staleness-threshold"),
+        (["--log-format", "xml"], "--log-format"),
+        (["--no-such-flag"], "--no-such-flag"),
+        (["--config-file", "a.yaml", "--config-text", "x"], "--config-text"),
+        (["--config-file", "/nonexistent/epp.yaml"], "--config-file"),
+        (["--cert-path", "/nonexistent"], "--cert-path"),
+        (["-v", "loud"], "-v"),
+    ],
+)
+def test_bad_flags_exit_2_naming_the_flag(
+    argv: list[str], flag: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        parse_settings([*STATIC, *argv])
+    assert exited.value.code == 2
+    assert flag in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        ([], "--static-endpoints"),
+        (["--static-endpoints", "127.0.0.2"], "--static-endpoints"),
+        (["--static-endpoints", "127.0.0.2:0"], "--static-endpoints"),
+        (["--static-endpoints", "a:1,a:1"], "--static-endpoints"),
+        ([*STATIC, "--pool-name", "pool"], "--pool-name"),
+    ],
+)
+def test_endpoint_source_flags(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        parse_settings(argv)
+    assert exited.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_ipv6_static_endpoints() -> None:
+    settings = parse_settings(["--static-endpoints", "[::1]:8000,127.0.0.2:8001"])
+    assert settings.static_endpoints == "[::1]:8000,127.0.0.2:8001"
+
+
+def test_console_script_and_module_share_the_cli(tmp_path: Path) -> None:
+    epp = Path(sys.executable).parent / "epp"
+    for argv in ([str(epp)], [sys.executable, "-m", "app"]):
+        result = subprocess.run(
+            [*argv, "--grpc-port", "nope"], capture_output=True, text=True, timeout=60
+        )
+        assert result.returncode == 2
+        assert "--grpc-port" in result.stderr
+        helped = subprocess.run([*argv, "--help"], capture_output=True, text=True, timeout=60)
+        assert helped.returncode == 0
+        assert "--static-endpoints" in helped.stdout
