@@ -1,0 +1,158 @@
+"""The ``epp`` process: start-up, readiness, SIGTERM draining, exit codes, log format."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import socket
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from tests.support.extproc import (
+    body_message,
+    headers_message,
+    response_body_message,
+    response_headers_message,
+    set_headers_of,
+)
+from tests.support.stack import ChildProcess, free_port, wait_for
+
+SERVING = health_pb2.HealthCheckResponse.SERVING
+NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+
+
+class Epp:
+    def __init__(self, tmp_path: Path, *extra: str) -> None:
+        self.grpc_port = free_port()
+        self.health_port = free_port()
+        self.child = ChildProcess(
+            "epp",
+            [
+                sys.executable,
+                "-m",
+                "app",
+                "--static-endpoints",
+                "127.0.0.41:8000,127.0.0.42:8000",
+                "--bind-address",
+                "127.0.0.1",
+                "--grpc-port",
+                str(self.grpc_port),
+                "--grpc-health-port",
+                str(self.health_port),
+                "--secure-serving=false",
+                *extra,
+            ],
+            tmp_path / "epp.log",
+        )
+
+    def readiness(self) -> Any:
+        with grpc.insecure_channel(f"127.0.0.1:{self.health_port}") as channel:
+            try:
+                return (
+                    health_pb2_grpc.HealthStub(channel)
+                    .Check(health_pb2.HealthCheckRequest(service="readiness"), timeout=1)
+                    .status
+                )
+            except grpc.RpcError:
+                return None
+
+
+@pytest.fixture
+def epp(tmp_path: Path) -> Iterator[Epp]:
+    process = Epp(tmp_path, "--shutdown-grace-period", "30s", "--log-format", "json")
+    process.child.start()
+    try:
+        wait_for(
+            lambda: process.child.check_alive() or process.readiness() == SERVING,
+            timeout=30,
+            what="the EPP to be SERVING",
+        )
+        yield process
+    finally:
+        process.child.stop()
+
+
+async def test_sigterm_drains_in_flight_streams_then_exits_0(epp: Epp) -> None:
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{epp.grpc_port}") as channel:
+        stub = pb_grpc.ExternalProcessorStub(channel)
+        call = stub.Process()
+        await call.write(headers_message())
+        await call.write(body_message(b'{"model": "m", "prompt": "in flight"}'))
+        header_reply = await call.read()
+        chosen = set_headers_of(header_reply.request_headers.response)
+        assert chosen["x-gateway-destination-endpoint"] in {"127.0.0.41:8000", "127.0.0.42:8000"}
+        await call.read()  # the body
+
+        epp.child.signal(signal.SIGTERM)
+        await asyncio.to_thread(
+            wait_for, lambda: epp.readiness() == NOT_SERVING, timeout=10, what="NOT_SERVING"
+        )
+
+        # New streams are refused while draining.
+        refused = stub.Process()
+        with pytest.raises(grpc.aio.AioRpcError) as refusal:
+            await refused.write(headers_message(end_of_stream=True))
+            await refused.read()
+        assert refusal.value.code() == grpc.StatusCode.UNAVAILABLE
+
+        # The in-flight stream still completes its response path.
+        await call.write(response_headers_message())
+        reply = await call.read()
+        assert set_headers_of(reply.response_headers.response)["x-went-into-resp-headers"] == "true"
+        await call.write(response_body_message(b'{"model": "m", "choices": []}'))
+        body_reply = await call.read()
+        streamed = body_reply.response_body.response.body_mutation.streamed_response
+        assert streamed.end_of_stream
+        await call.done_writing()
+        assert await call.code() == grpc.StatusCode.OK
+
+    assert await asyncio.to_thread(epp.child.wait, 20) == 0
+    lines = [json.loads(line) for line in epp.child.log().splitlines() if line.startswith("{")]
+    assert lines, epp.child.log()
+    assert {"ts", "level", "logger", "msg"} <= set(lines[0])
+    assert any(line["msg"] == "stopped" for line in lines)
+
+
+def test_sigterm_when_idle_exits_0_quickly(tmp_path: Path) -> None:
+    process = Epp(tmp_path)
+    process.child.start()
+    try:
+        wait_for(
+            lambda: process.child.check_alive() or process.readiness() == SERVING,
+            timeout=30,
+            what="SERVING",
+        )
+        started = time.monotonic()
+        process.child.signal(signal.SIGTERM)
+        assert process.child.wait(20) == 0
+        assert time.monotonic() - started < 10
+    finally:
+        process.child.stop()
+
+
+def test_a_port_in_use_stops_start_up_naming_the_flag(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        process = Epp(tmp_path)
+        process.child.argv = [
+            *process.child.argv,
+            "--grpc-health-port",
+            str(port),
+        ]
+        process.child.start()
+        try:
+            assert process.child.wait(30) == 1
+        finally:
+            process.child.stop()
+    assert "--grpc-health-port" in process.child.log()
