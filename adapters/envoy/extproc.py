@@ -200,7 +200,8 @@ class _Stream:
     async def handle(self, request: Any) -> list[Any]:
         kind = request.WhichOneof("request")
         if request.HasField("metadata_context"):
-            self._metadata.update(_metadata_of(request))
+            # A new dict each time: a request handed to the domain keeps what it was given.
+            self._metadata = {**self._metadata, **_metadata_of(request)}
         if kind == "request_headers":
             return await self._on_request_headers(request.request_headers)
         if kind == "request_body":
@@ -275,12 +276,17 @@ class _Stream:
         set_headers = [_header_option(DESTINATION_ENDPOINT_HEADER, destination)]
         if decision.body:
             set_headers.append(_header_option("Content-Length", str(len(decision.body))))
-        set_headers.extend(_header_option(k, v) for k, v in decision.headers)
+        own = {k.lower() for k, _ in decision.headers}
         set_headers.extend(
             _header_option(k, v)
             for k, v in self._headers.items()
-            if k not in SYSTEM_REQUEST_HEADERS and not k.startswith(":") and k != "host"
+            if k not in SYSTEM_REQUEST_HEADERS
+            and not k.startswith(":")
+            and k != "host"
+            and k not in own
         )
+        # Headers the EPP sets itself come last, so a client cannot override them.
+        set_headers.extend(_header_option(k, v) for k, v in decision.headers)
         metadata: dict[str, dict[str, object]] = {
             ns: dict(fields) for ns, fields in decision.dynamic_metadata.items()
         }

@@ -18,9 +18,10 @@ _NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 
 
 class HealthServicer(health_pb2_grpc.HealthServicer):  # type: ignore[misc]
-    """SERVING while ``ready()`` is true and the server is not draining.
+    """Every service is SERVING once ``ready()`` is true (the endpoint set is known).
 
-    ``liveness`` stays SERVING while draining: the process is alive, just not taking work.
+    While draining after SIGTERM every service but ``liveness`` turns NOT_SERVING:
+    the process is alive, just not taking new work.
     """
 
     def __init__(self, ready: Callable[[], bool]) -> None:
@@ -31,9 +32,11 @@ class HealthServicer(health_pb2_grpc.HealthServicer):  # type: ignore[misc]
         self._draining = True
 
     def _status(self, service: str) -> Any:
-        if service == "liveness":
-            return _SERVING
-        return _SERVING if self._ready() and not self._draining else _NOT_SERVING
+        if not self._ready():
+            return _NOT_SERVING
+        if self._draining and service != "liveness":
+            return _NOT_SERVING
+        return _SERVING
 
     async def Check(  # noqa: N802 - the gRPC method name
         self, request: Any, context: grpc.aio.ServicerContext[Any, Any]

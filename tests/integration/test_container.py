@@ -18,11 +18,11 @@ from app.container import Container, build_container
 from app.runner import serve
 from app.settings import Settings
 from tests.fakes.endpoint_source import FakeEndpointSource
-from tests.support.extproc import body_message, headers_message, set_headers_of
+from tests.support.extproc import envoy_headers, request_body, request_headers, set_headers
 
 
-async def _eventually(condition: Any, timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
+async def _eventually(condition: Any, within: float = 5.0) -> None:
+    deadline = time.monotonic() + within
     while not await condition():
         assert time.monotonic() < deadline, "condition not met in time"
         await asyncio.sleep(0.01)
@@ -74,11 +74,11 @@ async def test_a_swapped_endpoint_source_feeds_routing_and_readiness() -> None:
 
         async with grpc.aio.insecure_channel(f"127.0.0.1:{servers.bound_grpc_port}") as channel:
             call = pb_grpc.ExternalProcessorStub(channel).Process()
-            await call.write(headers_message())
-            await call.write(body_message(b'{"model": "m", "prompt": "hi"}'))
+            await call.write(request_headers(envoy_headers()))
+            await call.write(request_body(b'{"model": "m", "prompt": "hi"}', end_of_stream=True))
             reply = await call.read()
             await call.done_writing()
-        destination = set_headers_of(reply.request_headers.response)
+        destination = dict(set_headers(reply.request_headers.response))
         assert destination["x-gateway-destination-endpoint"] == "127.0.0.32:8000"
         await health_channel.close()
 

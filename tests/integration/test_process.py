@@ -18,11 +18,12 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from tests.support.extproc import (
-    body_message,
-    headers_message,
-    response_body_message,
-    response_headers_message,
-    set_headers_of,
+    envoy_headers,
+    request_body,
+    request_headers,
+    response_body,
+    response_headers,
+    set_headers,
 )
 from tests.support.stack import ChildProcess, free_port, wait_for
 
@@ -54,6 +55,10 @@ class Epp:
             tmp_path / "epp.log",
         )
 
+    def serving(self) -> bool:
+        self.child.check_alive()
+        return bool(self.readiness() == SERVING)
+
     def readiness(self) -> Any:
         with grpc.insecure_channel(f"127.0.0.1:{self.health_port}") as channel:
             try:
@@ -72,7 +77,7 @@ def epp(tmp_path: Path) -> Iterator[Epp]:
     process.child.start()
     try:
         wait_for(
-            lambda: process.child.check_alive() or process.readiness() == SERVING,
+            process.serving,
             timeout=30,
             what="the EPP to be SERVING",
         )
@@ -85,10 +90,10 @@ async def test_sigterm_drains_in_flight_streams_then_exits_0(epp: Epp) -> None:
     async with grpc.aio.insecure_channel(f"127.0.0.1:{epp.grpc_port}") as channel:
         stub = pb_grpc.ExternalProcessorStub(channel)
         call = stub.Process()
-        await call.write(headers_message())
-        await call.write(body_message(b'{"model": "m", "prompt": "in flight"}'))
+        await call.write(request_headers(envoy_headers()))
+        await call.write(request_body(b'{"model": "m", "prompt": "in flight"}', end_of_stream=True))
         header_reply = await call.read()
-        chosen = set_headers_of(header_reply.request_headers.response)
+        chosen = dict(set_headers(header_reply.request_headers.response))
         assert chosen["x-gateway-destination-endpoint"] in {"127.0.0.41:8000", "127.0.0.42:8000"}
         await call.read()  # the body
 
@@ -100,15 +105,18 @@ async def test_sigterm_drains_in_flight_streams_then_exits_0(epp: Epp) -> None:
         # New streams are refused while draining.
         refused = stub.Process()
         with pytest.raises(grpc.aio.AioRpcError) as refusal:
-            await refused.write(headers_message(end_of_stream=True))
-            await refused.read()
+            await refused.write(request_headers(envoy_headers(), end_of_stream=True))
         assert refusal.value.code() == grpc.StatusCode.UNAVAILABLE
 
         # The in-flight stream still completes its response path.
-        await call.write(response_headers_message())
+        await call.write(
+            response_headers([(":status", "200"), ("content-type", "application/json")])
+        )
         reply = await call.read()
-        assert set_headers_of(reply.response_headers.response)["x-went-into-resp-headers"] == "true"
-        await call.write(response_body_message(b'{"model": "m", "choices": []}'))
+        assert (
+            dict(set_headers(reply.response_headers.response))["x-went-into-resp-headers"] == "true"
+        )
+        await call.write(response_body(b'{"model": "m", "choices": []}', end_of_stream=True))
         body_reply = await call.read()
         streamed = body_reply.response_body.response.body_mutation.streamed_response
         assert streamed.end_of_stream
@@ -127,7 +135,7 @@ def test_sigterm_when_idle_exits_0_quickly(tmp_path: Path) -> None:
     process.child.start()
     try:
         wait_for(
-            lambda: process.child.check_alive() or process.readiness() == SERVING,
+            process.serving,
             timeout=30,
             what="SERVING",
         )

@@ -1,63 +1,122 @@
-"""Build and read ext_proc messages the way Envoy sends and expects them."""
+"""Build ext_proc messages the way Envoy sends them, and read the replies it gets."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import json
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from envoy.config.core.v3 import base_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+from google.protobuf import json_format
 
-__all__ = [
-    "body_message",
-    "headers_message",
-    "response_body_message",
-    "response_headers_message",
-    "set_headers_of",
-]
+ENVOY_CHUNK = 16_384
+
+Headers = Sequence[tuple[str, str]]
 
 
-def _header_map(headers: Mapping[str, str]) -> Any:
+# --- ProcessingRequest builders (what Envoy sends) ---------------------------------------------
+
+
+def header_map(headers: Headers) -> Any:
+    """Headers as Envoy sends them: the value in ``raw_value`` bytes, ``value`` empty."""
     return base_pb2.HeaderMap(
-        headers=[base_pb2.HeaderValue(key=k, raw_value=v.encode()) for k, v in headers.items()]
+        headers=[base_pb2.HeaderValue(key=k, raw_value=v.encode()) for k, v in headers]
     )
 
 
-def headers_message(
-    path: str = "/v1/completions",
+def metadata_context(metadata: Mapping[str, Mapping[str, object]]) -> Any:
+    """``metadata_context.filter_metadata``: one Struct per namespace."""
+    context = base_pb2.Metadata()
+    for namespace, fields in metadata.items():
+        context.filter_metadata[namespace].update(dict(fields))
+    return context
+
+
+def request_headers(
+    headers: Headers,
     *,
-    method: str = "POST",
-    extra: Mapping[str, str] | None = None,
     end_of_stream: bool = False,
+    metadata: Mapping[str, Mapping[str, object]] | None = None,
 ) -> Any:
-    headers = {":method": method, ":path": path, ":authority": "gateway", ":scheme": "http"}
-    headers.update(extra or {})
+    message = pb.ProcessingRequest(
+        request_headers=pb.HttpHeaders(headers=header_map(headers), end_of_stream=end_of_stream)
+    )
+    if metadata is not None:
+        message.metadata_context.CopyFrom(metadata_context(metadata))
+    return message
+
+
+def request_body(chunk: bytes, *, end_of_stream: bool) -> Any:
+    return pb.ProcessingRequest(request_body=pb.HttpBody(body=chunk, end_of_stream=end_of_stream))
+
+
+def request_body_chunks(body: bytes, size: int = ENVOY_CHUNK) -> list[Any]:
+    """The body as Envoy streams it: ``size``-byte chunks, end of stream on the last."""
+    parts = [body[i : i + size] for i in range(0, len(body), size)] or [b""]
+    return [request_body(p, end_of_stream=i == len(parts) - 1) for i, p in enumerate(parts)]
+
+
+def request_trailers(trailers: Headers) -> Any:
+    return pb.ProcessingRequest(request_trailers=pb.HttpTrailers(trailers=header_map(trailers)))
+
+
+def response_headers(headers: Headers, *, end_of_stream: bool = False) -> Any:
     return pb.ProcessingRequest(
-        request_headers=pb.HttpHeaders(headers=_header_map(headers), end_of_stream=end_of_stream)
+        response_headers=pb.HttpHeaders(headers=header_map(headers), end_of_stream=end_of_stream)
     )
 
 
-def body_message(body: bytes, *, end_of_stream: bool = True) -> Any:
-    return pb.ProcessingRequest(request_body=pb.HttpBody(body=body, end_of_stream=end_of_stream))
+def response_body(chunk: bytes, *, end_of_stream: bool) -> Any:
+    return pb.ProcessingRequest(response_body=pb.HttpBody(body=chunk, end_of_stream=end_of_stream))
 
 
-def response_headers_message(
-    headers: Mapping[str, str] | None = None, *, end_of_stream: bool = False
-) -> Any:
-    values = {":status": "200", "content-type": "application/json"}
-    values.update(headers or {})
-    return pb.ProcessingRequest(
-        response_headers=pb.HttpHeaders(headers=_header_map(values), end_of_stream=end_of_stream)
-    )
+def response_trailers(trailers: Headers) -> Any:
+    return pb.ProcessingRequest(response_trailers=pb.HttpTrailers(trailers=header_map(trailers)))
 
 
-def response_body_message(body: bytes, *, end_of_stream: bool = True) -> Any:
-    return pb.ProcessingRequest(response_body=pb.HttpBody(body=body, end_of_stream=end_of_stream))
+def envoy_headers(
+    *extra: tuple[str, str], path: str = "/v1/completions", method: str = "POST"
+) -> list[tuple[str, str]]:
+    """The request headers Envoy forwards for a client request (HTTP/2 pseudo-headers)."""
+    return [
+        (":authority", "gateway.example"),
+        (":path", path),
+        (":method", method),
+        (":scheme", "http"),
+        ("content-type", "application/json"),
+        ("x-forwarded-proto", "http"),
+        *extra,
+    ]
 
 
-def set_headers_of(common_response: Any) -> dict[str, str]:
-    """The headers a ``CommonResponse`` sets, as ``name → value``."""
-    return {
-        option.header.key: option.header.raw_value.decode()
-        for option in common_response.header_mutation.set_headers
-    }
+def completion(model: str = "llama", prompt: str = "hello", **fields: object) -> bytes:
+    return json.dumps({"model": model, "prompt": prompt, **fields}).encode()
+
+
+# --- reading ProcessingResponses (what Envoy receives) -----------------------------------------
+
+
+def set_headers(common: Any) -> list[tuple[str, str]]:
+    """``header_mutation.set_headers`` of a CommonResponse as (key, value) pairs, in order."""
+    return [
+        (o.header.key, (o.header.raw_value or o.header.value.encode()).decode())
+        for o in common.header_mutation.set_headers
+    ]
+
+
+def values_of(pairs: Iterable[tuple[str, str]], name: str) -> list[str]:
+    return [v for k, v in pairs if k.lower() == name.lower()]
+
+
+def dynamic_metadata(reply: Any) -> dict[str, Any]:
+    result: dict[str, Any] = json_format.MessageToDict(reply.dynamic_metadata)
+    return result
+
+
+def streamed(reply: Any, kind: str) -> tuple[bytes, bool]:
+    """(body, end_of_stream) of a ``request_body`` or ``response_body`` streamed reply."""
+    assert reply.WhichOneof("response") == kind, reply
+    mutation = getattr(reply, kind).response.body_mutation
+    assert mutation.WhichOneof("mutation") == "streamed_response", reply
+    return mutation.streamed_response.body, mutation.streamed_response.end_of_stream

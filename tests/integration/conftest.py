@@ -1,0 +1,42 @@
+"""Shared fixture: the real ``GrpcServers`` on loopback, drained after the test."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import pytest
+
+from adapters.envoy.server import GrpcServers
+from adapters.envoy.tls import ServerCertificate
+from ports.requests import RequestProcessor
+
+#: ``await start_servers(processor, certificate=..., health_on_extproc_port=...)``
+StartServers = Callable[..., Awaitable[GrpcServers]]
+
+
+@pytest.fixture
+async def start_servers() -> AsyncIterator[StartServers]:
+    """Starts ``GrpcServers`` on 127.0.0.1 with OS-chosen ports; drains them afterwards."""
+    started: list[GrpcServers] = []
+
+    async def start(
+        processor: RequestProcessor,
+        *,
+        certificate: ServerCertificate | None = None,
+        health_on_extproc_port: bool = False,
+    ) -> GrpcServers:
+        servers = GrpcServers(
+            processor=processor,
+            host="127.0.0.1",
+            grpc_port=0,
+            health_port=0,
+            certificate=certificate,
+            health_on_extproc_port=health_on_extproc_port,
+        )
+        await servers.start()
+        started.append(servers)
+        return servers
+
+    yield start
+    for servers in reversed(started):
+        await servers.drain(0)
