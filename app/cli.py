@@ -64,6 +64,28 @@ def _endpoints(text: str) -> str:
     return text
 
 
+def _ports(text: str) -> tuple[int, ...]:
+    try:
+        ports = tuple(int(p) for p in text.split(",") if p.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated port list") from None
+    if not 1 <= len(ports) <= 8 or any(not 0 < p < 65536 for p in ports):
+        raise argparse.ArgumentTypeError("must be 1 to 8 ports in 1..65535")
+    if len(set(ports)) != len(ports):
+        raise argparse.ArgumentTypeError("ports must be unique")
+    return ports
+
+
+def _selector(text: str) -> str:
+    if not text:
+        return text
+    for part in text.split(","):
+        key, sep, _ = part.partition("=")
+        if not sep or not key.strip():
+            raise argparse.ArgumentTypeError(f"{part!r} is not key=value")
+    return text
+
+
 def _add_bool(parser: argparse.ArgumentParser, flag: str, default: bool, help_text: str) -> None:
     parser.add_argument(
         flag,
@@ -120,6 +142,44 @@ def build_parser() -> argparse.ArgumentParser:
         default="",
         help='model servers outside Kubernetes, "ip:port,ip:port" (metrics at /metrics)',
     )
+    parser.add_argument(
+        "--endpoint-selector",
+        type=_selector,
+        default="",
+        help='standalone mode without InferencePool: pods matching "k=v,k=v"',
+    )
+    parser.add_argument(
+        "--endpoint-target-ports",
+        type=_ports,
+        default=(),
+        help='ports of --endpoint-selector pods, "8000,8001" (1 to 8)',
+    )
+    parser.add_argument(
+        "--kubeconfig",
+        type=Path,
+        default=None,
+        help="kubeconfig file (default: in-cluster config, else ~/.kube/config)",
+    )
+    parser.add_argument(
+        "--static-objectives",
+        type=Path,
+        default=None,
+        help="YAML of InferenceObjective and InferenceModelRewrite manifests, for use "
+        "without Kubernetes",
+    )
+    _add(
+        parser,
+        "--prepare-data-timeout",
+        _duration,
+        "400ms",
+        "total time the data producers may take per request",
+    )
+    _add_bool(
+        parser,
+        "--explain-decisions",
+        False,
+        "add an x-epp-decision response header naming each profile's choice",
+    )
     _add_bool(
         parser,
         "--disable-endpoint-subset-filter",
@@ -174,13 +234,18 @@ def parse_settings(argv: Sequence[str] | None = None) -> Settings:
             parser.error(f"argument --{flag.replace('_', '-')}: must be greater than 0")
     if values["metrics_staleness_threshold"] <= 0:
         parser.error("argument --metrics-staleness-threshold: must be greater than 0")
-    if bool(values["pool_name"]) == bool(values["static_endpoints"]):
-        parser.error("exactly one of --pool-name and --static-endpoints must be set")
-    if values["pool_name"]:
+    modes = [values["pool_name"], values["static_endpoints"], values["endpoint_selector"]]
+    if sum(bool(m) for m in modes) != 1:
         parser.error(
-            "argument --pool-name: Kubernetes discovery is not available in this version; "
-            "use --static-endpoints"
+            "exactly one of --pool-name, --endpoint-selector and --static-endpoints must be set"
         )
+    if values["endpoint_selector"] and not values["endpoint_target_ports"]:
+        parser.error("argument --endpoint-target-ports: required with --endpoint-selector")
+    if values["prepare_data_timeout"] <= 0:
+        parser.error("argument --prepare-data-timeout: must be greater than 0")
+    for flag in ("static_objectives", "kubeconfig"):
+        if values[flag] is not None and not values[flag].is_file():
+            parser.error(f"argument --{flag.replace('_', '-')}: {values[flag]} is not a file")
     if values["cert_path"] is not None and not values["cert_path"].is_dir():
         parser.error(f"argument --cert-path: {values['cert_path']} is not a directory")
     if values["config_file"] is not None and not values["config_file"].is_file():

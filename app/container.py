@@ -7,11 +7,26 @@ from dependency_injector import containers, providers
 from adapters.envoy.server import GrpcServers
 from adapters.envoy.tls import ServerCertificate, load_certificate, self_signed_certificate
 from adapters.jsoncodec.orjson_codec import OrjsonCodec
+from adapters.xxhash.block_hasher import XxhashBlockHasher
+from app.config.loader import LoadedConfig, load_config
+from app.plugins import build_registry
 from app.settings import Settings
+from domain.datalayer.collector import Collectors, SourceBinding
+from domain.datalayer.interfaces import EndpointExtractor, Extractor
+from domain.datastore.objectives import ObjectiveStore
 from domain.datastore.static_source import StaticEndpointSource, parse_endpoint_list
 from domain.datastore.store import Datastore
-from domain.requestcontrol.director import Director
+from domain.plugins.base import PluginRegistry, plugins_with
+from domain.plugins.handle import Handle
+from domain.prefixcache.index import InMemoryPrefixIndex
+from domain.requestcontrol.director import Director, RequestControl
+from domain.requestcontrol.state import RequestStates
+from domain.scheduling.scheduler import Scheduler
+from ports.codec import JsonCodec
+from ports.datalayer import PollingDataSource
 from ports.endpoints import EndpointSource
+from ports.objectives import ObjectiveSink
+from ports.prefix_index import BlockHasher, PrefixIndex
 
 __all__ = ["Container", "build_container"]
 
@@ -24,8 +39,65 @@ def _certificate(settings: Settings) -> ServerCertificate | None:
     return self_signed_certificate()
 
 
-def _endpoint_source(settings: Settings) -> EndpointSource:
-    return StaticEndpointSource(parse_endpoint_list(settings.static_endpoints))
+def _endpoint_source(settings: Settings, objectives: ObjectiveSink) -> EndpointSource:
+    if settings.static_endpoints:
+        return StaticEndpointSource(parse_endpoint_list(settings.static_endpoints))
+    from app.kubernetes import kubernetes_source  # imports the Kubernetes client lazily
+
+    return kubernetes_source(settings, objectives)
+
+
+def _config_text(settings: Settings) -> str | None:
+    if settings.config_text is not None:
+        return settings.config_text
+    if settings.config_file is not None:
+        return settings.config_file.read_text()
+    return None
+
+
+def _handle(
+    codec: JsonCodec, hasher: BlockHasher, prefix_index: PrefixIndex, datastore: Datastore
+) -> Handle:
+    return Handle(codec=codec, hasher=hasher, prefix_index=prefix_index, datastore=datastore)
+
+
+def _loaded_config(settings: Settings, registry: PluginRegistry, handle: Handle) -> LoadedConfig:
+    return load_config(_config_text(settings), registry=registry, handle=handle)
+
+
+def _request_control(loaded: LoadedConfig, settings: Settings) -> RequestControl:
+    return RequestControl(
+        parser=loaded.parser,
+        scheduler=Scheduler(loaded.profile_handler, loaded.profiles),
+        saturation_detector=loaded.saturation_detector,
+        data_producers=loaded.data_producers,
+        admitters=loaded.admitters,
+        pre_request=loaded.pre_request,
+        response_header=loaded.response_header,
+        response_body=loaded.response_body,
+        prepare_data_timeout=settings.prepare_data_timeout,
+        subset_filter=not settings.disable_endpoint_subset_filter,
+        explain_decisions=settings.explain_decisions,
+    )
+
+
+def _collectors(loaded: LoadedConfig, datastore: Datastore, settings: Settings) -> Collectors:
+    bindings = []
+    if loaded.data_layer is not None:
+        for spec in loaded.data_layer.sources:
+            if not isinstance(spec.source, PollingDataSource):
+                continue  # notification sources are driven by their own adapters
+            extractors = tuple(e for e in spec.extractors if isinstance(e, Extractor))
+            bindings.append(SourceBinding(spec.source, extractors))
+    endpoint_extractors: list[EndpointExtractor] = plugins_with(
+        loaded.plugins.values(), EndpointExtractor
+    )
+    return Collectors(
+        datastore=datastore,
+        bindings=bindings,
+        interval=settings.refresh_metrics_interval,
+        endpoint_extractors=endpoint_extractors,
+    )
 
 
 class Container(containers.DeclarativeContainer):
@@ -33,13 +105,24 @@ class Container(containers.DeclarativeContainer):
 
     settings = providers.Dependency(instance_of=Settings)
     codec = providers.Singleton(OrjsonCodec)
+    hasher = providers.Singleton(XxhashBlockHasher)
+    prefix_index = providers.Singleton(InMemoryPrefixIndex)
     datastore = providers.Singleton(Datastore)
-    endpoint_source = providers.Singleton(_endpoint_source, settings)
+    objectives = providers.Singleton(ObjectiveStore)
+    request_states = providers.Singleton(RequestStates)
+    registry = providers.Singleton(build_registry)
+    handle = providers.Singleton(_handle, codec, hasher, prefix_index, datastore)
+    config = providers.Singleton(_loaded_config, settings, registry, handle)
+    request_control = providers.Singleton(_request_control, config, settings)
+    collectors = providers.Singleton(_collectors, config, datastore, settings)
+    endpoint_source = providers.Singleton(_endpoint_source, settings, objectives)
     processor = providers.Singleton(
         Director,
         datastore=datastore,
         codec=codec,
-        subset_filter=providers.Callable(lambda s: not s.disable_endpoint_subset_filter, settings),
+        control=request_control,
+        objectives=objectives,
+        states=request_states,
     )
     certificate = providers.Singleton(_certificate, settings)
     servers = providers.Singleton(

@@ -1,4 +1,4 @@
-"""Process lifecycle: start, serve until SIGTERM or SIGINT, drain, stop."""
+"""Process lifecycle: load the config, start, serve until SIGTERM or SIGINT, drain, stop."""
 
 from __future__ import annotations
 
@@ -8,40 +8,71 @@ import logging
 import signal
 import sys
 
+from app.config.loader import ConfigError
 from app.container import Container, build_container
 from app.logsetup import configure_logging
+from app.plugins import PluginLoadError
 from app.settings import Settings
+from domain.requestcontrol.state import RequestStates
 
-__all__ = ["run", "serve"]
+__all__ = ["StartupError", "run", "serve"]
 
 logger = logging.getLogger(__name__)
+
+STATE_SWEEP_INTERVAL = 60.0
+
+
+class StartupError(Exception):
+    """The process cannot start; the message says why (a config entry, a port, ...)."""
+
+
+async def _sweep(states: RequestStates) -> None:
+    while True:
+        await asyncio.sleep(STATE_SWEEP_INTERVAL)
+        states.sweep()
 
 
 async def serve(container: Container, stop: asyncio.Event) -> None:
     """Run everything the container provides until ``stop`` is set, then drain."""
     settings = container.settings()
+    try:
+        loaded = container.config()
+    except (ConfigError, PluginLoadError) as exc:
+        raise StartupError(f"invalid configuration: {exc}") from exc
+    logger.info(
+        "scheduling profiles: %s; plugins: %s",
+        ", ".join(loaded.profiles),
+        ", ".join(f"{p.typed_name}" for p in loaded.plugins.values()),
+    )
     datastore = container.datastore()
+    container.processor()
+    collectors = container.collectors()
     source = container.endpoint_source()
     servers = container.servers()
-    if settings.config_file is not None or settings.config_text is not None:
-        logger.warning(
-            "EndpointPickerConfig given but not applied in this version: "
-            "routing is a uniform random pick"
-        )
-    await servers.start()
-    source_task = asyncio.create_task(source.run(datastore), name="endpoint-source")
+    try:
+        await servers.start()
+    except OSError as exc:
+        raise StartupError(str(exc)) from exc
+    collectors.start()
+    tasks = {
+        asyncio.create_task(source.run(datastore), name="endpoint-source"),
+        asyncio.create_task(_sweep(container.request_states()), name="request-state-sweep"),
+    }
     try:
         stop_task = asyncio.create_task(stop.wait())
-        done, _ = await asyncio.wait({source_task, stop_task}, return_when=asyncio.FIRST_COMPLETED)
-        if source_task in done:
-            stop_task.cancel()
-            source_task.result()  # raises the source's error
+        done, _ = await asyncio.wait({*tasks, stop_task}, return_when=asyncio.FIRST_COMPLETED)
+        stop_task.cancel()
+        for task in done & tasks:
+            task.result()  # raises the background task's error
         logger.info("stopping: draining for up to %.1fs", settings.shutdown_grace_period)
         await servers.drain(settings.shutdown_grace_period)
     finally:
-        source_task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await source_task
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        await collectors.stop()
         await servers.drain(0)
     logger.info("stopped")
 
@@ -54,7 +85,7 @@ async def _main(settings: Settings) -> int:
         loop.add_signal_handler(sig, stop.set)
     try:
         await serve(container, stop)
-    except OSError as exc:
+    except StartupError as exc:
         logger.error("%s", exc)
         return 1
     return 0

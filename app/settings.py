@@ -30,6 +30,12 @@ class Settings(BaseModel):
     pool_namespace: str = "default"
     pool_group: str = "inference.networking.k8s.io"
     static_endpoints: str = ""
+    endpoint_selector: str = ""
+    endpoint_target_ports: tuple[int, ...] = ()
+    static_objectives: Path | None = None
+    kubeconfig: Path | None = None
+    prepare_data_timeout: float = Field(default=0.4, gt=0)
+    explain_decisions: bool = False
     disable_endpoint_subset_filter: bool = False
     refresh_metrics_interval: float = Field(default=0.05, gt=0)
     refresh_prometheus_metrics_interval: float = Field(default=5.0, gt=0)
@@ -48,6 +54,9 @@ class Settings(BaseModel):
     def _check(self) -> Settings:
         if self.config_file is not None and self.config_text is not None:
             raise ValueError("--config-file and --config-text are mutually exclusive")
-        if bool(self.pool_name) == bool(self.static_endpoints):
-            raise ValueError("exactly one of --pool-name and --static-endpoints must be set")
+        modes = [bool(self.pool_name), bool(self.static_endpoints), bool(self.endpoint_selector)]
+        if sum(modes) != 1:
+            raise ValueError(
+                "exactly one of --pool-name, --endpoint-selector and --static-endpoints must be set"
+            )
         return self

@@ -4,6 +4,7 @@ Standard library only.
 """
 
 from ports.codec import JsonCodec, JsonDecodeError
+from ports.datalayer import MetricsText, PollingDataSource
 from ports.endpoints import (
     EndpointAddress,
     EndpointEvent,
@@ -13,6 +14,9 @@ from ports.endpoints import (
     EndpointSource,
 )
 from ports.errors import ErrorCode, RequestError
+from ports.objectives import ModelRewriteRule, ModelRewriteTarget, ObjectiveSink
+from ports.plugins import TypedName
+from ports.prefix_index import BlockHasher, PrefixIndex
 from ports.requests import (
     SYSTEM_REQUEST_HEADERS,
     InboundRequest,
@@ -26,6 +30,7 @@ from ports.requests import (
 
 __all__ = [
     "SYSTEM_REQUEST_HEADERS",
+    "BlockHasher",
     "EndpointAddress",
     "EndpointEvent",
     "EndpointEventKind",
@@ -37,10 +42,17 @@ __all__ = [
     "JsonCodec",
     "JsonDecodeError",
     "Metadata",
+    "MetricsText",
+    "ModelRewriteRule",
+    "ModelRewriteTarget",
+    "ObjectiveSink",
+    "PollingDataSource",
+    "PrefixIndex",
     "RequestError",
     "RequestExchange",
     "RequestProcessor",
     "ResponseBodyReply",
     "ResponseHeadersReply",
     "RoutingDecision",
+    "TypedName",
 ]

@@ -1,42 +1,61 @@
-"""The endpoint store: the current set of endpoints, fed by ``EndpointEvent``s."""
+"""The endpoint store: the pool's endpoints, fed by ``EndpointEvent``s."""
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
-from ports.endpoints import EndpointEvent, EndpointEventKind, EndpointInfo
+from domain.datalayer.endpoint import Endpoint
+from ports.endpoints import EndpointEvent, EndpointEventKind
 
-__all__ = ["Datastore"]
+__all__ = ["Datastore", "EndpointListener"]
 
 logger = logging.getLogger(__name__)
+
+#: Called with the event and the live endpoint after each change of the endpoint set.
+EndpointListener = Callable[[EndpointEvent, Endpoint], None]
 
 
 class Datastore:
     """Holds the pool's endpoints. Mutated and read on the event loop thread only.
 
-    Readers get an immutable tuple snapshot (``endpoints()``), rebuilt once per change,
-    so the request path never copies per request.
+    ``endpoints()`` returns an immutable tuple rebuilt once per change, so the request path
+    never copies per request. Listeners (collectors, plugins that prune per-endpoint
+    state) hear of every add, update and delete.
     """
 
     def __init__(self) -> None:
-        self._by_name: dict[str, EndpointInfo] = {}
-        self._snapshot: tuple[EndpointInfo, ...] = ()
+        self._by_name: dict[str, Endpoint] = {}
+        self._snapshot: tuple[Endpoint, ...] = ()
         self._synced = False
+        self._listeners: list[EndpointListener] = []
+
+    def subscribe(self, listener: EndpointListener) -> None:
+        self._listeners.append(listener)
 
     # EndpointSink
     def apply(self, event: EndpointEvent) -> None:
         name = event.endpoint.name
+        existing = self._by_name.get(name)
         if event.kind is EndpointEventKind.DELETE:
-            if self._by_name.pop(name, None) is None:
+            if existing is None:
                 return
+            del self._by_name[name]
             logger.info("endpoint removed: %s", name)
+            endpoint = existing
+        elif existing is None:
+            endpoint = Endpoint(info=event.endpoint)
+            self._by_name[name] = endpoint
+            logger.info("endpoint added: %s (%s)", name, event.endpoint.address.host_port())
+        elif existing.info == event.endpoint:
+            return
         else:
-            previous = self._by_name.get(name)
-            if previous == event.endpoint:
-                return
-            self._by_name[name] = event.endpoint
-            logger.info("endpoint %s: %s", "updated" if previous else "added", event.endpoint.name)
+            existing.info = event.endpoint
+            endpoint = existing
+            logger.info("endpoint updated: %s", name)
         self._snapshot = tuple(self._by_name.values())
+        for listener in self._listeners:
+            listener(event, endpoint)
 
     def mark_synced(self) -> None:
         if not self._synced:
@@ -44,13 +63,17 @@ class Datastore:
         self._synced = True
 
     def clear(self) -> None:
-        self._by_name.clear()
-        self._snapshot = ()
+        """Drop every endpoint (the pool was deleted); listeners hear a delete for each."""
+        for endpoint in list(self._by_name.values()):
+            self.apply(EndpointEvent(kind=EndpointEventKind.DELETE, endpoint=endpoint.info))
 
     @property
     def synced(self) -> bool:
         return self._synced
 
-    def endpoints(self) -> tuple[EndpointInfo, ...]:
-        """An immutable snapshot of the current endpoints."""
+    def endpoints(self) -> tuple[Endpoint, ...]:
+        """An immutable tuple of the current endpoints."""
         return self._snapshot
+
+    def get(self, name: str) -> Endpoint | None:
+        return self._by_name.get(name)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ports.endpoints import EndpointInfo
+from domain.datalayer.endpoint import Endpoint
 from ports.requests import Metadata
 
 __all__ = ["SUBSET_HINT_KEY", "SUBSET_HINT_NAMESPACE", "locate"]
@@ -23,8 +23,8 @@ def _ip_of(item: str) -> str:
 
 
 def locate(
-    endpoints: Sequence[EndpointInfo], metadata: Metadata, *, subset_filter: bool = True
-) -> Sequence[EndpointInfo]:
+    endpoints: Sequence[Endpoint], metadata: Metadata, *, subset_filter: bool = True
+) -> Sequence[Endpoint]:
     """The endpoints the request may go to.
 
     Without a hint (namespace or key absent) every endpoint is a candidate. With a hint,
@@ -48,4 +48,4 @@ def locate(
     wanted = {_ip_of(item) for item in items}
     if not wanted:
         return ()
-    return tuple(e for e in endpoints if e.address.ip in wanted)
+    return tuple(e for e in endpoints if e.info.address.ip in wanted)

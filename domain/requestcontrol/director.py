@@ -1,22 +1,49 @@
-"""The Director: one request's way from parsed body to routing decision, and back."""
+"""The Director: one request's way from parsed body to routing decision, and back.
+
+Order (as the reference): parse → model rewrite → objective (priority) → admission →
+candidates (subset hint) → snapshot → PrepareData producers → admitters → scheduler →
+PreRequest hooks → the decision. On the response path: ResponseHeader hooks, then
+ResponseBody hooks per chunk in order, the end-of-stream call last, always made once
+(``close`` makes it for a client that went away).
+"""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import random
-from collections.abc import Mapping
+from collections.abc import Awaitable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TypeVar
 
+from domain.datastore.objectives import ObjectiveStore
 from domain.datastore.store import Datastore
-from domain.errors import EppError, InternalError, ServiceUnavailableError
-from domain.requestcontrol.candidates import locate
-from domain.requesthandling.openai import OpenAIParser, ParsedRequest, rewrite_model
-from domain.requesthandling.usage import (
-    SseUsageScanner,
-    Usage,
-    rewrite_model_back,
-    usage_from_body,
+from domain.errors import (
+    BadRequestError,
+    EppError,
+    InternalError,
+    ResourceExhaustedError,
+    ServiceUnavailableError,
 )
+from domain.requestcontrol.candidates import locate
+from domain.requestcontrol.interfaces import (
+    Admitter,
+    DataProducer,
+    Parser,
+    PreRequest,
+    ResponseBodyProcessor,
+    ResponseHeaderProcessor,
+    ResponseInfo,
+    ResponseOutcome,
+    SaturationDetector,
+)
+from domain.requestcontrol.state import RequestStates
+from domain.requesthandling.openai import ParsedRequest, rewrite_model
+from domain.requesthandling.usage import SseUsageScanner, rewrite_model_back, usage_from_body
+from domain.scheduling.scheduler import Scheduler
+from domain.scheduling.types import Candidate, InferenceRequest, SchedulingResult
 from ports.codec import JsonCodec
+from ports.endpoints import EndpointInfo
 from ports.requests import (
     InboundRequest,
     Metadata,
@@ -25,70 +52,66 @@ from ports.requests import (
     RoutingDecision,
 )
 
-__all__ = ["Director", "RequestExchangeState"]
+__all__ = ["Director", "RequestControl", "RequestExchangeState"]
 
 logger = logging.getLogger(__name__)
 
+T = TypeVar("T")
+
 MODEL_REWRITE_HEADER = "x-gateway-model-name-rewrite"
+OBJECTIVE_HEADER = "x-gateway-inference-objective"
+FAIRNESS_HEADER = "x-gateway-inference-fairness-id"
+PREFILLER_HEADER = "x-prefiller-host-port"
+PREFILL_PROFILE = "prefill"
+DEFAULT_FAIRNESS_ID = "default-flow"
+#: Response headers plugins ask for go in ``InferenceRequest.extra`` under this key.
+RESPONSE_HEADERS_KEY = "response_headers"
+DECISION_HEADER = "x-epp-decision"
+
+
+@dataclass(slots=True, kw_only=True)
+class RequestControl:
+    """The plugins the Director runs, by extension point, in order."""
+
+    parser: Parser
+    scheduler: Scheduler
+    saturation_detector: SaturationDetector
+    data_producers: Sequence[DataProducer] = ()
+    admitters: Sequence[Admitter] = ()
+    pre_request: Sequence[PreRequest] = ()
+    response_header: Sequence[ResponseHeaderProcessor] = ()
+    response_body: Sequence[ResponseBodyProcessor] = ()
+    prepare_data_timeout: float = 0.4
+    subset_filter: bool = True
+    explain_decisions: bool = False
+    extra_plugins: Mapping[str, object] = field(default_factory=dict)
 
 
 class Director:
-    """The ``RequestProcessor``: opens one ``RequestExchangeState`` per gateway stream.
-
-    Routing is, for now, a uniformly random pick among the candidates.
-    """
+    """The ``RequestProcessor``: opens one ``RequestExchangeState`` per gateway stream."""
 
     def __init__(
         self,
         *,
         datastore: Datastore,
         codec: JsonCodec,
+        control: RequestControl,
+        objectives: ObjectiveStore | None = None,
+        states: RequestStates | None = None,
         rng: random.Random | None = None,
-        subset_filter: bool = True,
     ) -> None:
-        self._datastore = datastore
-        self._codec = codec
-        self._parser = OpenAIParser(codec)
-        self._rng = rng or random.Random()
-        self._subset_filter = subset_filter
+        self.datastore = datastore
+        self.codec = codec
+        self.control = control
+        self.objectives = objectives if objectives is not None else ObjectiveStore()
+        self.states = states if states is not None else RequestStates()
+        self.rng = rng if rng is not None else random.Random()
 
     def open(self, request: InboundRequest) -> RequestExchangeState:
         return RequestExchangeState(self, request)
 
     def ready(self) -> bool:
-        return self._datastore.synced
-
-    def _route(self, exchange: RequestExchangeState) -> RoutingDecision:
-        request = exchange.request
-        all_endpoints = self._datastore.endpoints()
-        if request.body is None:
-            if not all_endpoints:
-                raise InternalError("no pods available in datastore")
-            chosen = self._rng.choice(all_endpoints)
-            return RoutingDecision(endpoints=(chosen.address,))
-
-        parsed = self._parser.parse(request.body, request.headers)
-        exchange.parsed = parsed
-        exchange.incoming_model = parsed.model
-        target = request.headers.get(MODEL_REWRITE_HEADER) or parsed.model
-        exchange.target_model = target
-        body = request.body
-        if target != parsed.model:
-            body = rewrite_model(parsed, target, self._codec)
-
-        candidates = locate(all_endpoints, request.metadata, subset_filter=self._subset_filter)
-        if not candidates:
-            raise ServiceUnavailableError(
-                "failed to find endpoint candidates for serving the request"
-            )
-        chosen = self._rng.choice(candidates)
-        logger.debug(
-            "request %s (model %s) routed to %s",
-            request.request_id,
-            target,
-            chosen.name,
-        )
-        return RoutingDecision(endpoints=(chosen.address,), body=body)
+        return self.datastore.synced
 
 
 class RequestExchangeState:
@@ -97,63 +120,272 @@ class RequestExchangeState:
     __slots__ = (
         "_closed",
         "_director",
+        "_final_done",
+        "_response",
         "_scanner",
-        "incoming_model",
+        "_started",
+        "inbound",
         "parsed",
         "request",
-        "response_complete",
-        "status",
         "streaming",
-        "target_model",
-        "usage",
+        "target",
     )
 
-    def __init__(self, director: Director, request: InboundRequest) -> None:
+    def __init__(self, director: Director, inbound: InboundRequest) -> None:
         self._director = director
-        self.request = request
+        self.inbound = inbound
         self.parsed: ParsedRequest | None = None
-        self.incoming_model = ""
-        self.target_model = ""
+        self.request: InferenceRequest | None = None
+        self.target: EndpointInfo | None = None
         self.streaming = False
-        self.status = ""
-        self.usage: Usage | None = None
-        self.response_complete = False
+        self._response: ResponseInfo | None = None
         self._scanner: SseUsageScanner | None = None
+        self._started = False
+        self._final_done = False
         self._closed = False
+
+    # request path
 
     async def route(self) -> RoutingDecision:
         try:
-            return self._director._route(self)
+            return await self._route()
         except EppError as exc:
             return RoutingDecision(error=exc.to_request_error())
+
+    async def _route(self) -> RoutingDecision:
+        d = self._director
+        inbound = self.inbound
+        endpoints = d.datastore.endpoints()
+        if inbound.body is None:
+            if not endpoints:
+                raise InternalError("no pods available in datastore")
+            chosen = d.rng.choice(endpoints)
+            self.target = chosen.info
+            return RoutingDecision(endpoints=(chosen.info.address,))
+
+        control = d.control
+        headers = inbound.headers
+        parsed = control.parser.parse(inbound.body, headers)
+        self.parsed = parsed
+        incoming = parsed.model
+        target_model = incoming
+        body = inbound.body
+        if not parsed.opaque:
+            if not incoming:
+                raise BadRequestError("model not found in request body")
+            target_model = headers.get(MODEL_REWRITE_HEADER) or incoming
+            rewrite = d.objectives.rewrite(incoming, d.rng)
+            if rewrite is not None:
+                target_model = rewrite[1]
+            if target_model != incoming:
+                body = rewrite_model(parsed, target_model, d.codec)
+
+        objective = headers.get(OBJECTIVE_HEADER, "")
+        request = InferenceRequest(
+            request_id=inbound.request_id,
+            target_model=target_model,
+            incoming_model=incoming,
+            body=parsed,
+            headers=headers,
+            priority=d.objectives.priority_of(objective),
+            request_size_bytes=len(inbound.body),
+            state=d.states.create(inbound.request_id),
+            objective=objective,
+            fairness_id=headers.get(FAIRNESS_HEADER) or DEFAULT_FAIRNESS_ID,
+        )
+        self.request = request
+
+        located = locate(endpoints, inbound.metadata, subset_filter=control.subset_filter)
+        candidates = [Candidate(e) for e in located]
+        if request.priority < 0 and control.saturation_detector.saturation(candidates) >= 1.0:
+            raise ResourceExhaustedError("system saturated, sheddable request dropped")
+        if not candidates:
+            raise ServiceUnavailableError(
+                "failed to find endpoint candidates for serving the request"
+            )
+
+        await self._prepare_data(request, candidates)
+        for admitter in control.admitters:
+            reason = await _guarded(
+                admitter.typed_name, admitter.admit_request(request, candidates)
+            )
+            if reason is not None:
+                logger.info(
+                    "request %s denied by %s: %s", request.request_id, admitter.typed_name, reason
+                )
+                raise InternalError("request cannot be admitted")
+
+        result = control.scheduler.schedule(request, candidates)
+        primary = result.primary
+        if primary is None or not primary.target_endpoints:
+            raise ResourceExhaustedError("failed to find target endpoint")
+        request.scheduling_result = result
+        for hook in control.pre_request:
+            await _guarded(hook.typed_name, hook.pre_request(request, result))
+
+        targets = primary.target_endpoints
+        self.target = targets[0].info
+        extra_headers: list[tuple[str, str]] = []
+        prefill = result.profile_results.get(PREFILL_PROFILE)
+        if (
+            prefill is not None
+            and prefill.target_endpoints
+            and result.primary_profile_name != PREFILL_PROFILE
+        ):
+            extra_headers.append(
+                (PREFILLER_HEADER, prefill.target_endpoints[0].info.address.host_port())
+            )
+        logger.debug(
+            "request %s model %s -> %s", request.request_id, target_model, self.target.name
+        )
+        return RoutingDecision(
+            endpoints=tuple(c.info.address for c in targets),
+            body=body,
+            headers=tuple(extra_headers),
+        )
+
+    async def _prepare_data(self, request: InferenceRequest, candidates: list[Candidate]) -> None:
+        producers = self._director.control.data_producers
+        if not producers:
+            return
+        timeout = self._director.control.prepare_data_timeout
+        try:
+            async with asyncio.timeout(timeout):
+                for producer in producers:
+                    try:
+                        await producer.prepare_request_data(request, candidates)
+                    except Exception:
+                        logger.exception(
+                            "data producer %s failed for %s; skipped",
+                            producer.typed_name,
+                            request.request_id,
+                        )
+        except TimeoutError:
+            logger.warning(
+                "data producers exceeded %.0f ms for %s; scheduling with what is there",
+                timeout * 1000,
+                request.request_id,
+            )
+
+    # response path
 
     async def response_headers(
         self, headers: Mapping[str, str], metadata: Metadata
     ) -> ResponseHeadersReply:
-        self.status = headers.get(":status", "")
         self.streaming = "text/event-stream" in headers.get("content-type", "")
-        if self.streaming:
-            self._scanner = SseUsageScanner(self._director._codec)
-        return ResponseHeadersReply(streaming=self.streaming)
+        if self.streaming and self.parsed is not None and not self.parsed.opaque:
+            self._scanner = SseUsageScanner(self._director.codec)
+        request = self.request
+        if request is None:
+            return ResponseHeadersReply(streaming=self.streaming)
+        try:
+            status = int(headers.get(":status", "0"))
+        except ValueError:
+            status = 0
+        response = ResponseInfo(
+            request_id=request.request_id,
+            headers=headers,
+            status=status,
+            request_metadata=metadata,
+        )
+        self._response = response
+        for hook in self._director.control.response_header:
+            try:
+                await hook.response_header(request, response, self.target)
+            except Exception:
+                logger.exception("response-header hook %s failed", hook.typed_name)
+        extra = request.extra.get(RESPONSE_HEADERS_KEY)
+        reply_headers: tuple[tuple[str, str], ...] = ()
+        if isinstance(extra, list):
+            reply_headers = tuple(extra)
+        if self._director.control.explain_decisions and request.scheduling_result:
+            reply_headers += ((DECISION_HEADER, _explain(request.scheduling_result)),)
+        return ResponseHeadersReply(headers=reply_headers, streaming=self.streaming)
 
     async def response_body(self, chunk: bytes, end_of_stream: bool) -> ResponseBodyReply:
-        codec = self._director._codec
+        codec = self._director.codec
+        response = self._response
         if self._scanner is not None:
             self._scanner.feed(chunk)
             if end_of_stream:
                 self._scanner.flush()
-                self.usage = self._scanner.usage
-        elif end_of_stream:
-            self.usage = usage_from_body(chunk, codec)
+        usage = None
         if end_of_stream:
-            self.response_complete = True
-        if self.target_model and self.target_model != self.incoming_model:
-            chunk = rewrite_model_back(chunk, self.target_model, self.incoming_model, codec)
-        return ResponseBodyReply(body=chunk)
+            if self._scanner is not None:
+                usage = self._scanner.usage
+            elif self.parsed is not None and not self.parsed.opaque:
+                usage = usage_from_body(chunk, codec)
+        metadata = None
+        if response is not None and self.request is not None:
+            response.chunk = chunk
+            response.start_of_stream = not self._started
+            response.end_of_stream = end_of_stream
+            if usage is not None:
+                response.usage = usage
+            if end_of_stream:
+                response.outcome = (
+                    ResponseOutcome.COMPLETED
+                    if 200 <= response.status < 300
+                    else ResponseOutcome.FAILED
+                )
+                self._final_done = True
+            await self._run_body_hooks(self.request, response)
+            if end_of_stream and response.dynamic_metadata:
+                metadata = response.dynamic_metadata
+        self._started = True
+        request = self.request
+        if request is not None and request.target_model != request.incoming_model:
+            chunk = rewrite_model_back(chunk, request.target_model, request.incoming_model, codec)
+        return ResponseBodyReply(body=chunk, dynamic_metadata=metadata)
+
+    async def _run_body_hooks(self, request: InferenceRequest, response: ResponseInfo) -> None:
+        for hook in self._director.control.response_body:
+            try:
+                await hook.response_body(request, response, self.target)
+            except Exception:
+                logger.exception("response-body hook %s failed", hook.typed_name)
 
     async def close(self) -> None:
         if self._closed:
             return
         self._closed = True
-        self._scanner = None
-        self.parsed = None
+        request = self.request
+        try:
+            if (
+                request is not None
+                and request.scheduling_result is not None
+                and not self._final_done
+            ):
+                response = self._response or ResponseInfo(request_id=request.request_id)
+                response.start_of_stream = not self._started
+                response.end_of_stream = True
+                response.chunk = b""
+                response.outcome = ResponseOutcome.CLIENT_GONE
+                self._final_done = True
+                await self._run_body_hooks(request, response)
+        finally:
+            if request is not None:
+                self._director.states.release(request.state)
+            self._scanner = None
+            self._response = None
+
+
+async def _guarded(name: object, call: Awaitable[T]) -> T:
+    """Await a plugin call; anything it raises but an ``EppError`` fails the request (500)."""
+    try:
+        return await call
+    except EppError:
+        raise
+    except Exception as exc:
+        logger.exception("plugin %s failed", name)
+        raise InternalError(f"plugin {name} failed: {exc}") from exc
+
+
+def _explain(result: SchedulingResult) -> str:
+    parts = []
+    for name, run in result.profile_results.items():
+        if run is None:
+            parts.append(f"{name}=failed")
+        else:
+            parts.append(f"{name}=" + "|".join(c.info.name for c in run.target_endpoints))
+    return "; ".join(parts)

@@ -84,6 +84,10 @@ class ParsedRequest:
     stream: bool
     cache_salt: str = ""
     include_usage: bool = False
+    #: The body was not interpreted (``passthrough-parser``): ``payload`` is empty,
+    #: ``raw`` holds the bytes, and there is no model rewrite.
+    opaque: bool = False
+    raw: bytes = b""
 
     def prefix_input(self, codec: JsonCodec) -> bytes:
         """The user-input bytes that prefix-cache hashing works on.
@@ -99,6 +103,8 @@ class ParsedRequest:
         JSON is encoded with sorted keys, so the client's key order does not
         change the bytes.
         """
+        if self.opaque:
+            return self.raw
         payload = self.payload
         match self.api:
             case ApiKind.CHAT_COMPLETIONS:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import random
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -24,13 +23,13 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
 from adapters.envoy.server import GrpcServers
 from adapters.envoy.tls import self_signed_certificate
-from adapters.jsoncodec import OrjsonCodec
 from domain.datastore import Datastore
-from domain.requestcontrol import Director
+from domain.requestcontrol.director import Director
 from ports.endpoints import EndpointAddress, EndpointEvent, EndpointEventKind, EndpointInfo
 from ports.errors import ErrorCode, RequestError
 from ports.requests import RequestProcessor, RoutingDecision
 from tests.fakes import FakeProcessor
+from tests.support.director import configured_director
 from tests.support.extproc import (
     ENVOY_CHUNK,
     Headers,
@@ -135,7 +134,7 @@ def datastore() -> Datastore:
 
 @pytest.fixture
 def director(datastore: Datastore) -> Director:
-    return Director(datastore=datastore, codec=OrjsonCodec(), rng=random.Random(0))
+    return configured_director(datastore)
 
 
 @pytest.fixture
@@ -394,7 +393,7 @@ async def test_headers_only_request_with_empty_datastore_gets_500(
     connect: Connect, datastore: Datastore
 ) -> None:
     datastore.clear()
-    channel = await connect(Director(datastore=datastore, codec=OrjsonCodec()))
+    channel = await connect(configured_director(datastore))
     stream = EnvoyStream(channel)
     await stream.send(
         request_headers(envoy_headers(path="/v1/models", method="GET"), end_of_stream=True)
@@ -477,7 +476,7 @@ async def test_ipv6_endpoint_is_bracketed_and_matched_by_subset_hint(
     connect: Connect, datastore: Datastore
 ) -> None:
     datastore.apply(endpoint_event("fd00::7"))
-    channel = await connect(Director(datastore=datastore, codec=OrjsonCodec()))
+    channel = await connect(configured_director(datastore))
     for hint in (["[fd00::7]:9000"], "fd00::7", "10.0.0.9:8000,[fd00::7]:1"):
         stream = EnvoyStream(channel)
         header_reply, _ = await stream.route(

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import random
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -16,11 +15,10 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from adapters.envoy.server import GrpcServers
-from adapters.jsoncodec import OrjsonCodec
 from domain.datastore import Datastore
-from domain.requestcontrol import Director
 from ports.endpoints import EndpointAddress, EndpointEvent, EndpointEventKind, EndpointInfo
 from tests.fakes import FakeProcessor
+from tests.support.director import configured_director
 
 DEADLINE = 5.0
 SERVICES = ("", "liveness", "readiness", "envoy.service.ext_proc.v3.ExternalProcessor")
@@ -51,7 +49,7 @@ def datastore() -> Datastore:
 
 @pytest.fixture
 async def servers(start_servers: StartServers, datastore: Datastore) -> GrpcServers:
-    director = Director(datastore=datastore, codec=OrjsonCodec(), rng=random.Random(0))
+    director = configured_director(datastore)
     return await start_servers(director)
 
 
@@ -184,7 +182,7 @@ async def test_drain_turns_readiness_off_refuses_new_streams_and_finishes_in_fli
 async def test_health_also_answers_on_extproc_port_when_enabled(
     start_servers: StartServers, datastore: Datastore
 ) -> None:
-    director = Director(datastore=datastore, codec=OrjsonCodec())
+    director = configured_director(datastore)
     servers = await start_servers(director, health_on_extproc_port=True)
     async with grpc.aio.insecure_channel(f"127.0.0.1:{servers.bound_grpc_port}") as channel:
         stub = health_pb2_grpc.HealthStub(channel)

@@ -1,0 +1,165 @@
+"""The EndpointPickerConfig YAML, as strict pydantic models.
+
+Field aliases are the reference's JSON keys (camelCase). Decoding is strict: an unknown key
+at any level is refused, and values are not coerced between types (``"5"`` is not a number).
+Plugin ``parameters`` stay a raw mapping here; they are validated later against the
+plugin type's parameters dataclass (``app.config.parameters``).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
+
+from app.config.parameters import parse_duration_value, parse_quantity_value
+
+__all__ = [
+    "API_VERSION",
+    "KIND",
+    "DataLayerSection",
+    "DataSourceSpec",
+    "DefaultPriorityBandSpec",
+    "EndpointPickerConfigSpec",
+    "ExtractorSpec",
+    "FlowControlSpec",
+    "PluginEntry",
+    "PluginRefSpec",
+    "PriorityBandSpec",
+    "ProfilePluginRef",
+    "SchedulingProfileSpec",
+]
+
+API_VERSION = "inference.networking.x-k8s.io/v1alpha1"
+KIND = "EndpointPickerConfig"
+
+#: A non-negative whole Kubernetes quantity (``10Gi``, ``5000``).
+QuantityValue = Annotated[int, BeforeValidator(parse_quantity_value)]
+#: A Go duration (``60s``) or a number of seconds; the value is seconds.
+DurationValue = Annotated[float, BeforeValidator(parse_duration_value)]
+
+
+def _empty_if_null(value: object) -> object:
+    """A YAML key with no value (``plugins:``) is an empty list, as in the reference."""
+    return [] if value is None else value
+
+
+_OrEmpty = BeforeValidator(_empty_if_null)
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, populate_by_name=False, frozen=True)
+
+
+class PluginEntry(_Strict):
+    """One ``plugins[]`` item. ``name`` defaults to ``type``."""
+
+    name: str | None = None
+    type: str
+    parameters: dict[str, Any] | None = None
+
+
+class ProfilePluginRef(_Strict):
+    """One plugin of a scheduling profile. ``weight`` matters for scorers only (default 1)."""
+
+    plugin_ref: str = Field(alias="pluginRef")
+    weight: float | None = None
+
+
+class SchedulingProfileSpec(_Strict):
+    name: str
+    plugins: Annotated[list[ProfilePluginRef], _OrEmpty] = Field(default_factory=list)
+
+
+class PluginRefSpec(_Strict):
+    """A section that names one plugin (``parser``, ``saturationDetector``)."""
+
+    plugin_ref: str = Field(alias="pluginRef")
+
+
+class ExtractorSpec(_Strict):
+    plugin_ref: str = Field(alias="pluginRef")
+
+
+class DataSourceSpec(_Strict):
+    plugin_ref: str = Field(alias="pluginRef")
+    extractors: Annotated[list[ExtractorSpec], _OrEmpty] = Field(default_factory=list)
+
+
+class DataLayerSection(_Strict):
+    """``dataLayer``: the sources to poll and, per source, the extractors it feeds.
+
+    An empty ``sources`` list disables collection.
+    """
+
+    sources: Annotated[list[DataSourceSpec], _OrEmpty] = Field(default_factory=list)
+
+
+class DefaultPriorityBandSpec(_Strict):
+    """The template for priority bands created on demand. Unset values: the flow-control
+    defaults (1 GB per band, unlimited requests, the default policies)."""
+
+    max_bytes: QuantityValue | None = Field(default=None, alias="maxBytes")
+    max_requests: QuantityValue | None = Field(default=None, alias="maxRequests")
+    fairness_policy_ref: str | None = Field(default=None, alias="fairnessPolicyRef")
+    ordering_policy_ref: str | None = Field(default=None, alias="orderingPolicyRef")
+
+
+class PriorityBandSpec(DefaultPriorityBandSpec):
+    """One configured priority band (higher ``priority`` is served first)."""
+
+    priority: int
+
+
+class FlowControlSpec(_Strict):
+    """``flowControl``: global capacity, request TTL and priority bands.
+
+    ``max_bytes``/``max_requests`` 0 or unset mean unlimited; ``default_request_ttl`` 0 or
+    unset means a request waits until its client gives up.
+    """
+
+    max_bytes: QuantityValue | None = Field(default=None, alias="maxBytes")
+    max_requests: QuantityValue | None = Field(default=None, alias="maxRequests")
+    default_request_ttl: DurationValue | None = Field(default=None, alias="defaultRequestTTL")
+    default_priority_band: DefaultPriorityBandSpec | None = Field(
+        default=None, alias="defaultPriorityBand"
+    )
+    priority_bands: Annotated[list[PriorityBandSpec], _OrEmpty] = Field(
+        default_factory=list, alias="priorityBands"
+    )
+    usage_limit_policy_plugin_ref: str | None = Field(
+        default=None, alias="usageLimitPolicyPluginRef"
+    )
+
+
+class EndpointPickerConfigSpec(_Strict):
+    """The whole document. ``apiVersion``/``kind`` may be left out; when given they must be
+    the reference's."""
+
+    api_version: str | None = Field(default=None, alias="apiVersion")
+    kind: str | None = None
+    feature_gates: Annotated[list[str], _OrEmpty] = Field(
+        default_factory=list, alias="featureGates"
+    )
+    plugins: Annotated[list[PluginEntry], _OrEmpty] = Field(default_factory=list)
+    scheduling_profiles: Annotated[list[SchedulingProfileSpec], _OrEmpty] = Field(
+        default_factory=list, alias="schedulingProfiles"
+    )
+    saturation_detector: PluginRefSpec | None = Field(default=None, alias="saturationDetector")
+    data_layer: DataLayerSection | None = Field(default=None, alias="dataLayer")
+    flow_control: FlowControlSpec | None = Field(default=None, alias="flowControl")
+    parser: PluginRefSpec | None = None
+
+    @field_validator("api_version")
+    @classmethod
+    def _check_api_version(cls, value: str | None) -> str | None:
+        if value is not None and value != API_VERSION:
+            raise ValueError(f"must be {API_VERSION!r}, got {value!r}")
+        return value
+
+    @field_validator("kind")
+    @classmethod
+    def _check_kind(cls, value: str | None) -> str | None:
+        if value is not None and value != KIND:
+            raise ValueError(f"must be {KIND!r}, got {value!r}")
+        return value

@@ -1,0 +1,51 @@
+"""What a plugin factory gets: the shared services and the other plugins."""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from domain.plugins.base import Plugin, PluginConfigError
+from ports.codec import JsonCodec
+from ports.prefix_index import BlockHasher, PrefixIndex
+
+if TYPE_CHECKING:
+    from domain.datastore.store import Datastore
+
+__all__ = ["Handle"]
+
+T = TypeVar("T")
+
+
+@dataclass(slots=True, kw_only=True)
+class Handle:
+    """Services shared by all plugins, and the plugins built so far (by name).
+
+    Built once at start-up by the app; plugins keep what they need from it.
+    """
+
+    codec: JsonCodec
+    hasher: BlockHasher
+    prefix_index: PrefixIndex
+    datastore: Datastore
+    rng: random.Random = field(default_factory=random.Random)
+    clock: Callable[[], float] = time.monotonic
+    plugins: dict[str, Plugin] = field(default_factory=dict)
+
+    def add_plugin(self, plugin: Plugin) -> None:
+        name = plugin.typed_name.name
+        if name in self.plugins:
+            raise PluginConfigError(f"duplicate plugin name {name!r}")
+        self.plugins[name] = plugin
+
+    def plugin(self, name: str) -> Plugin | None:
+        return self.plugins.get(name)
+
+    def plugin_of(self, name: str, kind: type[T]) -> T:
+        found: Any = self.plugins.get(name)
+        if not isinstance(found, kind):
+            raise PluginConfigError(f"plugin {name!r} is not a {kind.__name__}")
+        return found

@@ -1,0 +1,43 @@
+"""The in-tree plugin types, registered into a registry by ``register_in_tree``.
+
+Each module below defines one plugin and a ``register(registry)`` function.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from domain.plugins.base import PluginRegistry
+
+__all__ = ["IN_TREE_MODULES", "register_in_tree"]
+
+IN_TREE_MODULES = (
+    # scheduling
+    "domain.scheduling.plugins.max_score_picker",
+    "domain.scheduling.plugins.random_picker",
+    "domain.scheduling.plugins.weighted_random_picker",
+    "domain.scheduling.plugins.single_profile_handler",
+    "domain.scheduling.plugins.disagg_profile_handler",
+    "domain.scheduling.plugins.queue_scorer",
+    "domain.scheduling.plugins.running_requests_scorer",
+    "domain.scheduling.plugins.kv_cache_scorer",
+    "domain.scheduling.plugins.lora_affinity_scorer",
+    "domain.scheduling.plugins.token_load_scorer",
+    "domain.scheduling.plugins.header_filter",
+    "domain.scheduling.plugins.prefix_cache_scorer",
+    "domain.scheduling.plugins.prefix_affinity_filter",
+    # request control
+    "domain.requestcontrol.plugins.prefix_producer",
+    "domain.requestcontrol.plugins.inflight_load",
+    "domain.requestcontrol.plugins.utilization_detector",
+    "domain.requestcontrol.plugins.concurrency_detector",
+    "domain.requestcontrol.plugins.served_verifier",
+    "domain.requestcontrol.plugins.openai_parser",
+    "domain.requestcontrol.plugins.passthrough_parser",
+)
+
+
+def register_in_tree(registry: PluginRegistry) -> None:
+    for module_name in IN_TREE_MODULES:
+        module = importlib.import_module(module_name)
+        module.register(registry)

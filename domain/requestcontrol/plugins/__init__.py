@@ -1,0 +1,1 @@
+"""In-tree request-control plugins: one plugin per module."""

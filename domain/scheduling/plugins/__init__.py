@@ -1,0 +1,1 @@
+"""In-tree scheduling plugins: one plugin per module."""

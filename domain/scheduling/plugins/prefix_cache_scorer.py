@@ -1,0 +1,74 @@
+"""``prefix-cache-scorer`` (Affinity): prefer endpoints believed to hold the prompt prefix.
+
+The score is the fraction of the request's prefix blocks the endpoint holds, read from the
+``PrefixCacheMatchInfo`` attribute written by ``approx-prefix-cache-producer``. The
+scorer's parameters are the producer's: configuring the scorer creates that producer
+automatically, built with ``producer_parameters(scorer.parameters)``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from domain.datalayer.attributes import PREFIX_CACHE_MATCH_INFO, PrefixCacheMatchInfo
+from domain.plugins.base import PluginRegistry, TypedName, class_factory
+from domain.requestcontrol.plugins.prefix_producer import PrefixCacheParameters
+from domain.scheduling.interfaces import AFFINITY, CycleState
+from domain.scheduling.types import Candidate, InferenceRequest
+
+__all__ = [
+    "TYPE",
+    "PrefixCacheScorer",
+    "PrefixCacheScorerParameters",
+    "producer_parameters",
+    "register",
+]
+
+TYPE = "prefix-cache-scorer"
+
+#: The scorer takes the producer's parameters (the reference's configs put them here).
+PrefixCacheScorerParameters = PrefixCacheParameters
+
+
+def producer_parameters(scorer_params: PrefixCacheScorerParameters) -> PrefixCacheParameters:
+    """The parameters for the auto-created ``approx-prefix-cache-producer``."""
+    return scorer_params
+
+
+class PrefixCacheScorer:
+    """Score = matched blocks / total blocks; 0 without a match attribute or blocks."""
+
+    def __init__(self, typed_name: TypedName, parameters: PrefixCacheScorerParameters) -> None:
+        self._typed_name = typed_name
+        self.parameters = parameters
+
+    @property
+    def typed_name(self) -> TypedName:
+        return self._typed_name
+
+    @property
+    def category(self) -> str:
+        return AFFINITY
+
+    def consumes(self) -> Sequence[str]:
+        return [PREFIX_CACHE_MATCH_INFO]
+
+    def score(
+        self, cycle: CycleState, request: InferenceRequest, candidates: Sequence[Candidate]
+    ) -> Sequence[float]:
+        return [_ratio(c.attributes.get(PREFIX_CACHE_MATCH_INFO)) for c in candidates]
+
+
+def _ratio(info: object) -> float:
+    if isinstance(info, PrefixCacheMatchInfo) and info.total_blocks > 0:
+        return info.match_blocks / info.total_blocks
+    return 0.0
+
+
+def register(registry: PluginRegistry) -> None:
+    registry.register(
+        TYPE,
+        class_factory(TYPE, PrefixCacheScorer),
+        parameters=PrefixCacheScorerParameters,
+        description="affinity to endpoints holding the request's prompt prefix",
+    )

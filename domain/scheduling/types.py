@@ -1,0 +1,98 @@
+"""The values a scheduling cycle works on: the request, candidates, results."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from domain.datalayer.endpoint import Endpoint, EndpointMetrics
+from ports.endpoints import EndpointInfo
+
+if TYPE_CHECKING:
+    from domain.requestcontrol.state import RequestState
+    from domain.requesthandling.openai import ParsedRequest
+
+__all__ = [
+    "Candidate",
+    "InferenceRequest",
+    "ProfileRunResult",
+    "SchedulingResult",
+    "ScoredCandidate",
+]
+
+
+class Candidate:
+    """One endpoint as a request sees it: a snapshot taken when scheduling starts.
+
+    ``info`` and ``metrics`` are the immutable objects current at snapshot time; later
+    metric updates do not show. ``attributes`` is this request's own copy of the endpoint's
+    attributes: data producers write per-request data here (prefix match, in-flight load)
+    without touching the live endpoint.
+    """
+
+    __slots__ = ("attributes", "endpoint", "info", "metrics")
+
+    def __init__(self, endpoint: Endpoint) -> None:
+        self.endpoint = endpoint
+        self.info: EndpointInfo = endpoint.info
+        self.metrics: EndpointMetrics | None = endpoint.metrics
+        self.attributes: dict[str, object] = (
+            dict(endpoint.attributes) if endpoint.attributes else {}
+        )
+
+    @property
+    def name(self) -> str:
+        return self.info.name
+
+    def __repr__(self) -> str:
+        return f"Candidate({self.info.name})"
+
+
+@dataclass(frozen=True, slots=True)
+class ScoredCandidate:
+    candidate: Candidate
+    score: float
+
+
+@dataclass(frozen=True, slots=True)
+class ProfileRunResult:
+    """The endpoints a profile chose, best first."""
+
+    target_endpoints: tuple[Candidate, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SchedulingResult:
+    """Every profile's result (``None`` for a profile that failed) and the primary one."""
+
+    profile_results: Mapping[str, ProfileRunResult | None]
+    primary_profile_name: str
+
+    @property
+    def primary(self) -> ProfileRunResult | None:
+        return self.profile_results.get(self.primary_profile_name)
+
+
+@dataclass(slots=True, kw_only=True)
+class InferenceRequest:
+    """What plugins see of a request.
+
+    ``body`` is the parsed body (``None`` for a request without one); ``target_model`` is
+    the model the request is sent with after any rewrite; ``priority`` comes from the
+    InferenceObjective named by ``x-gateway-inference-objective`` (0 when none).
+    ``state`` is the request-scoped store shared by the plugins' extension points.
+    """
+
+    request_id: str
+    target_model: str
+    incoming_model: str
+    body: ParsedRequest | None
+    headers: Mapping[str, str]
+    priority: int
+    request_size_bytes: int
+    state: RequestState
+    objective: str = ""
+    fairness_id: str = "default-flow"
+    scheduling_result: SchedulingResult | None = None
+    extra: dict[str, object] = field(default_factory=dict)

@@ -1,0 +1,46 @@
+"""Shared prefix-cache state: which endpoints were recently sent which prompt blocks."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Protocol
+
+__all__ = ["BlockHasher", "PrefixIndex"]
+
+
+class BlockHasher(Protocol):
+    """Chained 64-bit hashes of a prompt's blocks. Pure, thread-safe, deterministic.
+
+    ``chain(data, block_size, seed, max_blocks)``: ``data`` is cut to
+    ``max_blocks * block_size`` bytes; ``h0 = H(seed)``; for each block (the trailing
+    partial block included) ``h_i = H(block || little-endian uint64(h_{i-1}))``. Returns
+    ``[h_1, ...]``; empty when ``data`` is shorter than one block.
+    """
+
+    def chain(self, data: bytes, block_size: int, seed: bytes, max_blocks: int) -> list[int]: ...
+
+
+class PrefixIndex(Protocol):
+    """Maps block hashes to the endpoints (by name) that were sent them.
+
+    Each endpoint keeps at most ``capacity`` hashes, least recently used evicted first.
+    Implementations: in-memory (per process) and shared (several EPP replicas). Methods
+    may be called concurrently from many request tasks; an implementation backed by a
+    remote store must not raise on a store failure: ``match`` then returns what it can
+    (possibly nothing) and ``add`` drops the update, so routing degrades, never stops.
+    """
+
+    async def match(self, hashes: Sequence[int]) -> Mapping[str, int]:
+        """Walk ``hashes`` in order; stop at the first hash no endpoint has; count for
+        every endpoint each hash it has. Returns endpoint name → matched blocks."""
+        ...
+
+    async def add(self, hashes: Sequence[int], endpoint: str, capacity: int) -> None:
+        """Record that ``endpoint`` was sent ``hashes`` (most recent last)."""
+        ...
+
+    async def remove_endpoint(self, endpoint: str) -> None: ...
+
+    def size(self) -> int:
+        """Number of (hash, endpoint) entries held, for metrics; -1 when unknown."""
+        ...
