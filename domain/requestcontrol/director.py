@@ -40,8 +40,9 @@ from domain.requestcontrol.interfaces import (
 from domain.requestcontrol.state import RequestStates
 from domain.requesthandling.openai import ParsedRequest, rewrite_model
 from domain.requesthandling.usage import SseUsageScanner, rewrite_model_back, usage_from_body
+from domain.scheduling.profile import EXPLAIN_KEY
 from domain.scheduling.scheduler import Scheduler
-from domain.scheduling.types import Candidate, InferenceRequest, SchedulingResult
+from domain.scheduling.types import Candidate, InferenceRequest
 from ports.codec import JsonCodec
 from ports.endpoints import EndpointInfo
 from ports.requests import (
@@ -193,6 +194,8 @@ class RequestExchangeState:
             objective=objective,
             fairness_id=headers.get(FAIRNESS_HEADER) or DEFAULT_FAIRNESS_ID,
         )
+        if control.explain_decisions:
+            request.extra[EXPLAIN_KEY] = {}
         self.request = request
 
         located = locate(endpoints, inbound.metadata, subset_filter=control.subset_filter)
@@ -299,7 +302,7 @@ class RequestExchangeState:
         if isinstance(extra, list):
             reply_headers = tuple(extra)
         if self._director.control.explain_decisions and request.scheduling_result:
-            reply_headers += ((DECISION_HEADER, _explain(request.scheduling_result)),)
+            reply_headers += ((DECISION_HEADER, _explain(request)),)
         return ResponseHeadersReply(headers=reply_headers, streaming=self.streaming)
 
     async def response_body(self, chunk: bytes, end_of_stream: bool) -> ResponseBodyReply:
@@ -381,11 +384,23 @@ async def _guarded(name: object, call: Awaitable[T]) -> T:
         raise InternalError(f"plugin {name} failed: {exc}") from exc
 
 
-def _explain(result: SchedulingResult) -> str:
+def _explain(request: InferenceRequest) -> str:
+    """``profile: picked a,b; a=4.10 (queue=1.00 kv=0.55 ...), b=...`` for every profile."""
+    result = request.scheduling_result
+    assert result is not None
+    runs = request.extra.get(EXPLAIN_KEY)
     parts = []
     for name, run in result.profile_results.items():
         if run is None:
-            parts.append(f"{name}=failed")
-        else:
-            parts.append(f"{name}=" + "|".join(c.info.name for c in run.target_endpoints))
-    return "; ".join(parts)
+            parts.append(f"{name}: failed")
+            continue
+        text = f"{name}: picked " + ",".join(c.info.name for c in run.target_endpoints)
+        recorded = runs.get(name) if isinstance(runs, dict) else None
+        if recorded is not None:
+            candidates, totals, breakdown = recorded
+            scored = sorted(zip(totals, candidates, breakdown, strict=True), key=lambda t: -t[0])
+            text += "; " + ", ".join(
+                f"{c.info.name}={total:.2f} ({' '.join(detail)})" for total, c, detail in scored
+            )
+        parts.append(text)
+    return " | ".join(parts)

@@ -16,7 +16,11 @@ from domain.scheduling.types import (
     ScoredCandidate,
 )
 
-__all__ = ["NoEndpointsError", "SchedulerProfile", "WeightedScorer"]
+__all__ = ["EXPLAIN_KEY", "NoEndpointsError", "SchedulerProfile", "WeightedScorer"]
+
+#: When ``request.extra`` holds a dict under this key, each profile run records there, under
+#: its name, every candidate's total and per-scorer scores (for explaining decisions).
+EXPLAIN_KEY = "explain"
 
 
 class NoEndpointsError(ResourceExhaustedError):
@@ -63,6 +67,11 @@ class SchedulerProfile:
                 raise NoEndpointsError("no endpoints available for the given request")
 
         totals = [0.0] * len(candidates)
+        explain = request.extra.get(EXPLAIN_KEY)
+        breakdown: list[list[str]] | None = None
+        if isinstance(explain, dict):
+            breakdown = [[] for _ in candidates]
+            explain[self.name] = (candidates, totals, breakdown)
         for weighted in self.scorers:
             started = clock()
             scores = weighted.scorer.score(cycle, request, candidates)
@@ -74,6 +83,10 @@ class SchedulerProfile:
                 elif not score >= 0.0:  # negative or NaN
                     score = 0.0
                 totals[i] += weight * score
+            if breakdown is not None:
+                name = weighted.scorer.typed_name.name
+                for i, score in enumerate(scores):
+                    breakdown[i].append(f"{name}={score:.2f}")
 
         started = clock()
         result = self.picker.pick(

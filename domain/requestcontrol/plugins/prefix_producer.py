@@ -1,0 +1,259 @@
+"""``approx-prefix-cache-producer``: which endpoints likely hold a request's prompt prefix.
+
+Before scheduling, the request's prompt is cut into blocks of ``blockSizeTokens * 4``
+characters and hashed as a chain (each hash covers the whole prefix up to its block); the
+shared ``PrefixIndex`` says how many of those blocks each endpoint was recently sent, and
+every candidate gets a ``PrefixCacheMatchInfo`` attribute. After scheduling, the hashes
+are recorded for the chosen endpoint (and for the ``prefill`` profile's endpoint, when that
+profile ran), so the next request with the same prefix is steered to it.
+
+It is the default producer of ``PrefixCacheMatchInfo``: configuring ``prefix-cache-scorer``
+(or ``prefix-cache-affinity-filter``) creates it, with the scorer's parameters.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from domain.datalayer.attributes import PREFIX_CACHE_MATCH_INFO, PrefixCacheMatchInfo
+from domain.datalayer.endpoint import Endpoint
+from domain.plugins.base import Plugin, PluginRegistry, TypedName
+from domain.plugins.handle import Handle
+from domain.prefixcache.index import SupportsSyncEndpointRemoval
+from domain.requestcontrol.state import StateKey
+from domain.scheduling.types import Candidate, InferenceRequest, SchedulingResult
+from ports.endpoints import EndpointEvent, EndpointEventKind
+
+__all__ = [
+    "BLOCK_HASHES",
+    "CHARS_PER_TOKEN",
+    "DEFAULT_BLOCK_SIZE_TOKENS",
+    "PREFILL_PROFILE",
+    "TYPE",
+    "ApproxPrefixCacheProducer",
+    "PrefixCacheParameters",
+    "PrefixMatchStats",
+    "register",
+]
+
+logger = logging.getLogger(__name__)
+
+TYPE = "approx-prefix-cache-producer"
+#: Characters assumed per token when turning token block sizes into byte block sizes.
+CHARS_PER_TOKEN = 4
+DEFAULT_BLOCK_SIZE_TOKENS = 16
+#: The profile name whose chosen endpoint is indexed too (prefill/decode disaggregation).
+PREFILL_PROFILE = "prefill"
+#: The request's block hashes, from ``prepare_request_data`` to ``pre_request``.
+BLOCK_HASHES: StateKey[list[int]] = StateKey("prefix-block-hashes")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PrefixCacheParameters:
+    """Parameters of the prefix producer, also accepted by ``prefix-cache-scorer``.
+
+    - ``autoTune``: take the block size from the first candidate's ``cache_block_size``
+      metric and each endpoint's LRU capacity from its ``cache_num_blocks``, when > 0.
+    - ``blockSizeTokens``: block size in tokens (default 16).
+    - ``blockSize``: deprecated block size in characters; only accepted together with
+      ``blockSizeTokens``, which then wins (``blockSize`` is ignored).
+    - ``maxPrefixBlocksToMatch``: at most this many blocks are hashed (default 256).
+    - ``maxPrefixTokensToMatch``: when > 0, replaces the block limit with
+      ``tokens // blockSizeTokens`` (at least 1), using the block size in effect.
+    - ``lruCapacityPerServer``: hashes remembered per endpoint (default 31250).
+    """
+
+    auto_tune: bool = True
+    block_size_tokens: int | None = None
+    block_size: int | None = None
+    max_prefix_blocks_to_match: int = 256
+    max_prefix_tokens_to_match: int | None = None
+    lru_capacity_per_server: int = 31250
+
+    def __post_init__(self) -> None:
+        if self.block_size_tokens is not None and self.block_size_tokens <= 0:
+            raise ValueError("blockSizeTokens: must be > 0")
+        if self.block_size is not None:
+            if self.block_size_tokens is None:
+                raise ValueError(
+                    "blockSize: deprecated (a size in characters); set blockSizeTokens instead"
+                )
+            if self.block_size <= 0:
+                raise ValueError("blockSize: must be > 0")
+        if self.max_prefix_blocks_to_match <= 0:
+            raise ValueError("maxPrefixBlocksToMatch: must be > 0")
+        if self.lru_capacity_per_server <= 0:
+            raise ValueError("lruCapacityPerServer: must be > 0")
+
+    @property
+    def tokens_per_block(self) -> int:
+        """The configured block size in tokens (``blockSizeTokens`` or its default)."""
+        if self.block_size_tokens is None:
+            return DEFAULT_BLOCK_SIZE_TOKENS
+        return self.block_size_tokens
+
+    def max_blocks(self, block_size_tokens: int) -> int:
+        """How many blocks to hash when blocks are ``block_size_tokens`` tokens long."""
+        tokens = self.max_prefix_tokens_to_match
+        if tokens is not None and tokens > 0:
+            return max(1, tokens // block_size_tokens)
+        return self.max_prefix_blocks_to_match
+
+
+class PrefixMatchStats:
+    """Running totals for observability, over requests that had at least one block.
+
+    ``blocks_matched`` adds, per request, the best match among its candidates;
+    ``requests_matched`` counts requests where some candidate matched a block.
+    """
+
+    __slots__ = ("blocks_matched", "blocks_total", "requests_matched", "requests_total")
+
+    def __init__(self) -> None:
+        self.requests_total = 0
+        self.requests_matched = 0
+        self.blocks_total = 0
+        self.blocks_matched = 0
+
+
+class ApproxPrefixCacheProducer:
+    """DataProducer + PreRequest writing ``PrefixCacheMatchInfo`` on every candidate.
+
+    Requests without a body, or whose prefix input is shorter than one block, get
+    ``PrefixCacheMatchInfo(0, 0, block_size_tokens)`` (score 0) and are not indexed. An
+    endpoint deleted from the datastore is removed from the index, and hashes are not
+    recorded for an endpoint that is no longer in the datastore.
+    """
+
+    def __init__(
+        self, typed_name: TypedName, parameters: PrefixCacheParameters, handle: Handle
+    ) -> None:
+        self._typed_name = typed_name
+        self.parameters = parameters
+        self.stats = PrefixMatchStats()
+        self._codec = handle.codec
+        self._hasher = handle.hasher
+        self._index = handle.prefix_index
+        self._datastore = handle.datastore
+        self._removals: set[asyncio.Task[None]] = set()
+        handle.datastore.subscribe(self._on_endpoint_event)
+
+    @property
+    def typed_name(self) -> TypedName:
+        return self._typed_name
+
+    def produces(self) -> Sequence[str]:
+        return [PREFIX_CACHE_MATCH_INFO]
+
+    def consumes(self) -> Sequence[str]:
+        return []
+
+    async def prepare_request_data(
+        self, request: InferenceRequest, candidates: Sequence[Candidate]
+    ) -> None:
+        params = self.parameters
+        block_tokens = params.tokens_per_block
+        if params.auto_tune and candidates:
+            metrics = candidates[0].metrics
+            if metrics is not None and metrics.cache_block_size > 0:
+                block_tokens = metrics.cache_block_size
+        body = request.body
+        hashes: list[int] = []
+        if body is not None:
+            seed = (request.target_model + body.cache_salt).encode()
+            hashes = self._hasher.chain(
+                body.prefix_input(self._codec),
+                block_tokens * CHARS_PER_TOKEN,
+                seed,
+                params.max_blocks(block_tokens),
+            )
+        if not hashes:
+            none = PrefixCacheMatchInfo(0, 0, block_tokens)
+            for candidate in candidates:
+                candidate.attributes[PREFIX_CACHE_MATCH_INFO] = none
+            return
+        request.state.put(self._typed_name.name, BLOCK_HASHES, hashes)
+        total = len(hashes)
+        matches = await self._index.match(hashes)
+        zero = PrefixCacheMatchInfo(0, total, block_tokens)
+        best = 0
+        for candidate in candidates:
+            matched = matches.get(candidate.info.name, 0)
+            if matched:
+                best = max(best, matched)
+                candidate.attributes[PREFIX_CACHE_MATCH_INFO] = PrefixCacheMatchInfo(
+                    matched, total, block_tokens
+                )
+            else:
+                candidate.attributes[PREFIX_CACHE_MATCH_INFO] = zero
+        stats = self.stats
+        stats.requests_total += 1
+        stats.blocks_total += total
+        if best:
+            stats.requests_matched += 1
+            stats.blocks_matched += best
+
+    async def pre_request(self, request: InferenceRequest, result: SchedulingResult) -> None:
+        hashes = request.state.get(self._typed_name.name, BLOCK_HASHES)
+        if not hashes:
+            return
+        targets: list[Candidate] = []
+        primary = result.primary
+        if primary is not None and primary.target_endpoints:
+            targets.append(primary.target_endpoints[0])
+        prefill = result.profile_results.get(PREFILL_PROFILE)
+        if prefill is not None and prefill.target_endpoints:
+            chosen = prefill.target_endpoints[0]
+            if not targets or chosen.info.name != targets[0].info.name:
+                targets.append(chosen)
+        for target in targets:
+            name = target.info.name
+            if self._datastore.get(name) is None:
+                continue  # deleted since scheduling: do not resurrect it in the index
+            await self._index.add(hashes, name, self._capacity(target))
+
+    def _capacity(self, target: Candidate) -> int:
+        metrics = target.metrics
+        if self.parameters.auto_tune and metrics is not None and metrics.cache_num_blocks > 0:
+            return metrics.cache_num_blocks
+        return self.parameters.lru_capacity_per_server
+
+    def _on_endpoint_event(self, event: EndpointEvent, endpoint: Endpoint) -> None:
+        if event.kind is not EndpointEventKind.DELETE:
+            return
+        name = endpoint.name
+        index = self._index
+        if isinstance(index, SupportsSyncEndpointRemoval):
+            index.remove_endpoint_sync(name)
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            logger.warning("prefix index entries of deleted endpoint %s not removed", name)
+            return
+        task = loop.create_task(self._remove(name))
+        self._removals.add(task)
+        task.add_done_callback(self._removals.discard)
+
+    async def _remove(self, name: str) -> None:
+        try:
+            await self._index.remove_endpoint(name)
+        except Exception:
+            logger.exception("removing deleted endpoint %s from the prefix index failed", name)
+
+
+def _factory(name: str, parameters: PrefixCacheParameters, handle: Handle) -> Plugin:
+    return ApproxPrefixCacheProducer(TypedName(TYPE, name), parameters, handle)
+
+
+def register(registry: PluginRegistry) -> None:
+    registry.register(
+        TYPE,
+        _factory,
+        parameters=PrefixCacheParameters,
+        default_for=(PREFIX_CACHE_MATCH_INFO,),
+        description="approximate prefix-cache match per endpoint, from recent routing",
+    )
