@@ -79,7 +79,7 @@ def parse_metrics(text: str) -> tuple[dict[str, str], list[Sample]]:
             helps.add(name)
         elif line.startswith("# TYPE "):
             name, kind = line[len("# TYPE ") :].split(" ")
-            assert kind in {"gauge", "counter"}
+            assert kind in {"gauge", "counter", "histogram"}
             assert name in helps, f"TYPE before HELP for {name}"
             types[name] = kind
         else:
@@ -88,9 +88,20 @@ def parse_metrics(text: str) -> tuple[dict[str, str], list[Sample]]:
             raw_labels = match.group("labels") or ""
             pairs = _LABEL.findall(raw_labels)
             assert "".join(f'{k}="{v}",' for k, v in pairs).rstrip(",") == raw_labels
-            assert match.group("name") in types, f"sample without TYPE: {line!r}"
+            family = _family_of(match.group("name"), types)
+            assert family is not None, f"sample without TYPE: {line!r}"
             samples.append(Sample(match.group("name"), dict(pairs), float(match.group("value"))))
     return types, samples
+
+
+def _family_of(sample_name: str, types: dict[str, str]) -> str | None:
+    if sample_name in types:
+        return sample_name
+    for suffix in ("_bucket", "_sum", "_count"):
+        family = sample_name.removesuffix(suffix)
+        if family != sample_name and types.get(family) == "histogram":
+            return family
+    return None
 
 
 def only(samples: list[Sample], name: str) -> Sample:
@@ -269,7 +280,7 @@ async def test_stream_without_stream_options_has_no_usage(
 
 async def test_streaming_paces_chunks_by_ttft_and_itl(session: aiohttp.ClientSession) -> None:
     ttft, itl = 0.05, 0.05
-    config = SimulatorConfig(ttft=ttft, itl=itl)
+    config = SimulatorConfig(prefill_overhead=ttft, itl=itl)
     async with ModelServerSimulator(config, host="127.0.0.2", port=0) as sim:
         loop = asyncio.get_running_loop()
         arrivals: list[float] = []
@@ -282,8 +293,8 @@ async def test_streaming_paces_chunks_by_ttft_and_itl(session: aiohttp.ClientSes
     assert len(arrivals) == 4
     # lower bounds only: the server cannot send a chunk before its delay has elapsed
     slack = 0.9
-    assert arrivals[0] >= (ttft + itl) * slack, arrivals
-    assert arrivals[-1] >= (ttft + 4 * itl) * slack, arrivals
+    assert arrivals[0] >= ttft * slack, arrivals
+    assert arrivals[-1] >= (ttft + 3 * itl) * slack, arrivals
 
 
 async def test_metrics_exposition(fleet: SimulatorFleet, session: aiohttp.ClientSession) -> None:
@@ -305,9 +316,16 @@ async def test_metrics_exposition(fleet: SimulatorFleet, session: aiohttp.Client
         "vllm:kv_cache_usage_perc": "gauge",
         "vllm:lora_requests_info": "gauge",
         "vllm:cache_config_info": "gauge",
+        "vllm:prefix_cache_queries_total": "counter",
+        "vllm:prefix_cache_hits_total": "counter",
+        "vllm:num_preemptions_total": "counter",
         "vllm:prompt_tokens_total": "counter",
         "vllm:generation_tokens_total": "counter",
         "vllm:request_success_total": "counter",
+        "vllm:time_to_first_token_seconds": "histogram",
+        "vllm:inter_token_latency_seconds": "histogram",
+        "vllm:e2e_request_latency_seconds": "histogram",
+        "vllm:request_queue_time_seconds": "histogram",
     }
     for name in ("vllm:num_requests_running", "vllm:num_requests_waiting"):
         sample = only(samples, name)
@@ -328,10 +346,20 @@ async def test_metrics_exposition(fleet: SimulatorFleet, session: aiohttp.Client
     cache = only(samples, "vllm:cache_config_info")
     assert cache.value == 1.0
     assert cache.labels["block_size"] == "16"
-    assert cache.labels["num_gpu_blocks"] == "2048"
+    assert cache.labels["num_gpu_blocks"] == str(SimulatorConfig().num_gpu_blocks)
 
     assert only(samples, "vllm:prompt_tokens_total").value == 200.0
     assert only(samples, "vllm:generation_tokens_total").value == 32.0
+    # the same 100-token prompt twice: the second finds its 6 full blocks cached
+    assert only(samples, "vllm:prefix_cache_queries_total").value == 200.0
+    assert only(samples, "vllm:prefix_cache_hits_total").value == 96.0
+    ttft_count = only(samples, "vllm:time_to_first_token_seconds_count")
+    assert ttft_count.labels == {"engine": "0", "model_name": DEFAULT_MODEL}
+    assert ttft_count.value == 2.0
+    buckets = [s for s in samples if s.name == "vllm:time_to_first_token_seconds_bucket"]
+    assert buckets[-1].labels["le"] == "+Inf"
+    assert buckets[-1].value == 2.0
+    assert [b.value for b in buckets] == sorted(b.value for b in buckets)
     successes = {
         sample.labels["finished_reason"]: sample.value
         for sample in samples
@@ -342,12 +370,17 @@ async def test_metrics_exposition(fleet: SimulatorFleet, session: aiohttp.Client
 
     # the other instances have their own counters
     assert only(await scrape(session, fleet[1].url), "vllm:prompt_tokens_total").value == 0.0
+    in_process = fleet.stats()
+    assert list(in_process) == ["sim-0", "sim-1", "sim-2"]
+    assert in_process["sim-0"].prompt_tokens_total == 200
+    assert in_process["sim-0"].prefix_cache_hits_total == 96
+    assert in_process["sim-1"].prompt_tokens_total == 0
 
 
 async def test_metrics_track_running_waiting_kv_and_lora(session: aiohttp.ClientSession) -> None:
     config = SimulatorConfig(
         max_num_seqs=1,
-        ttft=60.0,
+        prefill_overhead=60.0,
         lora_adapters=("sql-lora", "tweet-lora"),
         max_loras=2,
         block_size=16,
@@ -478,8 +511,12 @@ async def test_models_lists_served_models_and_adapters(session: aiohttp.ClientSe
 def test_config_rejects_invalid_values() -> None:
     with pytest.raises(ValueError, match="max_num_seqs"):
         SimulatorConfig(max_num_seqs=0)
-    with pytest.raises(ValueError, match="ttft"):
-        SimulatorConfig(ttft=-1.0)
+    with pytest.raises(ValueError, match="prefill_overhead"):
+        SimulatorConfig(prefill_overhead=-1.0)
+    with pytest.raises(ValueError, match="time_scale"):
+        SimulatorConfig(time_scale=float("nan"))
+    with pytest.raises(ValueError, match="max_model_len"):
+        SimulatorConfig(num_gpu_blocks=4, block_size=16, max_model_len=65)
     with pytest.raises(ValueError, match="served_model_names"):
         SimulatorConfig(served_model_names=())
 

@@ -10,6 +10,7 @@ from typing import Self
 
 from tests.simulator.config import SimulatorConfig
 from tests.simulator.server import ModelServerSimulator
+from tests.simulator.stats import EngineStats
 
 
 class SimulatorFleet:
@@ -46,6 +47,10 @@ class SimulatorFleet:
     @property
     def urls(self) -> tuple[str, ...]:
         return tuple(instance.url for instance in self._instances)
+
+    def stats(self) -> dict[str, EngineStats]:
+        """Each instance's engine records, by instance name."""
+        return {instance.name: instance.stats() for instance in self._instances}
 
     def by_name(self, name: str) -> ModelServerSimulator:
         for instance in self._instances:

@@ -1,11 +1,14 @@
-"""Prometheus text exposition (format 0.0.4) of the engine state, named as vLLM names it."""
+"""Prometheus text exposition (format 0.0.4) of the engine state, named as vLLM names it.
+
+Latency histograms are in simulated seconds (see ``SimulatorConfig.time_scale``).
+"""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
 from tests.simulator.config import SimulatorConfig
-from tests.simulator.engine import EngineStats
+from tests.simulator.stats import EngineStats, HistogramSnapshot
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 ENGINE_INDEX = "0"
@@ -19,9 +22,17 @@ def _format_value(value: float) -> str:
     return repr(float(value))
 
 
+def _render_labels(labels: Mapping[str, str]) -> str:
+    return ",".join(f'{key}="{_escape(val)}"' for key, val in labels.items())
+
+
 class _Exposition:
     def __init__(self) -> None:
         self._lines: list[str] = []
+
+    def _header(self, name: str, kind: str, help_text: str) -> None:
+        self._lines.append(f"# HELP {name} {help_text}")
+        self._lines.append(f"# TYPE {name} {kind}")
 
     def family(
         self,
@@ -30,11 +41,21 @@ class _Exposition:
         help_text: str,
         samples: list[tuple[Mapping[str, str], float]],
     ) -> None:
-        self._lines.append(f"# HELP {name} {help_text}")
-        self._lines.append(f"# TYPE {name} {kind}")
+        self._header(name, kind, help_text)
         for labels, value in samples:
-            rendered = ",".join(f'{key}="{_escape(val)}"' for key, val in labels.items())
-            self._lines.append(f"{name}{{{rendered}}} {_format_value(value)}")
+            self._lines.append(f"{name}{{{_render_labels(labels)}}} {_format_value(value)}")
+
+    def histogram(
+        self, name: str, help_text: str, labels: Mapping[str, str], data: HistogramSnapshot
+    ) -> None:
+        self._header(name, "histogram", help_text)
+        bounds = [_format_value(bound) for bound in data.buckets] + ["+Inf"]
+        for bound, count in zip(bounds, data.cumulative_counts, strict=True):
+            rendered = _render_labels({**labels, "le": bound})
+            self._lines.append(f"{name}_bucket{{{rendered}}} {_format_value(count)}")
+        rendered = _render_labels(labels)
+        self._lines.append(f"{name}_sum{{{rendered}}} {_format_value(data.sum)}")
+        self._lines.append(f"{name}_count{{{rendered}}} {_format_value(data.count)}")
 
     def text(self) -> str:
         return "\n".join(self._lines) + "\n"
@@ -92,6 +113,24 @@ def render_metrics(config: SimulatorConfig, stats: EngineStats, now: float) -> s
         [(cache_labels, 1.0)],
     )
     out.family(
+        "vllm:prefix_cache_queries_total",
+        "counter",
+        "Prefix cache queries, in terms of number of queried tokens.",
+        [(model, stats.prefix_cache_queries_total)],
+    )
+    out.family(
+        "vllm:prefix_cache_hits_total",
+        "counter",
+        "Prefix cache hits, in terms of number of cached tokens.",
+        [(model, stats.prefix_cache_hits_total)],
+    )
+    out.family(
+        "vllm:num_preemptions_total",
+        "counter",
+        "Cumulative number of preemption from the engine.",
+        [(model, stats.preemptions_total)],
+    )
+    out.family(
         "vllm:prompt_tokens_total",
         "counter",
         "Number of prefill tokens processed.",
@@ -111,5 +150,29 @@ def render_metrics(config: SimulatorConfig, stats: EngineStats, now: float) -> s
             ({**model, "finished_reason": reason}, count)
             for reason, count in stats.request_success_total.items()
         ],
+    )
+    out.histogram(
+        "vllm:time_to_first_token_seconds",
+        "Histogram of time to first token in seconds.",
+        model,
+        stats.ttft,
+    )
+    out.histogram(
+        "vllm:inter_token_latency_seconds",
+        "Histogram of inter-token latency in seconds.",
+        model,
+        stats.itl,
+    )
+    out.histogram(
+        "vllm:e2e_request_latency_seconds",
+        "Histogram of e2e request latency in seconds.",
+        model,
+        stats.e2e_latency,
+    )
+    out.histogram(
+        "vllm:request_queue_time_seconds",
+        "Histogram of time spent in WAITING phase for request.",
+        model,
+        stats.queue_time,
     )
     return out.text()

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import json
-import math
 import time
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
+
+from tests.simulator.tokens import PromptTokens
 
 
 class ApiError(Exception):
@@ -53,16 +54,14 @@ class GenerationRequest:
 
     endpoint: Endpoint
     model: str
-    prompt_text: str
-    prompt_tokens: int
+    prompt: PromptTokens
     max_tokens: int
     stream: bool
     include_usage: bool
 
-
-def estimate_tokens(text: str) -> int:
-    """Approximate token count of ``text``: one token per four characters, at least one."""
-    return max(1, math.ceil(len(text) / 4))
+    @property
+    def prompt_tokens(self) -> int:
+        return self.prompt.num_tokens
 
 
 def _decode_object(body: bytes) -> dict[str, Any]:
@@ -113,19 +112,17 @@ def _is_token_ids(value: list[Any]) -> bool:
     return all(isinstance(item, int) and not isinstance(item, bool) for item in value)
 
 
-def _completion_prompt(prompt: Any) -> tuple[str, int]:
-    """Return the prompt text and its token count (lists of prompts are concatenated)."""
+def _completion_prompt(prompt: Any) -> PromptTokens:
+    """The prompt's tokens (lists of prompts are concatenated)."""
     if isinstance(prompt, str):
-        return prompt, estimate_tokens(prompt)
+        return PromptTokens.from_text(prompt)
     if isinstance(prompt, list) and prompt:
         if all(isinstance(item, str) for item in prompt):
-            text = "".join(prompt)
-            return text, estimate_tokens(text)
+            return PromptTokens.from_text("".join(prompt))
         if _is_token_ids(prompt):
-            return " ".join(map(str, prompt)), len(prompt)
+            return PromptTokens.from_ids(tuple(prompt))
         if all(isinstance(item, list) and item and _is_token_ids(item) for item in prompt):
-            ids = [token for item in prompt for token in item]
-            return " ".join(map(str, ids)), len(ids)
+            return PromptTokens.from_ids(tuple(token for item in prompt for token in item))
     raise ApiError("Field 'prompt' must be a string, a list of strings or token ids")
 
 
@@ -148,11 +145,11 @@ def _message_text(message: Any) -> str:
     raise ApiError("Message 'content' must be a string or a list of content parts")
 
 
-def _chat_prompt(messages: Any) -> tuple[str, int]:
+def _chat_prompt(messages: Any) -> PromptTokens:
+    """The text of the messages, one per line."""
     if not isinstance(messages, list) or not messages:
         raise ApiError("Field 'messages' must be a non-empty list")
-    text = "\n".join(_message_text(message) for message in messages)
-    return text, estimate_tokens(text)
+    return PromptTokens.from_text("\n".join(_message_text(message) for message in messages))
 
 
 def parse_request(endpoint: Endpoint, body: bytes, default_max_tokens: int) -> GenerationRequest:
@@ -162,30 +159,35 @@ def parse_request(endpoint: Endpoint, body: bytes, default_max_tokens: int) -> G
     if endpoint is Endpoint.COMPLETIONS:
         if "prompt" not in payload:
             raise ApiError("Field 'prompt' is required")
-        prompt_text, prompt_tokens = _completion_prompt(payload["prompt"])
+        prompt = _completion_prompt(payload["prompt"])
         max_tokens = _positive_int(payload, "max_tokens")
     else:
-        prompt_text, prompt_tokens = _chat_prompt(payload.get("messages"))
+        prompt = _chat_prompt(payload.get("messages"))
         max_tokens = _positive_int(payload, "max_completion_tokens") or _positive_int(
             payload, "max_tokens"
         )
     return GenerationRequest(
         endpoint=endpoint,
         model=model,
-        prompt_text=prompt_text,
-        prompt_tokens=prompt_tokens,
+        prompt=prompt,
         max_tokens=max_tokens or default_max_tokens,
         stream=_bool(payload, "stream"),
         include_usage=_include_usage(payload),
     )
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
-    return {
+def usage(
+    prompt_tokens: int, completion_tokens: int, cached_tokens: int | None = None
+) -> dict[str, Any]:
+    """The ``usage`` object; ``cached_tokens`` adds ``prompt_tokens_details``."""
+    body: dict[str, Any] = {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
     }
+    if cached_tokens is not None:
+        body["prompt_tokens_details"] = {"cached_tokens": cached_tokens}
+    return body
 
 
 class ResponseBuilder:
@@ -215,10 +217,12 @@ class ResponseBuilder:
         choice.update({"logprobs": None, "finish_reason": finish_reason, "stop_reason": None})
         return choice
 
-    def full_response(self, text: str, completion_tokens: int) -> dict[str, Any]:
+    def full_response(
+        self, text: str, completion_tokens: int, cached_tokens: int | None = None
+    ) -> dict[str, Any]:
         body = self._envelope(self._request.endpoint.response_object)
         body["choices"] = [self._choice(text, "length", delta=False)]
-        body["usage"] = usage(self._request.prompt_tokens, completion_tokens)
+        body["usage"] = usage(self._request.prompt_tokens, completion_tokens, cached_tokens)
         return body
 
     def role_chunk(self) -> dict[str, Any] | None:
@@ -241,10 +245,12 @@ class ResponseBuilder:
         chunk["choices"] = [self._choice(text, "length" if last else None, delta=True)]
         return chunk
 
-    def usage_chunk(self, completion_tokens: int) -> dict[str, Any]:
+    def usage_chunk(
+        self, completion_tokens: int, cached_tokens: int | None = None
+    ) -> dict[str, Any]:
         chunk = self._envelope(self._request.endpoint.chunk_object)
         chunk["choices"] = []
-        chunk["usage"] = usage(self._request.prompt_tokens, completion_tokens)
+        chunk["usage"] = usage(self._request.prompt_tokens, completion_tokens, cached_tokens)
         return chunk
 
 

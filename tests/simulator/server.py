@@ -28,6 +28,7 @@ from tests.simulator.protocol import (
     sse_event,
 )
 from tests.simulator.scheduler import RequestState
+from tests.simulator.stats import EngineStats
 
 INSTANCE_HEADER = "x-simulator-instance"
 REQUEST_ID_HEADER = "x-request-id"
@@ -60,6 +61,11 @@ def _json_response(payload: Any, status: int = 200) -> web.Response:
 
 class ModelServerSimulator:
     """A vLLM-compatible HTTP server simulating one model-server instance.
+
+    Serves ``POST /v1/completions``, ``POST /v1/chat/completions``, ``GET /v1/models``,
+    ``GET /health``, ``GET /metrics`` (vLLM's metric names) and ``GET /sim/stats`` (the
+    engine's counters and latency summaries as JSON; ``?samples=1`` adds every TTFT and
+    end-to-end latency). A request whose client disconnects is aborted.
 
     ``port=0`` binds a free port; :attr:`port` and :attr:`url` report it once started.
     Usable as an async context manager (start on enter, stop on exit).
@@ -115,6 +121,25 @@ class ModelServerSimulator:
     def running(self) -> bool:
         return self._runner is not None
 
+    def stats(self, *, with_samples: bool = True) -> EngineStats:
+        """The engine's counters, gauges and latency records (simulated seconds)."""
+        return self._engine.stats(with_samples=with_samples)
+
+    def stats_document(self, *, include_samples: bool = False) -> dict[str, Any]:
+        """The JSON document of ``GET /sim/stats`` (``?samples=1``: ``include_samples``)."""
+        config = self._config
+        document: dict[str, Any] = {
+            "name": self._name,
+            "model": config.model_name,
+            "time_scale": config.time_scale,
+            "block_size": config.block_size,
+            "num_gpu_blocks": config.num_gpu_blocks,
+            "max_num_seqs": config.max_num_seqs,
+            "max_loras": config.max_loras,
+        }
+        document.update(self.stats().document(include_samples=include_samples))
+        return document
+
     async def start(self) -> None:
         if self._runner is not None:
             raise RuntimeError(f"{self._name} is already running")
@@ -122,6 +147,8 @@ class ModelServerSimulator:
             self._build_app(),
             access_log=None,
             shutdown_timeout=self._config.shutdown_timeout,
+            # like vLLM, abort a request whose client went away
+            handler_cancellation=True,
         )
         await runner.setup()
         try:
@@ -165,6 +192,7 @@ class ModelServerSimulator:
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/health", self._health)
         app.router.add_get("/metrics", self._metrics)
+        app.router.add_get("/sim/stats", self._sim_stats)
         return app
 
     async def _stamp_headers(self, request: web.BaseRequest, response: web.StreamResponse) -> None:
@@ -196,14 +224,25 @@ class ModelServerSimulator:
         builder = ResponseBuilder(
             parsed, request.headers.get(REQUEST_ID_HEADER) or uuid.uuid4().hex
         )
-        state = self._engine.new_request(
-            builder.response_id, parsed.model, parsed.prompt_tokens, parsed.max_tokens
-        )
+        try:
+            state = self._engine.new_request(
+                builder.response_id, parsed.model, parsed.prompt, parsed.max_tokens
+            )
+        except ValueError as exc:
+            error = ApiError(f"This model's maximum context length is exceeded: {exc}.")
+            return _json_response(error.body(), status=error.status)
         if parsed.stream:
             return await self._stream(request, parsed, builder, state)
         async with aclosing(self._engine.generate(state)) as tokens:
             text = "".join([token async for token in tokens])
-        return _json_response(builder.full_response(text, state.generated_tokens))
+        return _json_response(
+            builder.full_response(text, state.generated_tokens, self._cached_tokens(state))
+        )
+
+    def _cached_tokens(self, state: RequestState) -> int | None:
+        if not self._config.enable_prompt_tokens_details:
+            return None
+        return state.first_cached_tokens or 0
 
     async def _stream(
         self,
@@ -228,7 +267,8 @@ class ModelServerSimulator:
                 last = state.generated_tokens == state.max_tokens
                 await response.write(sse_event(builder.token_chunk(token, last=last)))
         if parsed.include_usage:
-            await response.write(sse_event(builder.usage_chunk(state.generated_tokens)))
+            chunk = builder.usage_chunk(state.generated_tokens, self._cached_tokens(state))
+            await response.write(sse_event(chunk))
         await response.write(SSE_DONE)
         await response.write_eof()
         return response
@@ -258,3 +298,7 @@ class ModelServerSimulator:
     async def _metrics(self, request: web.Request) -> web.Response:
         text = render_metrics(self._config, self._engine.stats(), time.time())
         return web.Response(body=text.encode(), headers={"Content-Type": METRICS_CONTENT_TYPE})
+
+    async def _sim_stats(self, request: web.Request) -> web.Response:
+        samples = request.query.get("samples", "").lower() in {"1", "true", "yes"}
+        return _json_response(self.stats_document(include_samples=samples))
