@@ -34,6 +34,8 @@ IN_TREE_MODULES = (
     "domain.requestcontrol.plugins.served_verifier",
     "domain.requestcontrol.plugins.openai_parser",
     "domain.requestcontrol.plugins.passthrough_parser",
+    # data layer
+    "domain.datalayer.plugins.core_metrics_extractor",
 )
 
 

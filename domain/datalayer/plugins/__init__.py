@@ -1,0 +1,1 @@
+"""In-tree data-layer plugins (sources' extractors): one plugin per module."""
