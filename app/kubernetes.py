@@ -1,44 +1,24 @@
-"""Kubernetes discovery wiring: the API client and the endpoint source for the flags."""
+"""Kubernetes discovery wiring: the endpoint source the flags ask for."""
 
 from __future__ import annotations
 
-import logging
-from pathlib import Path
-
-from kubernetes import client, config
-
-from adapters.kubernetes.pool_source import InferencePoolSource
-from adapters.kubernetes.selector_source import EndpointSelectorSource
+from adapters.kubernetes import (
+    EndpointSelectorSource,
+    InferencePoolSource,
+    api_client_from_environment,
+    parse_label_selector,
+)
 from app.settings import Settings
 from ports.endpoints import EndpointSource
 from ports.objectives import ObjectiveSink
 
-__all__ = ["api_client", "kubernetes_source", "parse_selector"]
-
-logger = logging.getLogger(__name__)
-
-
-def api_client(kubeconfig: Path | None) -> client.ApiClient:
-    """In-cluster configuration, else the kubeconfig file (``--kubeconfig`` or the default)."""
-    if kubeconfig is not None:
-        return config.new_client_from_config(config_file=str(kubeconfig))
-    try:
-        config.load_incluster_config()
-        return client.ApiClient()
-    except config.ConfigException:
-        return config.new_client_from_config()
-
-
-def parse_selector(text: str) -> dict[str, str]:
-    selector: dict[str, str] = {}
-    for part in text.split(","):
-        key, _, value = part.partition("=")
-        selector[key.strip()] = value.strip()
-    return selector
+__all__ = ["kubernetes_source"]
 
 
 def kubernetes_source(settings: Settings, objectives: ObjectiveSink) -> EndpointSource:
-    api = api_client(settings.kubeconfig)
+    """``--pool-name``: the InferencePool's pods, objectives and rewrites;
+    ``--endpoint-selector``: the matching pods on ``--endpoint-target-ports``."""
+    api = api_client_from_environment(settings.kubeconfig)
     if settings.pool_name:
         return InferencePoolSource(
             api,
@@ -50,6 +30,6 @@ def kubernetes_source(settings: Settings, objectives: ObjectiveSink) -> Endpoint
     return EndpointSelectorSource(
         api,
         namespace=settings.pool_namespace,
-        selector=parse_selector(settings.endpoint_selector),
+        selector=parse_label_selector(settings.endpoint_selector),
         target_ports=settings.endpoint_target_ports,
     )

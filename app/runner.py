@@ -13,6 +13,7 @@ from app.container import Container, build_container
 from app.logsetup import configure_logging
 from app.plugins import PluginLoadError
 from app.settings import Settings
+from app.static_objectives import StaticObjectivesError, load_static_objectives
 from domain.requestcontrol.state import RequestStates
 
 __all__ = ["StartupError", "run", "serve"]
@@ -44,10 +45,19 @@ async def serve(container: Container, stop: asyncio.Event) -> None:
         ", ".join(loaded.profiles),
         ", ".join(f"{p.typed_name}" for p in loaded.plugins.values()),
     )
+    if settings.static_objectives is not None:
+        try:
+            counts = load_static_objectives(settings.static_objectives, container.objectives())
+        except StaticObjectivesError as exc:
+            raise StartupError(f"--static-objectives: {exc}") from exc
+        logger.info("static objectives: %d objective(s), %d rewrite rule(s)", *counts)
     datastore = container.datastore()
     container.processor()
     collectors = container.collectors()
-    source = container.endpoint_source()
+    try:
+        source = container.endpoint_source()
+    except Exception as exc:  # e.g. no usable Kubernetes configuration
+        raise StartupError(f"cannot start endpoint discovery: {exc}") from exc
     servers = container.servers()
     try:
         await servers.start()

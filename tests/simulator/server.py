@@ -36,6 +36,8 @@ RECEIVED_BYTES_HEADER = "x-simulator-received-bytes"
 BODY_SHA256_HEADER = "x-simulator-body-sha256"
 #: The ``x-gateway-destination-endpoint`` request header this instance received, echoed.
 DESTINATION_SEEN_HEADER = "x-simulator-destination-endpoint"
+#: The ``x-prefiller-host-port`` request header (P/D disaggregation) this instance received.
+PREFILLER_SEEN_HEADER = "x-simulator-prefiller-host-port"
 
 
 @dataclass(frozen=True, slots=True)
@@ -203,6 +205,9 @@ class ModelServerSimulator:
         destination = request.headers.get("x-gateway-destination-endpoint")
         if destination is not None:
             response.headers[DESTINATION_SEEN_HEADER] = destination
+        prefiller = request.headers.get("x-prefiller-host-port")
+        if prefiller is not None:
+            response.headers[PREFILLER_SEEN_HEADER] = prefiller
         body_info = request.get(_BODY_INFO)
         if body_info is not None:
             response.headers[RECEIVED_BYTES_HEADER] = str(body_info.length)

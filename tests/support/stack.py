@@ -7,7 +7,9 @@ process, stopped (SIGTERM, then SIGKILL after a deadline) when the stack closes.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -39,6 +41,8 @@ ROOT = Path(__file__).resolve().parents[2]
 DEPLOY_ENVOY_CONFIG = ROOT / "deploy" / "envoy" / "envoy.yaml"
 
 T = TypeVar("T")
+
+_SERVING_LINE = re.compile(r"ext_proc serving on [^ ]+:(\d+) \(\w+\), health on [^ ]+:(\d+)")
 
 
 def wait_for(
@@ -250,8 +254,6 @@ class Stack:
 
         wait_for(simulators_ready, timeout=deadline, what="the simulated model servers")
 
-        self.epp_port = free_port()
-        self.epp_health_port = free_port()
         if o.epp:
             self.epp = self._spawn(
                 "epp",
@@ -262,17 +264,18 @@ class Stack:
                     "--bind-address",
                     "127.0.0.1",
                     "--grpc-port",
-                    str(self.epp_port),
+                    "0",
                     "--grpc-health-port",
-                    str(self.epp_health_port),
+                    "0",
                     "--metrics-port",
-                    str(free_port()),
+                    "0",
                     f"--secure-serving={str(o.epp_tls).lower()}",
                     "--static-endpoints",
                     ",".join(self.simulator_addresses.values()),
                     *o.epp_args,
                 ],
             )
+            wait_for(self._epp_ports, timeout=deadline, what="the EPP to listen")
             wait_for(self._epp_serving, timeout=deadline, what="the EPP to report SERVING")
 
         self.envoy, self.envoy_port = self.start_envoy(ext_proc=o.epp, name="envoy")
@@ -280,14 +283,13 @@ class Stack:
     def start_envoy(self, *, ext_proc: bool, name: str) -> tuple[ChildProcess, int]:
         """Start an Envoy from the shipped config; returns it and its listener port."""
         o = self.options
-        listen_port = free_port()
-        admin_port = free_port()
         config_path = self.workdir / f"{name}.yaml"
+        admin_path = self.workdir / f"{name}.admin"
         config_path.write_text(
             yaml.safe_dump(
                 envoy_config(
-                    listen_port=listen_port,
-                    admin_port=admin_port,
+                    listen_port=0,
+                    admin_port=0,
                     epp_port=self.epp_port,
                     ext_proc=ext_proc,
                     epp_tls=o.epp_tls,
@@ -300,6 +302,8 @@ class Stack:
                 str(envoy_binary()),
                 "-c",
                 str(config_path),
+                "--admin-address-path",
+                str(admin_path),
                 "--disable-hot-restart",
                 "--concurrency",
                 str(o.envoy_concurrency),
@@ -308,18 +312,38 @@ class Stack:
             ],
         )
 
-        def live() -> bool:
+        def admin(path: str) -> bytes | None:
             envoy.check_alive()
+            if not admin_path.exists() or not admin_path.read_text().strip():
+                return None
             try:
                 with urllib.request.urlopen(
-                    f"http://127.0.0.1:{admin_port}/ready", timeout=1
+                    f"http://{admin_path.read_text().strip()}{path}", timeout=1
                 ) as response:
-                    return bool(response.status == 200)
+                    return bytes(response.read()) if response.status == 200 else None
             except OSError:
-                return False
+                return None
 
-        wait_for(live, timeout=o.start_timeout, what=f"{name} to be LIVE")
-        return envoy, listen_port
+        wait_for(lambda: admin("/ready"), timeout=o.start_timeout, what=f"{name} to be LIVE")
+        listeners = json.loads(
+            wait_for(
+                lambda: admin("/listeners?format=json"), timeout=10, what=f"{name}'s listeners"
+            )
+        )
+        port = int(
+            listeners["listener_statuses"][0]["local_address"]["socket_address"]["port_value"]
+        )
+        return envoy, port
+
+    def _epp_ports(self) -> bool:
+        """Read the ports the EPP bound (it was given port 0) from its start-up log line."""
+        assert self.epp is not None
+        self.epp.check_alive()
+        match = _SERVING_LINE.search(self.epp.log())
+        if match is None:
+            return False
+        self.epp_port, self.epp_health_port = int(match.group(1)), int(match.group(2))
+        return True
 
     def _epp_serving(self) -> bool:
         assert self.epp is not None

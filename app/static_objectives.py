@@ -1,0 +1,62 @@
+"""``--static-objectives``: InferenceObjective and InferenceModelRewrite manifests from a file.
+
+The file holds the same YAML documents one would apply to a cluster (``kind:
+InferenceObjective`` / ``InferenceModelRewrite``, several per file separated by ``---``),
+so priorities and model rewrites work without Kubernetes. Other kinds are refused.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from adapters.kubernetes.objectives import objective_priority, rewrite_rules
+from ports.objectives import ModelRewriteRule, ObjectiveSink
+
+__all__ = ["StaticObjectivesError", "load_static_objectives"]
+
+
+class StaticObjectivesError(ValueError):
+    """The file cannot be used; the message names the document and the problem."""
+
+
+def load_static_objectives(path: Path, sink: ObjectiveSink) -> tuple[int, int]:
+    """Load the manifests into ``sink``; returns (objectives, rewrite rules) counts."""
+    try:
+        documents = [d for d in yaml.safe_load_all(path.read_text()) if d is not None]
+    except (OSError, yaml.YAMLError) as exc:
+        raise StaticObjectivesError(f"{path}: {exc}") from exc
+    priorities: dict[str, int | None] = {}
+    rules: list[ModelRewriteRule] = []
+    for index, document in enumerate(documents):
+        where = f"{path} document {index + 1}"
+        if not isinstance(document, dict):
+            raise StaticObjectivesError(f"{where}: not a mapping")
+        kind = document.get("kind")
+        name = _name(document, where)
+        try:
+            if kind == "InferenceObjective":
+                priorities[name] = objective_priority(document)
+            elif kind == "InferenceModelRewrite":
+                rules.extend(rewrite_rules(document))
+            else:
+                raise StaticObjectivesError(
+                    f"{where}: kind {kind!r} is not InferenceObjective or InferenceModelRewrite"
+                )
+        except (TypeError, ValueError, KeyError) as exc:
+            if isinstance(exc, StaticObjectivesError):
+                raise
+            raise StaticObjectivesError(f"{where} ({name}): {exc}") from exc
+    sink.set_objectives(priorities)
+    sink.set_rules(rules)
+    return len(priorities), len(rules)
+
+
+def _name(document: dict[str, Any], where: str) -> str:
+    metadata = document.get("metadata")
+    name = metadata.get("name") if isinstance(metadata, dict) else None
+    if not isinstance(name, str) or not name:
+        raise StaticObjectivesError(f"{where}: metadata.name is required")
+    return name

@@ -1,0 +1,1 @@
+"""Kubernetes discovery against a loopback API server, with the real ``kubernetes`` client."""
