@@ -64,7 +64,12 @@ class EndpointSink(Protocol):
     def apply(self, event: EndpointEvent) -> None: ...
 
     def mark_synced(self) -> None:
-        """The source has delivered the complete current endpoint set at least once."""
+        """The source has delivered the complete current endpoint set."""
+        ...
+
+    def mark_unsynced(self) -> None:
+        """The source no longer knows the endpoint set (e.g. its InferencePool was deleted):
+        readiness turns NOT_SERVING until ``mark_synced`` is called again."""
         ...
 
 

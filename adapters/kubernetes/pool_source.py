@@ -241,6 +241,9 @@ class _PoolRun:
         self._pool = None
         self._stop_pod_watch()
         self._endpoints.clear()
+        if self._marked_synced:
+            self._marked_synced = False
+            self._sink.mark_unsynced()
 
     # -- the pods ---------------------------------------------------------------------------
 

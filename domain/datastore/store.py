@@ -62,6 +62,11 @@ class Datastore:
             logger.info("endpoint set synced: %d endpoint(s)", len(self._by_name))
         self._synced = True
 
+    def mark_unsynced(self) -> None:
+        if self._synced:
+            logger.warning("endpoint set no longer known: not ready until it is synced again")
+        self._synced = False
+
     def clear(self) -> None:
         """Drop every endpoint (the pool was deleted); listeners hear a delete for each."""
         for endpoint in list(self._by_name.values()):

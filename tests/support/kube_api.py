@@ -888,6 +888,9 @@ class RecordingSink:
         self.synced = True
         self.synced_calls += 1
 
+    def mark_unsynced(self) -> None:
+        self.synced = False
+
     def set_objectives(self, priorities: Mapping[str, int | None]) -> None:
         self.objectives = dict(priorities)
 

@@ -241,14 +241,17 @@ async def test_deleting_the_pool_deletes_every_endpoint(
     async with running(source_for(api_client), sink):
         await wait_until(lambda: len(sink.endpoints) == 4, what="four endpoints")
 
+        assert sink.synced
         server.delete(INFERENCE_POOLS_V1, "pool")
         await wait_until(lambda: not sink.endpoints, what="every endpoint deleted")
         assert sum(e.kind is DELETE for e in sink.events) == 4
+        assert not sink.synced  # readiness turns NOT_SERVING without a pool
 
         server.create(PODS, pod("c", ip="10.0.0.3", labels=MODEL))  # no pool: not watched
         server.create(INFERENCE_POOLS_V1, inference_pool_v1("pool", selector=MODEL))
         await wait_until(lambda: len(sink.endpoints) == 3, what="the pool is back")
         assert set(sink.endpoints) == {"a-rank-0", "b-rank-0", "c-rank-0"}
+        await wait_until(lambda: sink.synced, what="synced again")
 
 
 async def test_an_absent_pool_leaves_the_source_unsynced_until_it_is_created(
