@@ -57,6 +57,8 @@ def _verbosity(text: str) -> int:
 
 
 def _endpoints(text: str) -> str:
+    if not text:
+        return text
     try:
         parse_endpoint_list(text)
     except ValueError as exc:

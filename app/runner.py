@@ -13,7 +13,6 @@ from app.container import Container, build_container
 from app.logsetup import configure_logging
 from app.plugins import PluginLoadError
 from app.settings import Settings
-from app.static_objectives import StaticObjectivesError, load_static_objectives
 from domain.requestcontrol.state import RequestStates
 
 __all__ = ["StartupError", "run", "serve"]
@@ -46,6 +45,8 @@ async def serve(container: Container, stop: asyncio.Event) -> None:
         ", ".join(f"{p.typed_name}" for p in loaded.plugins.values()),
     )
     if settings.static_objectives is not None:
+        from app.static_objectives import StaticObjectivesError, load_static_objectives
+
         try:
             counts = load_static_objectives(settings.static_objectives, container.objectives())
         except StaticObjectivesError as exc:
@@ -59,9 +60,15 @@ async def serve(container: Container, stop: asyncio.Event) -> None:
     except Exception as exc:  # e.g. no usable Kubernetes configuration
         raise StartupError(f"cannot start endpoint discovery: {exc}") from exc
     servers = container.servers()
+    observability = container.observability()
+    try:
+        await observability.start()  # /metrics first: its port is logged before ext_proc's
+    except OSError as exc:
+        raise StartupError(str(exc)) from exc
     try:
         await servers.start()
     except OSError as exc:
+        await observability.stop()
         raise StartupError(str(exc)) from exc
     collectors.start()
     tasks = {
@@ -84,6 +91,7 @@ async def serve(container: Container, stop: asyncio.Event) -> None:
                 await task
         await collectors.stop()
         await servers.drain(0)
+        await observability.stop()  # after the last request: flushes the traces
     logger.info("stopped")
 
 

@@ -35,9 +35,19 @@ def load_static_objectives(path: Path, sink: ObjectiveSink) -> tuple[int, int]:
         if not isinstance(document, dict):
             raise StaticObjectivesError(f"{where}: not a mapping")
         kind = document.get("kind")
+        if kind not in ("InferenceObjective", "InferenceModelRewrite"):
+            raise StaticObjectivesError(
+                f"{where}: kind {kind!r} is not InferenceObjective or InferenceModelRewrite"
+            )
         name = _name(document, where)
         try:
             if kind == "InferenceObjective":
+                spec = document.get("spec") or {}
+                raw = spec.get("priority") if isinstance(spec, dict) else None
+                if raw is not None and (isinstance(raw, bool) or not isinstance(raw, int)):
+                    raise StaticObjectivesError(
+                        f"{where} ({name}): spec.priority must be an integer, not {raw!r}"
+                    )
                 priorities[name] = objective_priority(document)
             elif kind == "InferenceModelRewrite":
                 rules.extend(rewrite_rules(document))

@@ -153,3 +153,23 @@ def test_console_script_and_module_share_the_cli(tmp_path: Path) -> None:
         helped = subprocess.run([*argv, "--help"], capture_output=True, text=True, timeout=60)
         assert helped.returncode == 0
         assert "--static-endpoints" in helped.stdout
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--pool-name", "pool"],
+        ["--endpoint-selector", "app=vllm", "--endpoint-target-ports", "8000,8001"],
+    ],
+)
+def test_kubernetes_modes_need_no_static_endpoints(argv: list[str]) -> None:
+    settings = parse_settings(argv)
+    assert settings.static_endpoints == ""
+    assert settings.pool_name or settings.endpoint_selector
+
+
+def test_the_endpoint_selector_needs_target_ports(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        parse_settings(["--endpoint-selector", "app=vllm"])
+    assert exited.value.code == 2
+    assert "--endpoint-target-ports" in capsys.readouterr().err
