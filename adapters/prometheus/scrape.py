@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import asyncio
 import ssl
 import time
 from dataclasses import dataclass
 from typing import Literal
 
-import aiohttp
-
+from adapters.prometheus.http_client import HttpGetConnection
 from ports.datalayer import MetricsText
 from ports.endpoints import EndpointInfo
 from ports.plugins import TypedName
@@ -28,22 +26,29 @@ class MetricsSourceParameters:
     def __post_init__(self) -> None:
         if self.scheme not in ("http", "https"):
             raise ValueError("scheme: must be http or https")
-        if not self.path.startswith("/"):
-            raise ValueError("path: must start with /")
+        if not self.path.startswith("/") or any(c in self.path for c in " \r\n"):
+            raise ValueError("path: must be an absolute path without spaces")
 
 
 class MetricsDataSource:
     """A ``PollingDataSource`` returning ``MetricsText``.
 
-    One keep-alive HTTP client for all endpoints (at most 2 idle connections per host,
-    as the reference), a 10 s overall timeout per request; a non-200 answer is an error.
-    The session is created lazily on the running event loop.
+    One keep-alive connection per endpoint (an endpoint's polls are sequential), opened on
+    first use and again after any failure; a non-200 answer is an error. The collector
+    bounds each poll with its timeout (the reference's 10 s client timeout is never reached).
     """
 
     def __init__(self, typed_name: TypedName, parameters: MetricsSourceParameters) -> None:
         self._typed_name = typed_name
         self._parameters = parameters
-        self._session: aiohttp.ClientSession | None = None
+        self._connections: dict[str, HttpGetConnection] = {}
+        self._requests: dict[str, bytes] = {}
+        self._tls: ssl.SSLContext | None = None
+        if parameters.scheme == "https":
+            self._tls = ssl.create_default_context()
+            if parameters.insecure_skip_verify:
+                self._tls.check_hostname = False
+                self._tls.verify_mode = ssl.CERT_NONE
 
     @property
     def typed_name(self) -> TypedName:
@@ -52,36 +57,39 @@ class MetricsDataSource:
     def output_type(self) -> type:
         return MetricsText
 
-    def _client(self) -> aiohttp.ClientSession:
-        if self._session is None or self._session.closed:
-            ssl_context: ssl.SSLContext | bool = True
-            if self._parameters.scheme == "https" and self._parameters.insecure_skip_verify:
-                ssl_context = False
-            connector = aiohttp.TCPConnector(
-                limit=0, limit_per_host=2, ssl=ssl_context, keepalive_timeout=60
-            )
-            self._session = aiohttp.ClientSession(
-                connector=connector,
-                timeout=aiohttp.ClientTimeout(total=10),
-                auto_decompress=True,
-                skip_auto_headers=("User-Agent",),
-            )
-        return self._session
-
     async def poll(self, endpoint: EndpointInfo) -> MetricsText:
         host = endpoint.metrics_host or endpoint.address.host_port()
-        url = f"{self._parameters.scheme}://{host}{self._parameters.path}"
-        try:
-            async with self._client().get(url) as response:
-                body = await response.read()
-                if response.status != 200:
-                    raise ValueError(f"GET {url}: status {response.status}")
-        except aiohttp.ClientError as exc:
-            raise OSError(f"GET {url}: {exc}") from exc
+        connection = self._connections.get(host)
+        if connection is None or connection.closed:
+            name, _, port = host.rpartition(":")
+            try:
+                connection = await HttpGetConnection.open(
+                    name.strip("[]"), int(port), tls=self._tls
+                )
+            except ValueError as exc:
+                raise OSError(f"{host}: {exc}") from exc
+            self._connections[host] = connection
+            if host not in self._requests:
+                self._requests[host] = (
+                    f"GET {self._parameters.path} HTTP/1.1\r\nHost: {host}\r\n"
+                    "Accept: text/plain\r\nUser-Agent: epp\r\n\r\n"
+                ).encode()
+        status, body = await connection.get(self._requests[host])
+        if status != 200:
+            raise ValueError(
+                f"GET {self._parameters.scheme}://{host}{self._parameters.path}: status {status}"
+            )
         return MetricsText(body=body, fetched_at=time.monotonic())
 
+    def forget(self, endpoint: EndpointInfo) -> None:
+        """Close the endpoint's connection (it was removed)."""
+        host = endpoint.metrics_host or endpoint.address.host_port()
+        connection = self._connections.pop(host, None)
+        self._requests.pop(host, None)
+        if connection is not None:
+            connection.close()
+
     async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
-            await asyncio.sleep(0)
+        for connection in self._connections.values():
+            connection.close()
+        self._connections.clear()
