@@ -7,8 +7,10 @@ from dependency_injector import containers, providers
 from adapters.envoy.server import GrpcServers
 from adapters.envoy.tls import ServerCertificate, load_certificate, self_signed_certificate
 from adapters.jsoncodec.orjson_codec import OrjsonCodec
+from adapters.prometheus.exporter import PrometheusObserver
 from adapters.xxhash.block_hasher import XxhashBlockHasher
 from app.config.loader import LoadedConfig, load_config
+from app.observability import EppObserver, Observability, build_tracing
 from app.plugins import build_registry
 from app.settings import Settings
 from domain.datalayer.collector import Collectors, SourceBinding
@@ -21,11 +23,13 @@ from domain.plugins.handle import Handle
 from domain.prefixcache.index import InMemoryPrefixIndex
 from domain.requestcontrol.director import Director, RequestControl
 from domain.requestcontrol.state import RequestStates
+from domain.scheduling.observer import SchedulingObserver, SchedulingReporter
 from domain.scheduling.scheduler import Scheduler
 from ports.codec import JsonCodec
 from ports.datalayer import PollingDataSource
 from ports.endpoints import EndpointSource
 from ports.objectives import ObjectiveSink
+from ports.observer import Observer
 from ports.prefix_index import BlockHasher, PrefixIndex
 
 __all__ = ["Container", "build_container"]
@@ -56,19 +60,31 @@ def _config_text(settings: Settings) -> str | None:
 
 
 def _handle(
-    codec: JsonCodec, hasher: BlockHasher, prefix_index: PrefixIndex, datastore: Datastore
+    codec: JsonCodec,
+    hasher: BlockHasher,
+    prefix_index: PrefixIndex,
+    datastore: Datastore,
+    observer: Observer,
 ) -> Handle:
-    return Handle(codec=codec, hasher=hasher, prefix_index=prefix_index, datastore=datastore)
+    return Handle(
+        codec=codec,
+        hasher=hasher,
+        prefix_index=prefix_index,
+        datastore=datastore,
+        observer=observer,
+    )
 
 
 def _loaded_config(settings: Settings, registry: PluginRegistry, handle: Handle) -> LoadedConfig:
     return load_config(_config_text(settings), registry=registry, handle=handle)
 
 
-def _request_control(loaded: LoadedConfig, settings: Settings) -> RequestControl:
+def _request_control(
+    loaded: LoadedConfig, settings: Settings, scheduling_observer: SchedulingObserver
+) -> RequestControl:
     return RequestControl(
         parser=loaded.parser,
-        scheduler=Scheduler(loaded.profile_handler, loaded.profiles),
+        scheduler=Scheduler(loaded.profile_handler, loaded.profiles, scheduling_observer),
         saturation_detector=loaded.saturation_detector,
         data_producers=loaded.data_producers,
         admitters=loaded.admitters,
@@ -81,7 +97,9 @@ def _request_control(loaded: LoadedConfig, settings: Settings) -> RequestControl
     )
 
 
-def _collectors(loaded: LoadedConfig, datastore: Datastore, settings: Settings) -> Collectors:
+def _collectors(
+    loaded: LoadedConfig, datastore: Datastore, settings: Settings, observer: Observer
+) -> Collectors:
     bindings = []
     if loaded.data_layer is not None:
         for spec in loaded.data_layer.sources:
@@ -97,6 +115,7 @@ def _collectors(loaded: LoadedConfig, datastore: Datastore, settings: Settings) 
         bindings=bindings,
         interval=settings.refresh_metrics_interval,
         endpoint_extractors=endpoint_extractors,
+        observer=observer,
     )
 
 
@@ -111,10 +130,24 @@ class Container(containers.DeclarativeContainer):
     objectives = providers.Singleton(ObjectiveStore)
     request_states = providers.Singleton(RequestStates)
     registry = providers.Singleton(build_registry)
-    handle = providers.Singleton(_handle, codec, hasher, prefix_index, datastore)
+    # --- observability (spec section 9): one Observer for the domain and the adapters ---
+    metrics_observer = providers.Singleton(PrometheusObserver)
+    tracing = providers.Singleton(build_tracing, settings)
+    observer = providers.Singleton(EppObserver, metrics_observer, tracing)
+    scheduling_observer = providers.Singleton(SchedulingReporter, observer)
+    observability = providers.Singleton(
+        Observability,
+        settings=settings,
+        metrics=metrics_observer,
+        tracing=tracing,
+        datastore=datastore,
+        prefix_index=prefix_index,
+    )
+    # --- end observability ---
+    handle = providers.Singleton(_handle, codec, hasher, prefix_index, datastore, observer)
     config = providers.Singleton(_loaded_config, settings, registry, handle)
-    request_control = providers.Singleton(_request_control, config, settings)
-    collectors = providers.Singleton(_collectors, config, datastore, settings)
+    request_control = providers.Singleton(_request_control, config, settings, scheduling_observer)
+    collectors = providers.Singleton(_collectors, config, datastore, settings, observer)
     endpoint_source = providers.Singleton(_endpoint_source, settings, objectives)
     processor = providers.Singleton(
         Director,
@@ -123,6 +156,7 @@ class Container(containers.DeclarativeContainer):
         control=request_control,
         objectives=objectives,
         states=request_states,
+        observer=observer,
     )
     certificate = providers.Singleton(_certificate, settings)
     servers = providers.Singleton(
@@ -133,6 +167,7 @@ class Container(containers.DeclarativeContainer):
         health_port=settings.provided.grpc_health_port,
         certificate=certificate,
         health_on_extproc_port=settings.provided.health_checking,
+        observer=observer,
     )
 
 

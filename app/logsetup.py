@@ -1,4 +1,9 @@
-"""Logging configured once for the process: text or JSON lines on stderr."""
+"""Logging configured once for the process: text or JSON lines on stderr.
+
+Every record logged while a request is served carries that request's id (``REQUEST_ID``,
+set by the gateway adapter per stream): ``"request_id"`` in JSON lines, a trailing
+``request_id=<id>`` in text lines.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +13,18 @@ import time
 
 import orjson
 
-__all__ = ["configure_logging"]
+from ports.observer import REQUEST_ID
+
+__all__ = ["RequestIdFilter", "configure_logging"]
+
+
+class RequestIdFilter(logging.Filter):
+    """Sets ``record.request_id`` from ``REQUEST_ID`` unless the caller passed one."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not getattr(record, "request_id", None):
+            record.request_id = REQUEST_ID.get()
+        return True
 
 
 class JsonFormatter(logging.Formatter):
@@ -28,13 +44,26 @@ class JsonFormatter(logging.Formatter):
         return orjson.dumps(entry).decode()
 
 
+class TextFormatter(logging.Formatter):
+    def __init__(self) -> None:
+        super().__init__("%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    def formatMessage(self, record: logging.LogRecord) -> str:  # noqa: N802 - logging's name
+        text = super().formatMessage(record)
+        request_id = getattr(record, "request_id", None)
+        if request_id:
+            text += f" request_id={request_id}"
+        return text
+
+
 def configure_logging(verbosity: int, log_format: str) -> None:
     """Verbosity 0-2 logs at INFO, 3 and above at DEBUG (as the reference's levels)."""
     handler = logging.StreamHandler(sys.stderr)
+    handler.addFilter(RequestIdFilter())
     if log_format == "json":
         handler.setFormatter(JsonFormatter())
     else:
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        handler.setFormatter(TextFormatter())
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(logging.DEBUG if verbosity >= 3 else logging.INFO)

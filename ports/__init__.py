@@ -15,6 +15,7 @@ from ports.endpoints import (
 )
 from ports.errors import ErrorCode, RequestError
 from ports.objectives import ModelRewriteRule, ModelRewriteTarget, ObjectiveSink
+from ports.observer import NoopObserver, NoopSpan, Observer, Span
 from ports.plugins import TypedName
 from ports.prefix_index import BlockHasher, PrefixIndex
 from ports.requests import (
@@ -45,7 +46,10 @@ __all__ = [
     "MetricsText",
     "ModelRewriteRule",
     "ModelRewriteTarget",
+    "NoopObserver",
+    "NoopSpan",
     "ObjectiveSink",
+    "Observer",
     "PollingDataSource",
     "PrefixIndex",
     "RequestError",
@@ -54,5 +58,6 @@ __all__ = [
     "ResponseBodyReply",
     "ResponseHeadersReply",
     "RoutingDecision",
+    "Span",
     "TypedName",
 ]

@@ -8,6 +8,7 @@ from typing import Protocol
 
 from ports.endpoints import EndpointAddress
 from ports.errors import RequestError
+from ports.observer import Span
 
 __all__ = [
     "SYSTEM_REQUEST_HEADERS",
@@ -43,13 +44,15 @@ class InboundRequest:
 
     ``headers`` has lower-case names (pseudo-headers such as ``:path`` included) and
     always holds ``x-request-id``. ``body`` is ``None`` for a headers-only request
-    (end of stream on the headers), else the complete body.
+    (end of stream on the headers), else the complete body. ``span`` is the gateway's
+    span for the whole exchange, the parent of the domain's spans (``None``: no tracing).
     """
 
     request_id: str
     headers: Mapping[str, str]
     body: bytes | None
     metadata: Metadata = field(default_factory=dict)
+    span: Span | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

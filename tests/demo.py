@@ -9,11 +9,13 @@ from __future__ import annotations
 import asyncio
 import sys
 import time
+import urllib.request
 from collections import Counter
 from dataclasses import dataclass
 
 import aiohttp
 import orjson
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.simulator import DEFAULT_MODEL, DESTINATION_SEEN_HEADER, INSTANCE_HEADER
 from tests.support.stack import Stack, StackOptions
@@ -83,6 +85,36 @@ async def _traffic(stack: Stack, count: int) -> list[Outcome]:
         return outcomes
 
 
+def _print_epp_metrics(stack: Stack) -> None:
+    """A few of the EPP's own Prometheus metrics, as a dashboard would show them."""
+    with urllib.request.urlopen(stack.epp_metrics_url, timeout=10) as response:
+        text = response.read().decode()
+    samples = [s for family in text_string_to_metric_families(text) for s in family.samples]
+
+    def total(name: str) -> float:
+        return sum(s.value for s in samples if s.name == name)
+
+    print(f"EPP metrics (scraped from {stack.epp_metrics_url})")
+    for s in samples:
+        if s.name == "inference_extension_scheduler_attempts_total":
+            labels = s.labels
+            print(
+                f"  scheduler_attempts_total{{status={labels['status']}, "
+                f"pod={labels['pod_name']}}} {s.value:.0f}"
+            )
+    attempts = total("inference_extension_scheduler_e2e_duration_seconds_count")
+    if attempts:
+        mean = total("inference_extension_scheduler_e2e_duration_seconds_sum") / attempts
+        print(f"  scheduler e2e latency: mean {mean * 1000:.3f} ms over {attempts:.0f} attempts")
+    lookups = total("inference_extension_prefix_indexer_hit_ratio_count")
+    if lookups:
+        ratio = total("inference_extension_prefix_indexer_hit_ratio_sum") / lookups
+        print(f"  prefix cache hit ratio: mean {ratio:.2f} over {lookups:.0f} lookups")
+    errors = [s for s in samples if s.name == "inference_objective_request_error_total"]
+    for s in errors:
+        print(f"  request_error_total{{error_code={s.labels['error_code']}}} {s.value:.0f}")
+
+
 def main() -> int:
     print("Starting 3 simulated model servers, the EPP and Envoy on loopback ...", flush=True)
     with Stack.run(StackOptions(simulators=3)) as stack:
@@ -124,6 +156,8 @@ def main() -> int:
         if ok:
             ok.sort()
             print(f"  latency through Envoy: median {ok[len(ok) // 2]:.1f} ms, max {ok[-1]:.1f} ms")
+        print()
+        _print_epp_metrics(stack)
         print("Stopping everything ...")
     print("Done.")
     return 0

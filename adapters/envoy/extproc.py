@@ -4,6 +4,10 @@ One gRPC ``Process`` stream carries one HTTP request and its response. The reque
 reply is held until the body's end of stream, then the routing decision goes back as a
 header mutation (``x-gateway-destination-endpoint``, ``Content-Length``, the re-set request
 headers), ``envoy.lb`` dynamic metadata, and the body as ``streamed_response`` chunks.
+
+Each stream is one ``gateway.request`` server span, continuing the trace of the request
+headers' ``traceparent`` and handed to the domain as the parent of its spans; the stream's
+request id is set in ``REQUEST_ID`` so every log record of the request carries it.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from envoy.type.v3 import http_status_pb2
 from google.protobuf import struct_pb2
 
 from ports.errors import ErrorCode, RequestError
+from ports.observer import REQUEST_ID, NoopObserver, Observer, Span
 from ports.requests import (
     SYSTEM_REQUEST_HEADERS,
     InboundRequest,
@@ -42,6 +47,7 @@ logger = logging.getLogger(__name__)
 DESTINATION_ENDPOINT_HEADER = "x-gateway-destination-endpoint"
 DESTINATION_METADATA_NAMESPACE = "envoy.lb"
 REQUEST_ID_HEADER = "x-request-id"
+GATEWAY_SPAN = "gateway.request"
 #: Some Envoy builds cap a streamed body chunk at 64 KiB; stay below it.
 MAX_BODY_CHUNK_BYTES = 62_000
 
@@ -172,15 +178,19 @@ class _Stream:
         "_finished",
         "_headers",
         "_metadata",
+        "_observer",
         "_processor",
         "_request_id",
         "_response_chunks",
         "_response_done",
+        "_span",
         "_streaming",
     )
 
-    def __init__(self, processor: RequestProcessor) -> None:
+    def __init__(self, processor: RequestProcessor, observer: Observer) -> None:
         self._processor = processor
+        self._observer = observer
+        self._span: Span | None = None
         self._headers: dict[str, str] = {}
         self._metadata: dict[str, dict[str, object]] = {}
         self._body_chunks: list[bytes] = []
@@ -217,8 +227,12 @@ class _Stream:
     async def close(self) -> None:
         self._body_chunks.clear()
         self._response_chunks.clear()
-        if self._exchange is not None:
-            await self._exchange.close()
+        try:
+            if self._exchange is not None:
+                await self._exchange.close()
+        finally:
+            if self._span is not None:
+                self._span.end()
 
     # request path
 
@@ -230,6 +244,11 @@ class _Stream:
             headers[REQUEST_ID_HEADER] = request_id
         self._headers = headers
         self._request_id = request_id
+        REQUEST_ID.set(request_id)
+        if self._span is None:
+            span = self._observer.start_span(GATEWAY_SPAN, carrier=headers)
+            span.set_attribute("request_id", request_id)
+            self._span = span
         if message.end_of_stream:
             return await self._route(None)
         return []
@@ -252,11 +271,14 @@ class _Stream:
             headers=self._headers,
             body=body,
             metadata=self._metadata,
+            span=self._span,
         )
         self._exchange = self._processor.open(inbound)
         decision = await self._exchange.route()
         if decision.error is not None:
             self._finished = True
+            if self._span is not None:
+                self._span.record_error(f"{decision.error.code.value}: {decision.error.message}")
             logger.info(
                 "request %s refused: %s - %s",
                 self._request_id,
@@ -377,13 +399,14 @@ class _Stream:
 class ExtProcServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
     """The ``envoy.service.ext_proc.v3.ExternalProcessor`` service."""
 
-    def __init__(self, processor: RequestProcessor) -> None:
+    def __init__(self, processor: RequestProcessor, observer: Observer | None = None) -> None:
         self._processor = processor
+        self._observer: Observer = observer if observer is not None else NoopObserver()
 
     async def Process(  # noqa: N802 - the gRPC method name
         self, request_iterator: AsyncIterator[Any], context: grpc.aio.ServicerContext[Any, Any]
     ) -> AsyncIterator[Any]:
-        stream = _Stream(self._processor)
+        stream = _Stream(self._processor, self._observer)
         try:
             async for request in request_iterator:
                 try:

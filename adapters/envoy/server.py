@@ -12,6 +12,7 @@ from grpc_health.v1 import health_pb2_grpc
 from adapters.envoy.extproc import ExtProcServicer
 from adapters.envoy.health import HealthServicer
 from adapters.envoy.tls import ServerCertificate
+from ports.observer import Observer
 from ports.requests import RequestProcessor
 
 __all__ = ["GrpcServers"]
@@ -44,13 +45,14 @@ class GrpcServers:
         health_port: int,
         certificate: ServerCertificate | None,
         health_on_extproc_port: bool = False,
+        observer: Observer | None = None,
     ) -> None:
         self._host = host
         self._grpc_port = grpc_port
         self._health_port = health_port
         self._certificate = certificate
         self.health = HealthServicer(processor.ready)
-        self._extproc = ExtProcServicer(processor)
+        self._extproc = ExtProcServicer(processor, observer)
         self._health_on_extproc_port = health_on_extproc_port
         self._servers: list[Any] = []
         self.bound_grpc_port = 0

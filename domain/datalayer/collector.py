@@ -3,8 +3,9 @@
 Each tick (``interval``) a collector polls its endpoint's sources one after another, each
 poll bounded by ``poll_timeout``, and hands each result to that source's extractors. An
 endpoint's error state is logged when it changes (first failure, a different failure,
-recovery), never on every poll. Endpoint add/delete events start and stop collectors and
-reach the endpoint extractors.
+recovery), never on every poll, and every failed poll of a source is counted in
+``inference_extension_scrape_errors_total{endpoint}``. Endpoint add/delete events start and
+stop collectors and reach the endpoint extractors.
 """
 
 from __future__ import annotations
@@ -21,8 +22,11 @@ from domain.datalayer.interfaces import EndpointExtractor, Extractor
 from domain.datastore.store import Datastore
 from ports.datalayer import PollingDataSource
 from ports.endpoints import EndpointEvent, EndpointEventKind
+from ports.observer import NoopObserver, Observer
 
-__all__ = ["Collectors", "SourceBinding"]
+__all__ = ["SCRAPE_ERRORS_METRIC", "Collectors", "SourceBinding"]
+
+SCRAPE_ERRORS_METRIC = "inference_extension_scrape_errors_total"
 
 logger = logging.getLogger(__name__)
 
@@ -47,8 +51,10 @@ class Collectors:
         poll_timeout: float = 1.0,
         endpoint_extractors: Sequence[EndpointExtractor] = (),
         clock: Callable[[], float] = time.monotonic,
+        observer: Observer | None = None,
     ) -> None:
         self._datastore = datastore
+        self._observer: Observer = observer if observer is not None else NoopObserver()
         self._bindings = tuple(bindings)
         self._interval = interval
         self._poll_timeout = poll_timeout
@@ -120,6 +126,7 @@ class Collectors:
     async def _poll_once(self, endpoint: Endpoint) -> None:
         failure: str | None = None
         for binding in self._bindings:
+            error: str | None = None
             try:
                 async with asyncio.timeout(self._poll_timeout):
                     data = await binding.source.poll(endpoint.info)
@@ -127,13 +134,16 @@ class Collectors:
                 for extractor in binding.extractors:
                     extractor.extract(data, endpoint, now)
             except TimeoutError:
-                failure = f"{binding.source.typed_name}: timed out after {self._poll_timeout}s"
+                error = f"{binding.source.typed_name}: timed out after {self._poll_timeout}s"
             except (OSError, ValueError) as exc:
-                failure = f"{binding.source.typed_name}: {exc or type(exc).__name__}"
+                error = f"{binding.source.typed_name}: {exc or type(exc).__name__}"
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # a plugin bug must not kill the collector
-                failure = f"{binding.source.typed_name}: unexpected {type(exc).__name__}: {exc}"
+                error = f"{binding.source.typed_name}: unexpected {type(exc).__name__}: {exc}"
+            if error is not None:
+                failure = error
+                self._observer.counter(SCRAPE_ERRORS_METRIC, {"endpoint": endpoint.name})
         self._record(endpoint.name, failure)
 
     def _record(self, name: str, failure: str | None) -> None:

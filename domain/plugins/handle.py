@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from domain.plugins.base import Plugin, PluginConfigError
 from ports.codec import JsonCodec
+from ports.observer import NoopObserver, Observer
 from ports.prefix_index import BlockHasher, PrefixIndex
 
 if TYPE_CHECKING:
@@ -24,7 +25,8 @@ T = TypeVar("T")
 class Handle:
     """Services shared by all plugins, and the plugins built so far (by name).
 
-    Built once at start-up by the app; plugins keep what they need from it.
+    Built once at start-up by the app; plugins keep what they need from it. ``observer``
+    receives the plugins' metrics and spans (a no-op unless the app wires one).
     """
 
     codec: JsonCodec
@@ -33,6 +35,7 @@ class Handle:
     datastore: Datastore
     rng: random.Random = field(default_factory=random.Random)
     clock: Callable[[], float] = time.monotonic
+    observer: Observer = field(default_factory=NoopObserver)
     plugins: dict[str, Plugin] = field(default_factory=dict)
 
     def add_plugin(self, plugin: Plugin) -> None:

@@ -36,6 +36,13 @@ IN_TREE_MODULES = (
     "domain.requestcontrol.plugins.passthrough_parser",
     # data layer
     "domain.datalayer.plugins.core_metrics_extractor",
+    # flow control
+    "domain.flowcontrol.plugins.fcfs_ordering",
+    "domain.flowcontrol.plugins.edf_ordering",
+    "domain.flowcontrol.plugins.slo_deadline_ordering",
+    "domain.flowcontrol.plugins.global_strict_fairness",
+    "domain.flowcontrol.plugins.round_robin_fairness",
+    "domain.flowcontrol.plugins.static_usage_limit",
 )
 
 

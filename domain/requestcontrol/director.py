@@ -5,6 +5,17 @@ candidates (subset hint) → snapshot → PrepareData producers → admitters �
 PreRequest hooks → the decision. On the response path: ResponseHeader hooks, then
 ResponseBody hooks per chunk in order, the end-of-stream call last, always made once
 (``close`` makes it for a client that went away).
+
+Observability (reference names, spec section 9): a routed request counts in
+``inference_objective_request_total`` and ``..._request_sizes`` and is running
+(``..._running_requests``) until its exchange closes; a refused one counts in
+``..._request_error_total`` with its error code, as does a response with a non-2xx status
+(``ModelServerError``). A completed response records the duration, response size, token
+counts and normalized time per output token; a model rewrite counts in
+``inference_extension_model_rewrite_decisions_total``. Routing is the span
+``gateway.request_orchestration`` (child of the gateway's span), with children for the
+data producers, scheduling and the PreRequest hooks; its trace context goes upstream in the
+request headers (``traceparent``, ``tracestate``, ``baggage``).
 """
 
 from __future__ import annotations
@@ -12,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import time
 from collections.abc import Awaitable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
@@ -45,6 +57,8 @@ from domain.scheduling.scheduler import Scheduler
 from domain.scheduling.types import Candidate, InferenceRequest
 from ports.codec import JsonCodec
 from ports.endpoints import EndpointInfo
+from ports.errors import ErrorCode
+from ports.observer import NoopObserver, Observer, Span
 from ports.requests import (
     InboundRequest,
     Metadata,
@@ -68,6 +82,22 @@ DEFAULT_FAIRNESS_ID = "default-flow"
 #: Response headers plugins ask for go in ``InferenceRequest.extra`` under this key.
 RESPONSE_HEADERS_KEY = "response_headers"
 DECISION_HEADER = "x-epp-decision"
+
+REQUEST_TOTAL = "inference_objective_request_total"
+REQUEST_ERROR_TOTAL = "inference_objective_request_error_total"
+REQUEST_DURATION = "inference_objective_request_duration_seconds"
+REQUEST_SIZES = "inference_objective_request_sizes"
+RESPONSE_SIZES = "inference_objective_response_sizes"
+INPUT_TOKENS = "inference_objective_input_tokens"
+OUTPUT_TOKENS = "inference_objective_output_tokens"
+PROMPT_CACHED_TOKENS = "inference_objective_prompt_cached_tokens"
+NORMALIZED_TPOT = "inference_objective_normalized_time_per_output_token_seconds"
+RUNNING_REQUESTS = "inference_objective_running_requests"
+MODEL_REWRITE_DECISIONS = "inference_extension_model_rewrite_decisions_total"
+ORCHESTRATION_SPAN = "gateway.request_orchestration"
+PREPARE_DATA_SPAN = "gateway.prepare_data"
+PRE_REQUEST_SPAN = "gateway.pre_request"
+_NO_MODEL = {"model_name": "", "target_model_name": ""}
 
 
 @dataclass(slots=True, kw_only=True)
@@ -100,6 +130,7 @@ class Director:
         objectives: ObjectiveStore | None = None,
         states: RequestStates | None = None,
         rng: random.Random | None = None,
+        observer: Observer | None = None,
     ) -> None:
         self.datastore = datastore
         self.codec = codec
@@ -107,12 +138,31 @@ class Director:
         self.objectives = objectives if objectives is not None else ObjectiveStore()
         self.states = states if states is not None else RequestStates()
         self.rng = rng if rng is not None else random.Random()
+        self.observer: Observer = observer if observer is not None else NoopObserver()
+        self._running: dict[str, int] = {}
+        self._running_labels: dict[str, dict[str, str]] = {}
 
     def open(self, request: InboundRequest) -> RequestExchangeState:
         return RequestExchangeState(self, request)
 
     def ready(self) -> bool:
         return self.datastore.synced
+
+    def running(self, model: str) -> int:
+        """Requests for ``model`` (as the client named it) routed and not yet closed."""
+        return self._running.get(model, 0)
+
+    def _add_running(self, model: str, delta: int) -> None:
+        count = self._running.get(model, 0) + delta
+        labels = self._running_labels.get(model)
+        if labels is None:
+            labels = self._running_labels[model] = {"model_name": model}
+        if count:
+            self._running[model] = count
+        else:  # forget idle models (the gauge keeps its 0)
+            self._running.pop(model, None)
+            self._running_labels.pop(model, None)
+        self.observer.gauge(RUNNING_REQUESTS, labels, count)
 
 
 class RequestExchangeState:
@@ -122,7 +172,11 @@ class RequestExchangeState:
         "_closed",
         "_director",
         "_final_done",
+        "_labels",
+        "_received_at",
         "_response",
+        "_response_bytes",
+        "_running",
         "_scanner",
         "_started",
         "inbound",
@@ -144,17 +198,33 @@ class RequestExchangeState:
         self._started = False
         self._final_done = False
         self._closed = False
+        self._labels: dict[str, str] = _NO_MODEL
+        self._received_at = 0.0
+        self._response_bytes = 0
+        self._running = False
 
     # request path
 
     async def route(self) -> RoutingDecision:
+        self._received_at = time.monotonic()
+        span = self._director.observer.start_span(ORCHESTRATION_SPAN, parent=self.inbound.span)
         try:
-            return await self._route()
+            return await self._route(span)
         except EppError as exc:
-            return RoutingDecision(error=exc.to_request_error())
+            error = exc.to_request_error()
+            span.record_error(error.message)
+            self._count_error(error.code)
+            return RoutingDecision(error=error)
+        finally:
+            span.end()
 
-    async def _route(self) -> RoutingDecision:
+    def _count_error(self, code: ErrorCode) -> None:
+        labels = {**self._labels, "error_code": code.value}
+        self._director.observer.counter(REQUEST_ERROR_TOTAL, labels)
+
+    async def _route(self, span: Span) -> RoutingDecision:
         d = self._director
+        observer = d.observer
         inbound = self.inbound
         endpoints = d.datastore.endpoints()
         if inbound.body is None:
@@ -178,8 +248,17 @@ class RequestExchangeState:
             rewrite = d.objectives.rewrite(incoming, d.rng)
             if rewrite is not None:
                 target_model = rewrite[1]
+                observer.counter(
+                    MODEL_REWRITE_DECISIONS,
+                    {
+                        "model_rewrite_name": rewrite[0],
+                        "model_name": incoming,
+                        "target_model": target_model,
+                    },
+                )
             if target_model != incoming:
                 body = rewrite_model(parsed, target_model, d.codec)
+        self._labels = {"model_name": incoming, "target_model_name": target_model}
 
         objective = headers.get(OBJECTIVE_HEADER, "")
         request = InferenceRequest(
@@ -197,6 +276,8 @@ class RequestExchangeState:
         if control.explain_decisions:
             request.extra[EXPLAIN_KEY] = {}
         self.request = request
+        span.set_attribute("target_model", target_model)
+        span.set_attribute("request_prio", request.priority)
 
         located = locate(endpoints, inbound.metadata, subset_filter=control.subset_filter)
         candidates = [Candidate(e) for e in located]
@@ -207,7 +288,7 @@ class RequestExchangeState:
                 "failed to find endpoint candidates for serving the request"
             )
 
-        await self._prepare_data(request, candidates)
+        await self._prepare_data(request, candidates, span)
         for admitter in control.admitters:
             reason = await _guarded(
                 admitter.typed_name, admitter.admit_request(request, candidates)
@@ -218,13 +299,18 @@ class RequestExchangeState:
                 )
                 raise InternalError("request cannot be admitted")
 
-        result = control.scheduler.schedule(request, candidates)
+        result = control.scheduler.schedule(request, candidates, span=span)
         primary = result.primary
         if primary is None or not primary.target_endpoints:
             raise ResourceExhaustedError("failed to find target endpoint")
         request.scheduling_result = result
         for hook in control.pre_request:
-            await _guarded(hook.typed_name, hook.pre_request(request, result))
+            hook_span = observer.start_span(PRE_REQUEST_SPAN, parent=span)
+            hook_span.set_attribute("plugin", hook.typed_name.name)
+            try:
+                await _guarded(hook.typed_name, hook.pre_request(request, result))
+            finally:
+                hook_span.end()
 
         targets = primary.target_endpoints
         self.target = targets[0].info
@@ -238,6 +324,22 @@ class RequestExchangeState:
             extra_headers.append(
                 (PREFILLER_HEADER, prefill.target_endpoints[0].info.address.host_port())
             )
+        carrier: dict[str, str] = {}
+        span.inject(carrier)
+        if carrier:
+            extra_headers.extend(carrier.items())
+        labels = self._labels
+        observer.counter(
+            REQUEST_TOTAL,
+            {
+                "model_name": incoming,
+                "target_model_name": target_model,
+                "priority": str(request.priority),
+            },
+        )
+        observer.histogram(REQUEST_SIZES, labels, request.request_size_bytes)
+        self._running = True
+        d._add_running(incoming, 1)
         logger.debug(
             "request %s model %s -> %s", request.request_id, target_model, self.target.name
         )
@@ -247,22 +349,30 @@ class RequestExchangeState:
             headers=tuple(extra_headers),
         )
 
-    async def _prepare_data(self, request: InferenceRequest, candidates: list[Candidate]) -> None:
+    async def _prepare_data(
+        self, request: InferenceRequest, candidates: list[Candidate], span: Span
+    ) -> None:
         producers = self._director.control.data_producers
         if not producers:
             return
+        observer = self._director.observer
         timeout = self._director.control.prepare_data_timeout
         try:
             async with asyncio.timeout(timeout):
                 for producer in producers:
+                    producer_span = observer.start_span(PREPARE_DATA_SPAN, parent=span)
+                    producer_span.set_attribute("plugin", producer.typed_name.name)
                     try:
                         await producer.prepare_request_data(request, candidates)
-                    except Exception:
+                    except Exception as exc:
+                        producer_span.record_error(str(exc))
                         logger.exception(
                             "data producer %s failed for %s; skipped",
                             producer.typed_name,
                             request.request_id,
                         )
+                    finally:
+                        producer_span.end()
         except TimeoutError:
             logger.warning(
                 "data producers exceeded %.0f ms for %s; scheduling with what is there",
@@ -308,6 +418,7 @@ class RequestExchangeState:
     async def response_body(self, chunk: bytes, end_of_stream: bool) -> ResponseBodyReply:
         codec = self._director.codec
         response = self._response
+        self._response_bytes += len(chunk)
         if self._scanner is not None:
             self._scanner.feed(chunk)
             if end_of_stream:
@@ -332,6 +443,7 @@ class RequestExchangeState:
                     else ResponseOutcome.FAILED
                 )
                 self._final_done = True
+                self._record_completion(response)
             await self._run_body_hooks(self.request, response)
             if end_of_stream and response.dynamic_metadata:
                 metadata = response.dynamic_metadata
@@ -340,6 +452,24 @@ class RequestExchangeState:
         if request is not None and request.target_model != request.incoming_model:
             chunk = rewrite_model_back(chunk, request.target_model, request.incoming_model, codec)
         return ResponseBodyReply(body=chunk, dynamic_metadata=metadata)
+
+    def _record_completion(self, response: ResponseInfo) -> None:
+        if response.outcome is not ResponseOutcome.COMPLETED:
+            self._count_error(ErrorCode.MODEL_SERVER_ERROR)
+            return
+        observer = self._director.observer
+        labels = self._labels
+        seconds = time.monotonic() - self._received_at
+        observer.histogram(REQUEST_DURATION, labels, seconds)
+        observer.histogram(RESPONSE_SIZES, labels, self._response_bytes)
+        usage = response.usage
+        if usage is None:
+            return
+        observer.histogram(INPUT_TOKENS, labels, usage.prompt_tokens)
+        observer.histogram(OUTPUT_TOKENS, labels, usage.completion_tokens)
+        observer.histogram(PROMPT_CACHED_TOKENS, labels, usage.cached_tokens)
+        if usage.completion_tokens > 0:
+            observer.histogram(NORMALIZED_TPOT, labels, seconds / usage.completion_tokens)
 
     async def _run_body_hooks(self, request: InferenceRequest, response: ResponseInfo) -> None:
         for hook in self._director.control.response_body:
@@ -369,6 +499,9 @@ class RequestExchangeState:
         finally:
             if request is not None:
                 self._director.states.release(request.state)
+            if self._running:
+                self._running = False
+                self._director._add_running(self._labels["model_name"], -1)
             self._scanner = None
             self._response = None
 

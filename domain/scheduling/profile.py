@@ -53,7 +53,14 @@ class SchedulerProfile:
         self.filters = tuple(filters)
         self.scorers = tuple(scorers)
         self.picker = picker
+        self._own_observer = observer is not None
         self._observer = observer or SchedulingObserver()
+
+    def adopt_observer(self, observer: SchedulingObserver) -> None:
+        """Report to ``observer`` unless this profile was built with its own (the scheduler
+        hands its observer to its profiles)."""
+        if not self._own_observer:
+            self._observer = observer
 
     def run(self, request: InferenceRequest, candidates: Sequence[Candidate]) -> ProfileRunResult:
         cycle = CycleState(profile=self.name, state=request.state)

@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 
 from domain.errors import EppError, InternalError, ResourceExhaustedError
 from domain.scheduling.interfaces import ProfileHandler
-from domain.scheduling.observer import SchedulingObserver
+from domain.scheduling.observer import PROFILE_SPAN, SCHEDULING_SPAN, SchedulingObserver
 from domain.scheduling.profile import SchedulerProfile
 from domain.scheduling.types import (
     Candidate,
@@ -16,6 +16,7 @@ from domain.scheduling.types import (
     ProfileRunResult,
     SchedulingResult,
 )
+from ports.observer import Span
 
 __all__ = ["Scheduler", "SchedulingFailedError"]
 
@@ -33,6 +34,11 @@ class Scheduler:
     handler decides what a failure means. The whole decision fails with
     ``ResourceExhausted`` (429, as the reference) when no profile ran or the handler
     cannot produce a result.
+
+    Every plugin call's duration and every attempt go to the observer (which the profiles
+    share unless they were built with their own); with a ``span``, the attempt is a
+    ``gateway.scheduling`` child span of it with one ``gateway.scheduling.profile`` child
+    per profile run.
     """
 
     def __init__(
@@ -48,21 +54,37 @@ class Scheduler:
         self.profiles = dict(profiles)
         self._observer = observer or SchedulingObserver()
         self._max_rounds = max_rounds
+        for profile in self.profiles.values():
+            profile.adopt_observer(self._observer)
 
     def schedule(
-        self, request: InferenceRequest, candidates: Sequence[Candidate]
+        self,
+        request: InferenceRequest,
+        candidates: Sequence[Candidate],
+        *,
+        span: Span | None = None,
     ) -> SchedulingResult:
+        observer = self._observer
         started = time.perf_counter()
+        scheduling_span = observer.start_span(SCHEDULING_SPAN, span) if span is not None else None
         try:
-            result = self._schedule(request, candidates)
-        except EppError:
-            self._observer.scheduled(time.perf_counter() - started, False)
+            result = self._schedule(request, candidates, scheduling_span)
+        except EppError as exc:
+            observer.attempt(time.perf_counter() - started, request.target_model, None)
+            if scheduling_span is not None:
+                scheduling_span.record_error(exc.message)
+                scheduling_span.end()
             raise
-        self._observer.scheduled(time.perf_counter() - started, True)
+        observer.attempt(time.perf_counter() - started, request.target_model, result)
+        if scheduling_span is not None:
+            scheduling_span.end()
         return result
 
     def _schedule(
-        self, request: InferenceRequest, candidates: Sequence[Candidate]
+        self,
+        request: InferenceRequest,
+        candidates: Sequence[Candidate],
+        span: Span | None,
     ) -> SchedulingResult:
         results: dict[str, ProfileRunResult | None] = {}
         errors: dict[str, str] = {}
@@ -74,12 +96,26 @@ class Scheduler:
             if not chosen:
                 break
             for name, profile in chosen.items():
+                profile_span = None
+                if span is not None:
+                    profile_span = self._observer.start_span(PROFILE_SPAN, span)
+                    profile_span.set_attribute("profile", name)
                 try:
-                    results[name] = profile.run(request, candidates)
+                    results[name] = run = profile.run(request, candidates)
                 except EppError as exc:
                     results[name] = None
                     errors[name] = exc.message
                     logger.debug("profile %s failed for %s: %s", name, request.request_id, exc)
+                    if profile_span is not None:
+                        profile_span.record_error(exc.message)
+                else:
+                    if profile_span is not None:
+                        profile_span.set_attribute(
+                            "picked", ",".join(c.info.name for c in run.target_endpoints)
+                        )
+                finally:
+                    if profile_span is not None:
+                        profile_span.end()
         else:
             raise InternalError("the profile handler kept picking profiles")
         if not results:

@@ -94,5 +94,7 @@ class InferenceRequest:
     state: RequestState
     objective: str = ""
     fairness_id: str = "default-flow"
+    #: Monotonic time (seconds) the request's body was complete at the EPP.
+    received_at: float = 0.0
     scheduling_result: SchedulingResult | None = None
     extra: dict[str, object] = field(default_factory=dict)

@@ -38,6 +38,8 @@ BODY_SHA256_HEADER = "x-simulator-body-sha256"
 DESTINATION_SEEN_HEADER = "x-simulator-destination-endpoint"
 #: The ``x-prefiller-host-port`` request header (P/D disaggregation) this instance received.
 PREFILLER_SEEN_HEADER = "x-simulator-prefiller-host-port"
+#: Response header echoing the W3C ``traceparent`` the request arrived with.
+TRACEPARENT_SEEN_HEADER = "x-simulator-traceparent"
 
 
 @dataclass(frozen=True, slots=True)
@@ -208,6 +210,9 @@ class ModelServerSimulator:
         prefiller = request.headers.get("x-prefiller-host-port")
         if prefiller is not None:
             response.headers[PREFILLER_SEEN_HEADER] = prefiller
+        traceparent = request.headers.get("traceparent")
+        if traceparent is not None:
+            response.headers[TRACEPARENT_SEEN_HEADER] = traceparent
         body_info = request.get(_BODY_INFO)
         if body_info is not None:
             response.headers[RECEIVED_BYTES_HEADER] = str(body_info.length)

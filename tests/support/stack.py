@@ -17,7 +17,7 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -42,7 +42,9 @@ DEPLOY_ENVOY_CONFIG = ROOT / "deploy" / "envoy" / "envoy.yaml"
 
 T = TypeVar("T")
 
-_SERVING_LINE = re.compile(r"ext_proc serving on [^ ]+:(\d+) \(\w+\), health on [^ ]+:(\d+)")
+#: The start-up lines naming the bound ports (text or JSON log lines: hosts end at a quote).
+_SERVING_LINE = re.compile(r"ext_proc serving on [^\s\"]+:(\d+) \(\w+\), health on [^\s\"]+:(\d+)")
+_METRICS_LINE = re.compile(r"metrics serving on [^\s\"]+:(\d+)")
 
 
 def wait_for(
@@ -167,12 +169,28 @@ class ChildProcess:
 
 @dataclass(frozen=True, kw_only=True)
 class StackOptions:
+    """What ``Stack.run`` starts.
+
+    ``simulators`` instances (none with 0) on consecutive IPs from ``simulator_base_ip``, all
+    on ``simulator_port`` (0: each a free port). The EPP discovers endpoints from
+    ``epp_discovery`` when given (e.g. ``["--pool-name", "pool", "--kubeconfig", path]``),
+    else ``--static-endpoints`` of the simulators followed by ``extra_endpoints``. Start-up
+    waits until the EPP reports SERVING unless ``wait_for_serving`` is false. ``envoy=False``
+    starts no Envoy. ``epp_env`` is added to the EPP's environment (e.g. ``OTEL_*``).
+    """
+
     simulators: int = 3
     simulator_base_ip: str = "127.0.0.2"
+    simulator_port: int = 0
     simulator_args: Sequence[str] = ()
     epp: bool = True
     epp_args: Sequence[str] = ()
+    epp_env: Mapping[str, str] = field(default_factory=dict)
+    epp_discovery: Sequence[str] | None = None
+    extra_endpoints: Sequence[str] = ()
+    wait_for_serving: bool = True
     epp_tls: bool = True
+    envoy: bool = True
     envoy_concurrency: int = 1
     envoy_log_level: str = "warn"
     start_timeout: float = 60.0
@@ -189,12 +207,18 @@ class Stack:
     envoy_port: int = 0
     epp_port: int = 0
     epp_health_port: int = 0
+    epp_metrics_port: int = 0
     epp: ChildProcess | None = None
     envoy: ChildProcess | None = None
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.envoy_port}"
+
+    @property
+    def epp_metrics_url(self) -> str:
+        """The EPP's own Prometheus metrics (``/metrics``)."""
+        return f"http://127.0.0.1:{self.epp_metrics_port}/metrics"
 
     @property
     def simulator_addresses(self) -> dict[str, str]:
@@ -217,9 +241,12 @@ class Stack:
             child.stop()
         self.children.clear()
 
-    def _spawn(self, name: str, argv: Sequence[str]) -> ChildProcess:
+    def _spawn(
+        self, name: str, argv: Sequence[str], extra_env: Mapping[str, str] | None = None
+    ) -> ChildProcess:
         env = dict(os.environ)
         env["PYTHONUNBUFFERED"] = "1"
+        env.update(extra_env or {})
         child = ChildProcess(name, argv, self.workdir / f"{name}.log", env=env)
         child.start()
         self.children.append(child)
@@ -228,33 +255,39 @@ class Stack:
     def _start(self) -> None:
         o = self.options
         deadline = o.start_timeout
-        sim = self._spawn(
-            "simulator",
-            [
-                sys.executable,
-                "-m",
-                "tests.simulator",
-                "--instances",
-                str(o.simulators),
-                "--base-ip",
-                o.simulator_base_ip,
-                "--port",
-                "0",
-                *o.simulator_args,
-            ],
-        )
+        if o.simulators > 0:
+            sim = self._spawn(
+                "simulator",
+                [
+                    sys.executable,
+                    "-m",
+                    "tests.simulator",
+                    "--instances",
+                    str(o.simulators),
+                    "--base-ip",
+                    o.simulator_base_ip,
+                    "--port",
+                    str(o.simulator_port),
+                    *o.simulator_args,
+                ],
+            )
 
-        def simulators_ready() -> bool:
-            sim.check_alive()
-            for line in sim.log().splitlines():
-                parts = line.split()
-                if len(parts) == 3 and parts[0] == "ready":
-                    self.simulator_urls[parts[1]] = parts[2]
-            return len(self.simulator_urls) == o.simulators
+            def simulators_ready() -> bool:
+                sim.check_alive()
+                for line in sim.log().splitlines():
+                    parts = line.split()
+                    if len(parts) == 3 and parts[0] == "ready":
+                        self.simulator_urls[parts[1]] = parts[2]
+                return len(self.simulator_urls) == o.simulators
 
-        wait_for(simulators_ready, timeout=deadline, what="the simulated model servers")
+            wait_for(simulators_ready, timeout=deadline, what="the simulated model servers")
 
         if o.epp:
+            if o.epp_discovery is not None:
+                discovery = list(o.epp_discovery)
+            else:
+                endpoints = [*self.simulator_addresses.values(), *o.extra_endpoints]
+                discovery = ["--static-endpoints", ",".join(endpoints)]
             self.epp = self._spawn(
                 "epp",
                 [
@@ -270,15 +303,31 @@ class Stack:
                     "--metrics-port",
                     "0",
                     f"--secure-serving={str(o.epp_tls).lower()}",
-                    "--static-endpoints",
-                    ",".join(self.simulator_addresses.values()),
+                    *discovery,
                     *o.epp_args,
                 ],
+                o.epp_env,
             )
             wait_for(self._epp_ports, timeout=deadline, what="the EPP to listen")
-            wait_for(self._epp_serving, timeout=deadline, what="the EPP to report SERVING")
+            if o.wait_for_serving:
+                wait_for(self._epp_serving, timeout=deadline, what="the EPP to report SERVING")
 
-        self.envoy, self.envoy_port = self.start_envoy(ext_proc=o.epp, name="envoy")
+        if o.envoy:
+            self.envoy, self.envoy_port = self.start_envoy(ext_proc=o.epp, name="envoy")
+
+    def epp_readiness(self) -> int | None:
+        """The EPP's gRPC health status for ``readiness`` (a ``HealthCheckResponse``
+        status), or ``None`` when the health port does not answer."""
+        assert self.epp is not None
+        self.epp.check_alive()
+        with grpc.insecure_channel(f"127.0.0.1:{self.epp_health_port}") as channel:
+            try:
+                response = health_pb2_grpc.HealthStub(channel).Check(
+                    health_pb2.HealthCheckRequest(service="readiness"), timeout=1
+                )
+            except grpc.RpcError:
+                return None
+        return int(response.status)
 
     def start_envoy(self, *, ext_proc: bool, name: str) -> tuple[ChildProcess, int]:
         """Start an Envoy from the shipped config; returns it and its listener port."""
@@ -339,20 +388,14 @@ class Stack:
         """Read the ports the EPP bound (it was given port 0) from its start-up log line."""
         assert self.epp is not None
         self.epp.check_alive()
-        match = _SERVING_LINE.search(self.epp.log())
-        if match is None:
+        log = self.epp.log()
+        match = _SERVING_LINE.search(log)
+        metrics = _METRICS_LINE.search(log)
+        if match is None or metrics is None:
             return False
         self.epp_port, self.epp_health_port = int(match.group(1)), int(match.group(2))
+        self.epp_metrics_port = int(metrics.group(1))
         return True
 
     def _epp_serving(self) -> bool:
-        assert self.epp is not None
-        self.epp.check_alive()
-        with grpc.insecure_channel(f"127.0.0.1:{self.epp_health_port}") as channel:
-            try:
-                response = health_pb2_grpc.HealthStub(channel).Check(
-                    health_pb2.HealthCheckRequest(service="readiness"), timeout=1
-                )
-            except grpc.RpcError:
-                return False
-        return bool(response.status == health_pb2.HealthCheckResponse.SERVING)
+        return bool(self.epp_readiness() == health_pb2.HealthCheckResponse.SERVING)

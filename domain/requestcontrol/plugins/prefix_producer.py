@@ -3,7 +3,8 @@
 Before scheduling, the request's prompt is cut into blocks of ``blockSizeTokens * 4``
 characters and hashed as a chain (each hash covers the whole prefix up to its block); the
 shared ``PrefixIndex`` says how many of those blocks each endpoint was recently sent, and
-every candidate gets a ``PrefixCacheMatchInfo`` attribute. After scheduling, the hashes
+every candidate gets a ``PrefixCacheMatchInfo`` attribute (the best match is reported to the
+Handle's observer as the prefix indexer's hit ratio and hit bytes). After scheduling, the hashes
 are recorded for the chosen endpoint (and for the ``prefill`` profile's endpoint, when that
 profile ran), so the next request with the same prefix is steered to it.
 
@@ -31,6 +32,8 @@ __all__ = [
     "BLOCK_HASHES",
     "CHARS_PER_TOKEN",
     "DEFAULT_BLOCK_SIZE_TOKENS",
+    "HIT_BYTES_METRIC",
+    "HIT_RATIO_METRIC",
     "PREFILL_PROFILE",
     "TYPE",
     "ApproxPrefixCacheProducer",
@@ -49,6 +52,11 @@ DEFAULT_BLOCK_SIZE_TOKENS = 16
 PREFILL_PROFILE = "prefill"
 #: The request's block hashes, from ``prepare_request_data`` to ``pre_request``.
 BLOCK_HASHES: StateKey[list[int]] = StateKey("prefix-block-hashes")
+#: Reported per request with at least one block: the best candidate's matched share of
+#: the blocks, and its matched length in bytes (the reference's metrics).
+HIT_RATIO_METRIC = "inference_extension_prefix_indexer_hit_ratio"
+HIT_BYTES_METRIC = "inference_extension_prefix_indexer_hit_bytes"
+_NO_LABELS: dict[str, str] = {}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -138,6 +146,7 @@ class ApproxPrefixCacheProducer:
         self._hasher = handle.hasher
         self._index = handle.prefix_index
         self._datastore = handle.datastore
+        self._observer = handle.observer
         self._removals: set[asyncio.Task[None]] = set()
         handle.datastore.subscribe(self._on_endpoint_event)
 
@@ -195,6 +204,9 @@ class ApproxPrefixCacheProducer:
         if best:
             stats.requests_matched += 1
             stats.blocks_matched += best
+        observer = self._observer
+        observer.histogram(HIT_RATIO_METRIC, _NO_LABELS, best / total)
+        observer.histogram(HIT_BYTES_METRIC, _NO_LABELS, best * block_tokens * CHARS_PER_TOKEN)
 
     async def pre_request(self, request: InferenceRequest, result: SchedulingResult) -> None:
         hashes = request.state.get(self._typed_name.name, BLOCK_HASHES)

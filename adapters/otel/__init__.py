@@ -1,0 +1,1 @@
+"""OpenTelemetry adapter: traces of the EPP's request path."""

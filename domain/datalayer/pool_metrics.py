@@ -1,0 +1,134 @@
+"""Periodic gauges: the pool's averages over its endpoints, and the prefix index's size.
+
+``PoolMetricsReporter`` runs every ``--refresh-prometheus-metrics-interval`` (5 s) over the
+endpoints whose metrics are fresher than ``--metrics-staleness-threshold`` (2 s), as the
+reference: ``inference_pool_average_kv_cache_utilization``, ``..._average_queue_size``,
+``..._average_running_requests`` and ``inference_pool_ready_pods`` (the number of fresh
+endpoints), all labelled ``{name=<pool>}``; and ``inference_pool_per_pod_queue_size{name,
+model_server_pod}`` for every endpoint with metrics. When no endpoint is fresh,
+``ready_pods`` is 0 and the averages keep their last values. The queue size of an
+endpoint that is gone is removed (reported as NaN, which the exporter takes as "gone").
+
+``PrefixIndexSizeReporter`` reports ``inference_extension_prefix_indexer_size`` every
+second (when the index knows its size).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from collections.abc import Callable
+
+from domain.datastore.store import Datastore
+from ports.observer import Observer
+from ports.prefix_index import PrefixIndex
+
+__all__ = [
+    "AVERAGE_KV_CACHE",
+    "AVERAGE_QUEUE_SIZE",
+    "AVERAGE_RUNNING_REQUESTS",
+    "PER_POD_QUEUE_SIZE",
+    "PREFIX_INDEXER_SIZE",
+    "READY_PODS",
+    "PoolMetricsReporter",
+    "PrefixIndexSizeReporter",
+]
+
+logger = logging.getLogger(__name__)
+
+AVERAGE_KV_CACHE = "inference_pool_average_kv_cache_utilization"
+AVERAGE_QUEUE_SIZE = "inference_pool_average_queue_size"
+AVERAGE_RUNNING_REQUESTS = "inference_pool_average_running_requests"
+READY_PODS = "inference_pool_ready_pods"
+PER_POD_QUEUE_SIZE = "inference_pool_per_pod_queue_size"
+PREFIX_INDEXER_SIZE = "inference_extension_prefix_indexer_size"
+
+
+class PoolMetricsReporter:
+    """Reports the pool gauges; ``report`` once, ``run`` every ``interval`` until cancelled."""
+
+    def __init__(
+        self,
+        *,
+        datastore: Datastore,
+        observer: Observer,
+        pool_name: str,
+        interval: float,
+        staleness_threshold: float,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._datastore = datastore
+        self._observer = observer
+        self._pool = {"name": pool_name}
+        self._interval = interval
+        self._staleness = staleness_threshold
+        self._clock = clock
+        self._pods: set[str] = set()
+
+    def report(self) -> None:
+        observer = self._observer
+        now = self._clock()
+        fresh = 0
+        kv_cache = 0.0
+        queued = 0
+        running = 0
+        pods: set[str] = set()
+        pool_name = self._pool["name"]
+        for endpoint in self._datastore.endpoints():
+            metrics = endpoint.metrics
+            if metrics is None:
+                continue
+            pods.add(endpoint.name)
+            observer.gauge(
+                PER_POD_QUEUE_SIZE,
+                {"name": pool_name, "model_server_pod": endpoint.name},
+                metrics.waiting_queue_size,
+            )
+            if now - metrics.update_time > self._staleness:
+                continue
+            fresh += 1
+            kv_cache += metrics.kv_cache_usage_percent
+            queued += metrics.waiting_queue_size
+            running += metrics.running_requests_size
+        for gone in self._pods - pods:
+            observer.gauge(
+                PER_POD_QUEUE_SIZE, {"name": pool_name, "model_server_pod": gone}, math.nan
+            )
+        self._pods = pods
+        observer.gauge(READY_PODS, self._pool, fresh)
+        if fresh:
+            observer.gauge(AVERAGE_KV_CACHE, self._pool, kv_cache / fresh)
+            observer.gauge(AVERAGE_QUEUE_SIZE, self._pool, queued / fresh)
+            observer.gauge(AVERAGE_RUNNING_REQUESTS, self._pool, running / fresh)
+
+    async def run(self) -> None:
+        while True:
+            try:
+                self.report()
+            except Exception:  # a reporting bug must not stop the loop
+                logger.exception("reporting the pool metrics failed")
+            await asyncio.sleep(self._interval)
+
+
+class PrefixIndexSizeReporter:
+    """Reports the prefix index's entry count every ``interval`` seconds (default 1 s)."""
+
+    def __init__(self, *, index: PrefixIndex, observer: Observer, interval: float = 1.0) -> None:
+        self._index = index
+        self._observer = observer
+        self._interval = interval
+
+    def report(self) -> None:
+        size = self._index.size()
+        if size >= 0:
+            self._observer.gauge(PREFIX_INDEXER_SIZE, {}, size)
+
+    async def run(self) -> None:
+        while True:
+            try:
+                self.report()
+            except Exception:
+                logger.exception("reporting the prefix index size failed")
+            await asyncio.sleep(self._interval)

@@ -1,0 +1,1 @@
+"""The in-tree flow-control policy plugins, one per module (each with ``register``)."""

@@ -1,0 +1,293 @@
+"""Benchmark (not a test): what metrics and tracing cost on the request path.
+
+Two parts, in one run:
+
+1. Through Envoy: three identical stacks (simulated model servers, the EPP, Envoy from the
+   shipped config), one per mode, all running at once and loaded in alternating rounds
+   with the same closed-loop load: tracing off (``--tracing=false``; metrics are always on,
+   as in the reference), and tracing on exporting OTLP/gRPC to a receiver in this script
+   with ``parentbased_traceidratio`` at 0.1 and at 1.0. Prints requests/s, latency, and
+   the EPP's CPU seconds per 1,000 requests, each against tracing off.
+2. In process, without network (steadier on a busy machine): CPU per request through the
+   ext_proc servicer and the Director with no observer, with the Prometheus metrics only,
+   and with metrics and tracing at 0 (nothing sampled), 0.1 and 1.0 (finished spans
+   dropped, so OTLP encoding is not included): what the metrics and the tracing cost
+   the EPP's Python request path.
+
+    .venv/bin/python -m tests.bench.observability_overhead [--requests 3000] [--rounds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import statistics
+import time
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+import aiohttp
+import orjson
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+
+from adapters.envoy.extproc import ExtProcServicer
+from adapters.otel.tracing import OtelTracing
+from adapters.prometheus.exporter import PrometheusObserver
+from app.observability import EppObserver
+from ports.observer import NoopObserver, Observer
+from tests.integration.observability.otlp_receiver import OtlpReceiver
+from tests.simulator import DEFAULT_MODEL
+from tests.support.extproc import (
+    envoy_headers,
+    request_body,
+    request_headers,
+    response_body,
+    response_headers,
+)
+from tests.support.stack import Stack, StackOptions
+from tests.unit.observability.support import observed_director
+
+BODY = orjson.dumps({"model": DEFAULT_MODEL, "prompt": "Benchmark prompt " * 16, "max_tokens": 4})
+RESPONSE = orjson.dumps(
+    {
+        "model": DEFAULT_MODEL,
+        "choices": [{"text": "ok"}],
+        "usage": {"prompt_tokens": 70, "completion_tokens": 4, "total_tokens": 74},
+    }
+)
+
+
+@dataclass
+class Mode:
+    name: str
+    epp_args: list[str]
+    epp_env: dict[str, str]
+    stack: Stack | None = None
+    seconds: float = 0.0
+    requests: int = 0
+    errors: int = 0
+    cpu: float = 0.0
+    latencies_ms: list[float] = field(default_factory=list)
+    round_rps: list[float] = field(default_factory=list)
+    round_cpu_per_k: list[float] = field(default_factory=list)
+
+    @property
+    def rps(self) -> float:
+        return self.requests / self.seconds
+
+    @property
+    def cpu_per_k(self) -> float:
+        return self.cpu / self.requests * 1000
+
+    def percentile(self, q: float) -> float:
+        ordered = sorted(self.latencies_ms)
+        return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def _cpu_seconds(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def _load(url: str, total: int, concurrency: int) -> tuple[float, list[float], int]:
+    latencies: list[float] = []
+    errors = 0
+    remaining = total
+    connector = aiohttp.TCPConnector(limit=concurrency)
+    async with aiohttp.ClientSession(connector=connector) as session:
+
+        async def worker() -> None:
+            nonlocal remaining, errors
+            while remaining > 0:
+                remaining -= 1
+                started = time.perf_counter()
+                async with session.post(
+                    f"{url}/v1/completions",
+                    data=BODY,
+                    headers={"content-type": "application/json"},
+                ) as response:
+                    await response.read()
+                    if response.status != 200:
+                        errors += 1
+                latencies.append((time.perf_counter() - started) * 1000)
+
+        started = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        return time.perf_counter() - started, latencies, errors
+
+
+def _round(mode: Mode, total: int, concurrency: int, *, record: bool) -> None:
+    stack = mode.stack
+    assert stack is not None
+    assert stack.epp is not None
+    assert stack.epp.process is not None
+    pid = stack.epp.process.pid
+    cpu_before = _cpu_seconds(pid)
+    seconds, latencies, errors = asyncio.run(_load(stack.url, total, concurrency))
+    if record:
+        cpu = _cpu_seconds(pid) - cpu_before
+        mode.round_rps.append(total / seconds)
+        mode.round_cpu_per_k.append(cpu / total * 1000)
+        mode.cpu += cpu
+        mode.seconds += seconds
+        mode.requests += total
+        mode.errors += errors
+        mode.latencies_ms += latencies
+
+
+def _through_envoy(args: argparse.Namespace, receiver: OtlpReceiver) -> list[Mode]:
+    def traced(ratio: str) -> dict[str, str]:
+        return {
+            "OTEL_TRACES_EXPORTER": "otlp",
+            "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint,
+            "OTEL_TRACES_SAMPLER": "parentbased_traceidratio",
+            "OTEL_TRACES_SAMPLER_ARG": ratio,
+        }
+
+    modes = [
+        Mode("tracing off", ["--tracing=false"], {}),
+        Mode("tracing 0.1 (otlp)", [], traced("0.1")),
+        Mode("tracing 1.0 (otlp)", [], traced("1.0")),
+    ]
+    with contextlib.ExitStack() as running:
+        for i, mode in enumerate(modes):
+            options = StackOptions(
+                simulators=args.simulators,
+                simulator_base_ip=f"127.0.0.{2 + 10 * i}",
+                epp_args=mode.epp_args,
+                epp_env=mode.epp_env,
+                epp_tls=not args.plaintext,
+            )
+            mode.stack = running.enter_context(Stack.run(options))
+        for mode in modes:  # warm up connections and code paths
+            _round(mode, 300, args.concurrency, record=False)
+        for _ in range(args.rounds):
+            for mode in modes:
+                _round(mode, args.requests, args.concurrency, record=True)
+    # the EPPs flushed their last spans when they stopped
+    return modes
+
+
+class _DropExporter(SpanExporter):
+    """Takes the finished spans and drops them (export encoding is not measured here)."""
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        return SpanExportResult.SUCCESS
+
+
+async def _replay(messages: Sequence[Any]) -> AsyncIterator[Any]:
+    for message in messages:
+        yield message
+
+
+def _request_path_cpu(observer: Observer, requests: int, rounds: int) -> list[float]:
+    """CPU microseconds per request through the ext_proc servicer and the Director (no
+    network): request headers with an ``x-request-id``, the body, response headers and
+    body, as Envoy sends them; one value per round."""
+    servicer = ExtProcServicer(observed_director(observer), observer)
+    messages = [
+        request_headers(envoy_headers(("x-request-id", "bench"))),
+        request_body(BODY, end_of_stream=True),
+        response_headers([(":status", "200"), ("content-type", "application/json")]),
+        response_body(RESPONSE, end_of_stream=True),
+    ]
+
+    async def run() -> list[float]:
+        per_round = []
+        for _ in range(rounds):
+            started = time.process_time()
+            for _ in range(requests):
+                async for _reply in servicer.Process(_replay(messages), cast(Any, None)):
+                    pass
+            per_round.append((time.process_time() - started) / requests * 1e6)
+        return per_round
+
+    return asyncio.run(run())
+
+
+def _in_process(requests: int) -> Mapping[str, float]:
+    def traced(ratio: str) -> EppObserver:
+        env = {"OTEL_TRACES_SAMPLER_ARG": ratio}
+        return EppObserver(PrometheusObserver(), OtelTracing(env, exporter=_DropExporter()))
+
+    observers: dict[str, Observer] = {
+        "no observer": NoopObserver(),
+        "metrics only": EppObserver(PrometheusObserver()),
+        "metrics + tracing 0": traced("0"),
+        "metrics + tracing 0.1": traced("0.1"),
+        "metrics + tracing 1.0": traced("1.0"),
+    }
+    results: dict[str, list[float]] = {name: [] for name in observers}
+    for observer in observers.values():  # warm-up
+        _request_path_cpu(observer, 300, 1)
+    for _ in range(5):  # interleaved, so load changes on the machine hit every mode alike
+        for name, observer in observers.items():
+            results[name] += _request_path_cpu(observer, requests, 1)
+    for observer in observers.values():
+        if isinstance(observer, EppObserver) and observer.tracing is not None:
+            observer.tracing.shutdown()
+    return {name: statistics.median(values) for name, values in results.items()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--requests", type=int, default=3000, help="per mode per round")
+    parser.add_argument("--concurrency", type=int, default=32)
+    parser.add_argument("--simulators", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=3, help="alternating rounds per mode")
+    parser.add_argument("--plaintext", action="store_true", help="EPP without TLS")
+    parser.add_argument("--in-process-requests", type=int, default=2000)
+    args = parser.parse_args()
+
+    receiver = OtlpReceiver().start()
+    try:
+        modes = _through_envoy(args, receiver)
+    finally:
+        spans = len(receiver.spans())
+        receiver.stop()
+
+    base = modes[0]
+    print(
+        f"Through Envoy: concurrency {args.concurrency}, {args.requests} requests x "
+        f"{args.rounds} rounds per mode, {args.simulators} simulated servers per stack, "
+        f"EPP TLS {'off' if args.plaintext else 'on'}, {os.cpu_count()} CPUs; metrics on in all"
+    )
+    print(
+        f"{'mode':<22}{'req/s':>9}{'vs off':>9}{'median ms':>11}{'p99 ms':>9}"
+        f"{'EPP CPU s/1k':>14}{'vs off':>9}{'errors':>8}"
+    )
+    for mode in modes:
+        print(
+            f"{mode.name:<22}{mode.rps:>9.0f}{mode.rps / base.rps - 1:>+9.1%}"
+            f"{mode.percentile(0.5):>11.2f}{mode.percentile(0.99):>9.2f}"
+            f"{mode.cpu_per_k:>14.3f}{mode.cpu_per_k / base.cpu_per_k - 1:>+9.1%}"
+            f"{mode.errors:>8}"
+        )
+    print(f"spans received by the OTLP receiver: {spans}")
+    print("median over rounds of the change against the tracing-off round run just before:")
+    for mode in modes[1:]:
+        rps = statistics.median(
+            m / b - 1 for m, b in zip(mode.round_rps, base.round_rps, strict=True)
+        )
+        cpu = statistics.median(
+            m / b - 1 for m, b in zip(mode.round_cpu_per_k, base.round_cpu_per_k, strict=True)
+        )
+        print(f"  {mode.name:<22} req/s {rps:+.1%}, EPP CPU per request {cpu:+.1%}")
+    print()
+    results = _in_process(args.in_process_requests)
+    bare = results["no observer"]
+    print(
+        "In process: CPU per request through the ext_proc servicer and the Director "
+        f"(no network), median of 5 interleaved rounds of {args.in_process_requests}"
+    )
+    for name, micros in results.items():
+        print(f"  {name:<24}{micros:>8.1f} us  ({micros - bare:+.1f} us)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,152 @@
+"""An OTLP/gRPC trace receiver on loopback, for tests and benchmarks.
+
+Implements OpenTelemetry's ``TraceService.Export`` with ``grpc.aio`` on its own event loop
+in a background thread (so blocking test code can run beside it) and keeps every exported
+span, flattened with its resource's ``service.name``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
+
+__all__ = ["OtlpReceiver", "ReceivedSpan"]
+
+
+@dataclass(frozen=True, slots=True)
+class ReceivedSpan:
+    name: str
+    trace_id: str
+    span_id: str
+    parent_span_id: str
+    kind: int
+    attributes: dict[str, object]
+    service_name: str
+    status_code: int
+
+
+def _value(any_value: Any) -> object:
+    kind = any_value.WhichOneof("value")
+    return getattr(any_value, kind) if kind else None
+
+
+def _attributes(key_values: Any) -> dict[str, object]:
+    return {kv.key: _value(kv.value) for kv in key_values}
+
+
+class _TraceService(trace_service_pb2_grpc.TraceServiceServicer):
+    def __init__(self, sink: Callable[[Any], None]) -> None:
+        self._sink = sink
+
+    async def Export(self, request: Any, context: Any) -> Any:  # noqa: N802 - gRPC name
+        self._sink(request)
+        return trace_service_pb2.ExportTraceServiceResponse()
+
+
+class OtlpReceiver:
+    """``start()`` binds 127.0.0.1 on a free port (``endpoint``); ``stop()`` shuts down."""
+
+    def __init__(self) -> None:
+        self.port = 0
+        self.requests = 0
+        self._spans: list[ReceivedSpan] = []
+        self._lock = threading.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stopping: asyncio.Event | None = None
+        self._thread: threading.Thread | None = None
+        self._ready = threading.Event()
+        self._error: BaseException | None = None
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> OtlpReceiver:
+        self._thread = threading.Thread(target=self._run, name="otlp-receiver", daemon=True)
+        self._thread.start()
+        if not self._ready.wait(10):
+            raise TimeoutError("the OTLP receiver did not start")
+        if self._error is not None:
+            raise RuntimeError("the OTLP receiver failed to start") from self._error
+        return self
+
+    def stop(self) -> None:
+        """Stop serving and wait (up to 10 s) for the receiver's thread to end."""
+        loop, stopping = self._loop, self._stopping
+        if loop is not None and stopping is not None and not loop.is_closed():
+            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+                loop.call_soon_threadsafe(stopping.set)
+        if self._thread is not None:
+            self._thread.join(10)
+
+    def spans(self) -> list[ReceivedSpan]:
+        with self._lock:
+            return list(self._spans)
+
+    def wait_for(
+        self, condition: Callable[[list[ReceivedSpan]], bool], *, timeout: float, what: str
+    ) -> list[ReceivedSpan]:
+        """Poll the received spans until ``condition`` holds; fail after ``timeout``."""
+        deadline = time.monotonic() + timeout
+        while True:
+            spans = self.spans()
+            if condition(spans):
+                return spans
+            if time.monotonic() > deadline:
+                names = sorted({s.name for s in spans})
+                raise TimeoutError(f"timed out waiting for {what}; received {names}")
+            time.sleep(0.02)
+
+    def _collect(self, request: Any) -> None:
+        received = []
+        for resource_spans in request.resource_spans:
+            service = str(_attributes(resource_spans.resource.attributes).get("service.name"))
+            for scope_spans in resource_spans.scope_spans:
+                for span in scope_spans.spans:
+                    received.append(
+                        ReceivedSpan(
+                            name=span.name,
+                            trace_id=span.trace_id.hex(),
+                            span_id=span.span_id.hex(),
+                            parent_span_id=span.parent_span_id.hex(),
+                            kind=span.kind,
+                            attributes=_attributes(span.attributes),
+                            service_name=service,
+                            status_code=span.status.code,
+                        )
+                    )
+        with self._lock:
+            self.requests += 1
+            self._spans.extend(received)
+
+    def _run(self) -> None:
+        loop = asyncio.new_event_loop()
+        self._loop = loop
+        try:
+            loop.run_until_complete(self._serve())
+        except BaseException as exc:  # reported to start()
+            self._error = exc
+            self._ready.set()
+        finally:
+            loop.close()
+
+    async def _serve(self) -> None:
+        server = grpc.aio.server()
+        add_servicer: Callable[[Any, Any], None] = (
+            trace_service_pb2_grpc.add_TraceServiceServicer_to_server
+        )
+        add_servicer(_TraceService(self._collect), server)
+        self.port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        self._stopping = asyncio.Event()
+        self._ready.set()
+        await self._stopping.wait()
+        await server.stop(0)

@@ -1,0 +1,243 @@
+"""The EPP's own metrics: declared as the reference's (spec section 9), served on /metrics."""
+
+from __future__ import annotations
+
+import logging
+import math
+import socket
+
+import aiohttp
+import prometheus_client
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from adapters.prometheus.exporter import METRICS, MetricKind, MetricsServer, PrometheusObserver
+
+MODEL = {"model_name", "target_model_name"}
+FLOW = {"fairness_id", "priority"}
+FLOW_QUEUE = FLOW | {"inference_pool"} | MODEL
+
+#: name -> (type, label names), from spec section 9 (plus this product's two counters).
+EXPECTED: dict[str, tuple[str, set[str]]] = {
+    "inference_objective_request_total": ("counter", MODEL | {"priority"}),
+    "inference_objective_request_error_total": ("counter", MODEL | {"error_code"}),
+    "inference_objective_request_duration_seconds": ("histogram", MODEL),
+    "inference_objective_request_sizes": ("histogram", MODEL),
+    "inference_objective_response_sizes": ("histogram", MODEL),
+    "inference_objective_input_tokens": ("histogram", MODEL),
+    "inference_objective_output_tokens": ("histogram", MODEL),
+    "inference_objective_prompt_cached_tokens": ("histogram", MODEL),
+    "inference_objective_normalized_time_per_output_token_seconds": ("histogram", MODEL),
+    "inference_objective_running_requests": ("gauge", {"model_name"}),
+    "inference_pool_average_kv_cache_utilization": ("gauge", {"name"}),
+    "inference_pool_average_queue_size": ("gauge", {"name"}),
+    "inference_pool_average_running_requests": ("gauge", {"name"}),
+    "inference_pool_ready_pods": ("gauge", {"name"}),
+    "inference_pool_per_pod_queue_size": ("gauge", {"name", "model_server_pod"}),
+    "inference_extension_scheduler_e2e_duration_seconds": ("histogram", set()),
+    "inference_extension_scheduler_attempts_total": (
+        "counter",
+        {"status", "target_model_name", "pod_name", "namespace", "port"},
+    ),
+    "inference_extension_plugin_duration_seconds": (
+        "histogram",
+        {"extension_point", "plugin_type", "plugin_name"},
+    ),
+    "inference_extension_prefix_indexer_size": ("gauge", set()),
+    "inference_extension_prefix_indexer_hit_ratio": ("histogram", set()),
+    "inference_extension_prefix_indexer_hit_bytes": ("histogram", set()),
+    "inference_extension_info": ("gauge", {"commit", "build_ref"}),
+    "inference_extension_model_rewrite_decisions_total": (
+        "counter",
+        {"model_rewrite_name", "model_name", "target_model"},
+    ),
+    "inference_extension_flow_control_request_queue_duration_seconds": (
+        "histogram",
+        FLOW | {"outcome", "inference_pool"} | MODEL,
+    ),
+    "inference_extension_flow_control_dispatch_cycle_duration_seconds": ("histogram", set()),
+    "inference_extension_flow_control_request_enqueue_duration_seconds": (
+        "histogram",
+        FLOW | {"outcome"},
+    ),
+    "inference_extension_flow_control_queue_size": ("gauge", FLOW_QUEUE),
+    "inference_extension_flow_control_queue_bytes": ("gauge", FLOW_QUEUE),
+    "inference_extension_flow_control_pool_saturation": ("gauge", {"inference_pool"}),
+    "inference_extension_scrape_errors_total": ("counter", {"endpoint"}),
+    "inference_extension_flow_control_displaced_total": ("counter", {"priority"}),
+}
+
+
+def _buckets(name: str) -> tuple[float, ...]:
+    (spec,) = [s for s in METRICS if s.name == name]
+    return spec.buckets
+
+
+def _one_of_each(observer: PrometheusObserver) -> None:
+    for spec in METRICS:
+        labels = {label: f"{label}-value" for label in spec.labels}
+        if spec.kind is MetricKind.COUNTER:
+            observer.counter(spec.name, labels, 2)
+        elif spec.kind is MetricKind.GAUGE:
+            observer.gauge(spec.name, labels, 3)
+        else:
+            observer.histogram(spec.name, labels, 0.05)
+
+
+def _families(text: str) -> dict[str, prometheus_client.Metric]:
+    families = {}
+    for family in text_string_to_metric_families(text):
+        name = family.name + ("_total" if family.type == "counter" else "")
+        families[name] = family
+    return families
+
+
+def test_every_metric_is_declared_with_the_reference_name_type_and_labels() -> None:
+    declared = {s.name: (s.kind.value, set(s.labels)) for s in METRICS}
+    assert declared == EXPECTED
+
+
+def test_buckets_are_the_references() -> None:
+    duration = _buckets("inference_objective_request_duration_seconds")
+    assert (duration[0], duration[-1]) == (0.005, 3600)
+    assert _buckets("inference_objective_request_sizes") == tuple(
+        float(64 * 2**i) for i in range(25)
+    )
+    assert _buckets("inference_objective_request_sizes")[-1] == 1024**3
+    response = _buckets("inference_objective_response_sizes")
+    assert (response[0], response[-1]) == (1, 65536)
+    scheduler = _buckets("inference_extension_scheduler_e2e_duration_seconds")
+    assert (scheduler[0], scheduler[-1]) == (0.0001, 0.1)
+    assert _buckets("inference_extension_prefix_indexer_hit_ratio") == tuple(
+        i / 10 for i in range(11)
+    )
+    for spec in METRICS:
+        assert list(spec.buckets) == sorted(set(spec.buckets)), spec.name
+        assert bool(spec.buckets) == (spec.kind is MetricKind.HISTOGRAM), spec.name
+
+
+def test_the_exposition_has_every_metric_with_its_type_labels_and_buckets() -> None:
+    observer = PrometheusObserver()
+    _one_of_each(observer)
+    families = _families(observer.exposition().decode())
+    assert set(families) == set(EXPECTED)
+    for name, (kind, labels) in EXPECTED.items():
+        family = families[name]
+        assert family.type == kind, name
+        for sample in family.samples:
+            assert set(sample.labels) - {"le"} == labels, name
+        if kind == "histogram":
+            bounds = [float(s.labels["le"]) for s in family.samples if s.name.endswith("_bucket")]
+            assert bounds == [*_buckets(name), math.inf], name
+        else:
+            assert [s.value for s in family.samples] == [2 if kind == "counter" else 3], name
+
+
+def test_the_registry_is_its_own_not_the_global_one() -> None:
+    observer = PrometheusObserver()
+    observer.counter("inference_extension_scrape_errors_total", {"endpoint": "e"})
+    assert observer.registry is not prometheus_client.REGISTRY
+    assert b"inference_extension_scrape_errors_total" not in prometheus_client.generate_latest()
+
+
+def test_counters_add_gauges_set_and_histograms_bucket_cumulatively() -> None:
+    observer = PrometheusObserver()
+    labels = {"model_name": "m", "target_model_name": "t", "priority": "0"}
+    observer.counter("inference_objective_request_total", labels)
+    observer.counter("inference_objective_request_total", labels, 2)
+    observer.gauge("inference_pool_ready_pods", {"name": "p"}, 3)
+    observer.gauge("inference_pool_ready_pods", {"name": "p"}, 2)
+    for value in (0.05, 0.25, 0.3, 1.0):
+        observer.histogram("inference_extension_prefix_indexer_hit_ratio", {}, value)
+    families = _families(observer.exposition().decode())
+    (total,) = families["inference_objective_request_total"].samples
+    assert total.value == 3
+    assert total.labels == labels
+    assert families["inference_pool_ready_pods"].samples[0].value == 2
+    ratio = {
+        s.labels.get("le", s.name): s.value
+        for s in families["inference_extension_prefix_indexer_hit_ratio"].samples
+    }
+    assert ratio["0.0"] == 0
+    assert ratio["0.1"] == 1
+    assert ratio["0.3"] == 3
+    assert ratio["1.0"] == 4
+    assert ratio["+Inf"] == 4
+    assert ratio["inference_extension_prefix_indexer_hit_ratio_count"] == 4
+    assert ratio["inference_extension_prefix_indexer_hit_ratio_sum"] == pytest.approx(1.6)
+
+
+def test_unlabelled_metrics_are_exposed_at_zero_before_any_report() -> None:
+    families = _families(PrometheusObserver().exposition().decode())
+    (size,) = families["inference_extension_prefix_indexer_size"].samples
+    assert size.value == 0
+    assert not families["inference_objective_request_total"].samples
+
+
+def test_a_nan_gauge_removes_its_series() -> None:
+    observer = PrometheusObserver()
+    name = "inference_pool_per_pod_queue_size"
+    observer.gauge(name, {"name": "p", "model_server_pod": "a"}, 1)
+    observer.gauge(name, {"name": "p", "model_server_pod": "b"}, 2)
+    observer.gauge(name, {"name": "p", "model_server_pod": "a"}, math.nan)
+    samples = _families(observer.exposition().decode())[name].samples
+    assert [(s.labels["model_server_pod"], s.value) for s in samples] == [("b", 2)]
+
+
+def test_bad_reports_are_dropped_and_logged_once_never_raised(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    observer = PrometheusObserver()
+    with caplog.at_level(logging.WARNING, logger="adapters.prometheus.exporter"):
+        for _ in range(3):
+            observer.counter("no_such_metric_total", {})
+            observer.counter("inference_pool_ready_pods", {"name": "p"})  # a gauge
+            observer.gauge("inference_objective_running_requests", {"model": "m"}, 1)
+            observer.histogram("inference_objective_request_sizes", {"model_name": "m"}, 1)
+            observer.counter("inference_extension_scrape_errors_total", {"endpoint": "e"}, -1)
+            observer.histogram("inference_extension_prefix_indexer_hit_ratio", {}, math.nan)
+    assert len(caplog.records) == 6
+    assert any("no_such_metric_total" in r.getMessage() for r in caplog.records)
+    families = _families(observer.exposition().decode())
+    assert not families["inference_objective_running_requests"].samples
+    assert not families["inference_extension_scrape_errors_total"].samples
+    (count,) = [
+        s
+        for s in families["inference_extension_prefix_indexer_hit_ratio"].samples
+        if s.name.endswith("_count")
+    ]
+    assert count.value == 0
+
+
+async def test_the_server_serves_metrics_text_on_a_free_port_until_stopped() -> None:
+    observer = PrometheusObserver()
+    observer.counter("inference_extension_scrape_errors_total", {"endpoint": "10.0.0.1:8000"})
+    server = MetricsServer(observer.registry, host="127.0.0.1", port=0)
+    await server.start()
+    url = f"http://127.0.0.1:{server.bound_port}/metrics"
+    try:
+        assert server.bound_port > 0
+        async with aiohttp.ClientSession() as session, session.get(url) as response:
+            assert response.status == 200
+            assert response.headers["content-type"].startswith("text/plain")
+            text = await response.text()
+        assert (
+            'inference_extension_scrape_errors_total{endpoint="10.0.0.1:8000"} 1.0'
+            in text.splitlines()
+        )
+    finally:
+        await server.stop()
+    await server.stop()  # idempotent
+    with pytest.raises(aiohttp.ClientConnectionError):
+        async with aiohttp.ClientSession() as session, session.get(url):
+            pass
+
+
+async def test_a_port_in_use_names_the_flag() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        server = MetricsServer(PrometheusObserver().registry, host="127.0.0.1", port=port)
+        with pytest.raises(OSError, match="--metrics-port"):
+            await server.start()

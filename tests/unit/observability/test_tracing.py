@@ -1,0 +1,192 @@
+"""OpenTelemetry tracing from the ``OTEL_*`` environment, as the reference configures it."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Sequence
+
+import pytest
+from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind, StatusCode
+
+from adapters.otel.tracing import LoggingSpanExporter, OtelTracing, sampler_from
+from adapters.prometheus.exporter import PrometheusObserver
+from app.observability import EppObserver, build_tracing
+from app.settings import Settings
+from ports.observer import NoopSpan
+
+TRACE_ID = "0af7651916cd43dd8448eb211c80319c"
+SAMPLED = {"traceparent": f"00-{TRACE_ID}-b7ad6b7169203331-01", "baggage": "tenant=a"}
+NOT_SAMPLED = {"traceparent": f"00-{TRACE_ID}-b7ad6b7169203331-00"}
+ALWAYS = {"OTEL_TRACES_SAMPLER_ARG": "1.0"}
+
+
+def _tracing(env: dict[str, str]) -> tuple[OtelTracing, InMemorySpanExporter]:
+    exporter = InMemorySpanExporter()
+    return OtelTracing(env, exporter=exporter), exporter
+
+
+def _finished(tracing: OtelTracing, exporter: InMemorySpanExporter) -> dict[str, ReadableSpan]:
+    assert tracing.force_flush()
+    return {s.name: s for s in exporter.get_finished_spans()}
+
+
+@pytest.mark.parametrize(
+    ("env", "description"),
+    [
+        ({}, "ParentBased{root:TraceIdRatioBased{0.1}"),
+        ({"OTEL_TRACES_SAMPLER_ARG": "0.5"}, "ParentBased{root:TraceIdRatioBased{0.5}"),
+        ({"OTEL_TRACES_SAMPLER_ARG": "lots"}, "ParentBased{root:TraceIdRatioBased{0.1}"),
+        ({"OTEL_TRACES_SAMPLER_ARG": "7"}, "ParentBased{root:TraceIdRatioBased{0.1}"),
+        ({"OTEL_TRACES_SAMPLER": "always_on"}, "AlwaysOnSampler"),
+        ({"OTEL_TRACES_SAMPLER": "always_off"}, "AlwaysOffSampler"),
+        ({"OTEL_TRACES_SAMPLER": "parentbased_always_on"}, "ParentBased{root:AlwaysOnSampler"),
+        (
+            {"OTEL_TRACES_SAMPLER": "traceidratio", "OTEL_TRACES_SAMPLER_ARG": "0.25"},
+            "TraceIdRatioBased{0.25}",
+        ),
+        ({"OTEL_TRACES_SAMPLER": "bogus"}, "ParentBased{root:TraceIdRatioBased{0.1}"),
+    ],
+)
+def test_the_sampler_comes_from_the_environment(env: dict[str, str], description: str) -> None:
+    assert sampler_from(env).get_description().startswith(description)
+
+
+def test_the_exporter_comes_from_the_environment() -> None:
+    assert isinstance(OtelTracing({}).exporter, LoggingSpanExporter)  # console by default
+    assert OtelTracing({"OTEL_TRACES_EXPORTER": "none"}).exporter is None
+    otlp = OtelTracing(
+        {"OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:1"}
+    )
+    assert isinstance(otlp.exporter, OTLPSpanExporter)
+    otlp.shutdown()
+
+
+def test_the_service_name_defaults_to_the_references() -> None:
+    default, _ = _tracing({})
+    named, _ = _tracing({"OTEL_SERVICE_NAME": "my-epp"})
+    assert default.provider.resource.attributes["service.name"] == (
+        "gateway-api-inference-extension/epp"
+    )
+    assert named.provider.resource.attributes["service.name"] == "my-epp"
+
+
+def test_a_span_from_request_headers_continues_the_callers_trace() -> None:
+    tracing, exporter = _tracing({})  # parent-based: the caller sampled it
+    root = tracing.start_span("gateway.request", carrier=SAMPLED)
+    child = tracing.start_span("gateway.request_orchestration", parent=root)
+    child.set_attribute("target_model", "m")
+    child.set_attribute("request_prio", 2)
+    carrier: dict[str, str] = {}
+    child.inject(carrier)
+    child.end()
+    root.end()
+    spans = _finished(tracing, exporter)
+    server, internal = spans["gateway.request"], spans["gateway.request_orchestration"]
+    assert server.kind is SpanKind.SERVER
+    assert internal.kind is SpanKind.INTERNAL
+    assert f"{server.context.trace_id:032x}" == TRACE_ID
+    assert server.parent is not None
+    assert f"{server.parent.span_id:016x}" == "b7ad6b7169203331"
+    assert internal.parent is not None
+    assert internal.parent.span_id == server.context.span_id
+    assert dict(internal.attributes or {}) == {"target_model": "m", "request_prio": 2}
+    assert carrier["traceparent"] == f"00-{TRACE_ID}-{internal.context.span_id:016x}-01"
+    assert carrier["baggage"] == "tenant=a"
+    assert server.resource.attributes["service.name"] == "gateway-api-inference-extension/epp"
+
+
+def test_an_error_sets_the_span_status() -> None:
+    tracing, exporter = _tracing(ALWAYS)
+    span = tracing.start_span("gateway.request")
+    span.record_error("BadRequest: no model")
+    span.end()
+    span.end()  # idempotent
+    (finished,) = _finished(tracing, exporter).values()
+    assert finished.status.status_code is StatusCode.ERROR
+    assert finished.status.description == "BadRequest: no model"
+
+
+def test_an_unsampled_trace_records_nothing_but_still_propagates() -> None:
+    tracing, exporter = _tracing({})
+    root = tracing.start_span("gateway.request", carrier=NOT_SAMPLED)
+    child = tracing.start_span("gateway.request_orchestration", parent=root)
+    assert child is root  # no new span below an unsampled one
+    child.set_attribute("target_model", "m")
+    carrier: dict[str, str] = {}
+    child.inject(carrier)
+    child.end()
+    root.end()
+    assert _finished(tracing, exporter) == {}
+    version, trace_id, _, flags = carrier["traceparent"].split("-")
+    assert (version, trace_id, flags) == ("00", TRACE_ID, "00")
+
+
+def test_roots_are_sampled_at_the_configured_ratio() -> None:
+    never, never_exporter = _tracing({"OTEL_TRACES_SAMPLER_ARG": "0"})
+    always, always_exporter = _tracing(ALWAYS)
+    for _ in range(20):
+        never.start_span("gateway.request").end()
+        always.start_span("gateway.request").end()
+    assert never.force_flush()
+    assert always.force_flush()
+    assert len(never_exporter.get_finished_spans()) == 0
+    assert len(always_exporter.get_finished_spans()) == 20
+
+
+def test_the_console_exporter_logs_one_json_line_per_span(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    tracing = OtelTracing(ALWAYS)
+    with caplog.at_level(logging.INFO, logger="epp.traces"):
+        tracing.start_span("gateway.request").end()
+        tracing.shutdown()
+    (record,) = [r for r in caplog.records if r.name == "epp.traces"]
+    assert "\n" not in record.getMessage()
+    assert json.loads(record.getMessage())["name"] == "gateway.request"
+
+
+class _Slow(SpanExporter):
+    def __init__(self) -> None:
+        self.exported: list[str] = []
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        self.exported.extend(s.name for s in spans)
+        return SpanExportResult.SUCCESS
+
+
+def test_shutdown_flushes_pending_spans() -> None:
+    exporter = _Slow()
+    tracing = OtelTracing(ALWAYS, exporter=exporter)
+    for i in range(5):
+        tracing.start_span(f"s{i}").end()
+    tracing.shutdown()
+    tracing.shutdown()  # idempotent
+    assert exporter.exported == [f"s{i}" for i in range(5)]
+
+
+def test_the_process_observer_sends_metrics_to_prometheus_and_spans_to_tracing() -> None:
+    metrics = PrometheusObserver()
+    tracing, exporter = _tracing(ALWAYS)
+    observer = EppObserver(metrics, tracing)
+    observer.counter("inference_extension_scrape_errors_total", {"endpoint": "e"})
+    observer.start_span("gateway.request").end()
+    assert b'inference_extension_scrape_errors_total{endpoint="e"} 1.0' in metrics.exposition()
+    assert list(_finished(tracing, exporter)) == ["gateway.request"]
+    untraced = EppObserver(metrics, None)
+    assert isinstance(untraced.start_span("gateway.request", carrier=SAMPLED), NoopSpan)
+
+
+def test_tracing_follows_the_flag() -> None:
+    base = {"static_endpoints": "127.0.0.1:8000"}
+    assert build_tracing(Settings(**base, tracing=False)) is None  # type: ignore[arg-type]
+    tracing = build_tracing(
+        Settings(**base),  # type: ignore[arg-type]
+        {"OTEL_TRACES_EXPORTER": "none"},
+    )
+    assert isinstance(tracing, OtelTracing)
+    tracing.shutdown()
