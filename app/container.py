@@ -10,6 +10,7 @@ from adapters.jsoncodec.orjson_codec import OrjsonCodec
 from adapters.prometheus.exporter import PrometheusObserver
 from adapters.xxhash.block_hasher import XxhashBlockHasher
 from app.config.loader import LoadedConfig, load_config
+from app.flowcontrol import build_flow_controller
 from app.observability import EppObserver, Observability, build_tracing
 from app.plugins import build_registry
 from app.settings import Settings
@@ -18,13 +19,16 @@ from domain.datalayer.interfaces import EndpointExtractor, Extractor
 from domain.datastore.objectives import ObjectiveStore
 from domain.datastore.static_source import StaticEndpointSource, parse_endpoint_list
 from domain.datastore.store import Datastore
+from domain.flowcontrol import FlowController
 from domain.plugins.base import PluginRegistry, plugins_with
 from domain.plugins.handle import Handle
 from domain.prefixcache.index import InMemoryPrefixIndex
+from domain.requestcontrol.admission import FlowControlAdmission
 from domain.requestcontrol.director import Director, RequestControl
 from domain.requestcontrol.state import RequestStates
 from domain.scheduling.observer import SchedulingObserver, SchedulingReporter
 from domain.scheduling.scheduler import Scheduler
+from domain.scheduling.types import Candidate
 from ports.codec import JsonCodec
 from ports.datalayer import PollingDataSource
 from ports.endpoints import EndpointSource
@@ -79,10 +83,37 @@ def _loaded_config(settings: Settings, registry: PluginRegistry, handle: Handle)
     return load_config(_config_text(settings), registry=registry, handle=handle)
 
 
+def _flow_controller(
+    loaded: LoadedConfig, datastore: Datastore, settings: Settings, observer: Observer
+) -> FlowController | None:
+    """The flow controller when the ``flowControl`` gate is on, else None (legacy admission)."""
+    if loaded.flow_control is None:
+        return None
+    detector = loaded.saturation_detector
+
+    def saturation() -> float:
+        return detector.saturation([Candidate(e) for e in datastore.endpoints()])
+
+    return build_flow_controller(
+        loaded.flow_control,
+        saturation=saturation,
+        plugins=loaded.plugins,
+        observer=observer,
+        pool_name=settings.pool_name,
+    )
+
+
 def _request_control(
-    loaded: LoadedConfig, settings: Settings, scheduling_observer: SchedulingObserver
+    loaded: LoadedConfig,
+    settings: Settings,
+    scheduling_observer: SchedulingObserver,
+    flow_controller: FlowController | None,
 ) -> RequestControl:
+    admission = None
+    if flow_controller is not None:
+        admission = FlowControlAdmission(flow_controller, pool_name=settings.pool_name)
     return RequestControl(
+        admission=admission,
         parser=loaded.parser,
         scheduler=Scheduler(loaded.profile_handler, loaded.profiles, scheduling_observer),
         saturation_detector=loaded.saturation_detector,
@@ -98,7 +129,11 @@ def _request_control(
 
 
 def _collectors(
-    loaded: LoadedConfig, datastore: Datastore, settings: Settings, observer: Observer
+    loaded: LoadedConfig,
+    datastore: Datastore,
+    settings: Settings,
+    observer: Observer,
+    flow_controller: FlowController | None,
 ) -> Collectors:
     bindings = []
     if loaded.data_layer is not None:
@@ -116,6 +151,7 @@ def _collectors(
         interval=settings.refresh_metrics_interval,
         endpoint_extractors=endpoint_extractors,
         observer=observer,
+        on_update=flow_controller.notify if flow_controller is not None else None,
     )
 
 
@@ -146,8 +182,13 @@ class Container(containers.DeclarativeContainer):
     # --- end observability ---
     handle = providers.Singleton(_handle, codec, hasher, prefix_index, datastore, observer)
     config = providers.Singleton(_loaded_config, settings, registry, handle)
-    request_control = providers.Singleton(_request_control, config, settings, scheduling_observer)
-    collectors = providers.Singleton(_collectors, config, datastore, settings, observer)
+    flow_controller = providers.Singleton(_flow_controller, config, datastore, settings, observer)
+    request_control = providers.Singleton(
+        _request_control, config, settings, scheduling_observer, flow_controller
+    )
+    collectors = providers.Singleton(
+        _collectors, config, datastore, settings, observer, flow_controller
+    )
     endpoint_source = providers.Singleton(_endpoint_source, settings, objectives)
     processor = providers.Singleton(
         Director,

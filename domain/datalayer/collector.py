@@ -52,8 +52,10 @@ class Collectors:
         endpoint_extractors: Sequence[EndpointExtractor] = (),
         clock: Callable[[], float] = time.monotonic,
         observer: Observer | None = None,
+        on_update: Callable[[], None] | None = None,
     ) -> None:
         self._datastore = datastore
+        self._on_update = on_update
         self._observer: Observer = observer if observer is not None else NoopObserver()
         self._bindings = tuple(bindings)
         self._interval = interval
@@ -133,6 +135,8 @@ class Collectors:
                 now = self._clock()
                 for extractor in binding.extractors:
                     extractor.extract(data, endpoint, now)
+                if self._on_update is not None:
+                    self._on_update()
             except TimeoutError:
                 error = f"{binding.source.typed_name}: timed out after {self._poll_timeout}s"
             except (OSError, ValueError) as exc:

@@ -40,6 +40,9 @@ class Admission(Protocol):
     every admitted request when it completes (capacity may have freed up).
     """
 
+    #: The request may wait: candidates are looked up again once it is admitted.
+    late_binding: bool
+
     async def admit(self, request: InferenceRequest, candidates: Sequence[Candidate]) -> None: ...
 
     def done(self) -> None: ...
@@ -47,6 +50,8 @@ class Admission(Protocol):
 
 class LegacyAdmission:
     """Sheddable (priority < 0) requests get 429 when the candidates are saturated."""
+
+    late_binding = False
 
     def __init__(self, detector: SaturationDetector) -> None:
         self._detector = detector
@@ -65,6 +70,8 @@ class FlowControlAdmission:
     Outcomes map to errors as the reference: capacity rejection 429, TTL expiry 503,
     client gone 503, others 500; ours, displacement by higher-priority traffic, is 429.
     """
+
+    late_binding = True
 
     def __init__(self, controller: FlowController, *, pool_name: str = "") -> None:
         self._controller = controller

@@ -37,6 +37,7 @@ from domain.errors import (
     ResourceExhaustedError,
     ServiceUnavailableError,
 )
+from domain.requestcontrol.admission import Admission, LegacyAdmission
 from domain.requestcontrol.candidates import locate
 from domain.requestcontrol.interfaces import (
     Admitter,
@@ -115,7 +116,13 @@ class RequestControl:
     prepare_data_timeout: float = 0.4
     subset_filter: bool = True
     explain_decisions: bool = False
+    #: Legacy admission (shed sheddable requests when saturated) unless flow control is on.
+    admission: Admission | None = None
     extra_plugins: Mapping[str, object] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.admission is None:
+            self.admission = LegacyAdmission(self.saturation_detector)
 
 
 class Director:
@@ -169,6 +176,7 @@ class RequestExchangeState:
     """The domain's state for one request/response exchange (a ``RequestExchange``)."""
 
     __slots__ = (
+        "_admitted",
         "_closed",
         "_director",
         "_final_done",
@@ -200,6 +208,7 @@ class RequestExchangeState:
         self._closed = False
         self._labels: dict[str, str] = _NO_MODEL
         self._received_at = 0.0
+        self._admitted = False
         self._response_bytes = 0
         self._running = False
 
@@ -272,6 +281,7 @@ class RequestExchangeState:
             state=d.states.create(inbound.request_id),
             objective=objective,
             fairness_id=headers.get(FAIRNESS_HEADER) or DEFAULT_FAIRNESS_ID,
+            received_at=self._received_at,
         )
         if control.explain_decisions:
             request.extra[EXPLAIN_KEY] = {}
@@ -281,8 +291,16 @@ class RequestExchangeState:
 
         located = locate(endpoints, inbound.metadata, subset_filter=control.subset_filter)
         candidates = [Candidate(e) for e in located]
-        if request.priority < 0 and control.saturation_detector.saturation(candidates) >= 1.0:
-            raise ResourceExhaustedError("system saturated, sheddable request dropped")
+        admission = control.admission
+        assert admission is not None
+        await admission.admit(request, candidates)
+        self._admitted = True
+        if admission.late_binding:
+            # The request may have waited in a queue: schedule on what is current now.
+            located = locate(
+                d.datastore.endpoints(), inbound.metadata, subset_filter=control.subset_filter
+            )
+            candidates = [Candidate(e) for e in located]
         if not candidates:
             raise ServiceUnavailableError(
                 "failed to find endpoint candidates for serving the request"
@@ -502,6 +520,11 @@ class RequestExchangeState:
             if self._running:
                 self._running = False
                 self._director._add_running(self._labels["model_name"], -1)
+            if self._admitted:
+                self._admitted = False
+                admission = self._director.control.admission
+                if admission is not None:
+                    admission.done()
             self._scanner = None
             self._response = None
 
