@@ -105,9 +105,17 @@ def main() -> None:
     parser.add_argument("--simulators", type=int, default=3)
     parser.add_argument("--rounds", type=int, default=2, help="alternating rounds per mode")
     parser.add_argument("--plaintext", action="store_true", help="EPP without TLS")
+    parser.add_argument(
+        "--epp-arg",
+        action="append",
+        default=[],
+        help="extra EPP flag, repeatable (e.g. --epp-arg=--tracing=false)",
+    )
     args = parser.parse_args()
 
-    options = StackOptions(simulators=args.simulators, epp_tls=not args.plaintext)
+    options = StackOptions(
+        simulators=args.simulators, epp_tls=not args.plaintext, epp_args=args.epp_arg
+    )
     with Stack.run(options) as stack:
         _, direct_port = stack.start_envoy(ext_proc=False, name="envoy-direct")
         epp_url, direct_url = stack.url, f"http://127.0.0.1:{direct_port}"
@@ -140,7 +148,7 @@ def main() -> None:
     print(
         f"concurrency {args.concurrency}, {args.requests} requests x {args.rounds} rounds per mode,"
         f" {args.simulators} simulated servers, EPP TLS {'off' if args.plaintext else 'on'},"
-        f" {os.cpu_count()} CPUs"
+        f" {os.cpu_count()} CPUs, EPP flags {args.epp_arg or 'default'}"
     )
     print(f"{'':<22}{'EPP':>12}{'direct':>12}{'EPP/direct':>12}")
     print(f"{'requests/s':<22}{epp.rps:>12.0f}{direct.rps:>12.0f}{epp.rps / direct.rps:>12.2f}")

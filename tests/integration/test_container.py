@@ -45,6 +45,7 @@ def _settings() -> Settings:
         bind_address="127.0.0.1",
         grpc_port=0,
         grpc_health_port=0,
+        metrics_port=0,
         secure_serving=False,
     )
 

@@ -49,6 +49,8 @@ class Epp:
                 str(self.grpc_port),
                 "--grpc-health-port",
                 str(self.health_port),
+                "--metrics-port",
+                "0",
                 "--secure-serving=false",
                 *extra,
             ],
