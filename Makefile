@@ -13,6 +13,11 @@ install: $(STAMP)
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[test]'
+	@# xds-protos ships an older copy of the OpenTelemetry protos into the same package
+	@# directory; whichever installs last wins. Reinstall opentelemetry-proto so its own
+	@# (newer, compatible) modules are the ones on disk, whatever the install order was.
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps --force-reinstall \
+		"opentelemetry-proto==$$($(BIN)/python -c 'import importlib.metadata as m; print(m.version("opentelemetry-proto"))')"
 	@touch $(STAMP)
 
 # Architecture contracts, lint and types.
