@@ -89,7 +89,7 @@ class ParsedRequest:
     opaque: bool = False
     raw: bytes = b""
 
-    def prefix_input(self, codec: JsonCodec) -> bytes:
+    def prefix_input(self, codec: JsonCodec, limit: int | None = None) -> bytes:
         """The user-input bytes that prefix-cache hashing works on.
 
         - chat completions: JSON of ``messages``;
@@ -101,7 +101,9 @@ class ParsedRequest:
         - embeddings: JSON of ``input``.
 
         JSON is encoded with sorted keys, so the client's key order does not
-        change the bytes.
+        change the bytes. With ``limit``, a text prompt is cut to at most ``limit``
+        characters before encoding (enough for ``limit`` bytes of blocks: hashing never
+        looks further), so a long prompt is not encoded whole.
         """
         if self.opaque:
             return self.raw
@@ -112,9 +114,10 @@ class ParsedRequest:
             case ApiKind.COMPLETIONS:
                 prompt = payload.get("prompt")
                 if isinstance(prompt, str):
-                    return prompt.encode()
+                    return (prompt[:limit] if limit is not None else prompt).encode()
                 if isinstance(prompt, list) and all(isinstance(p, str) for p in prompt):
-                    return " ".join(prompt).encode()
+                    text = " ".join(prompt)
+                    return (text[:limit] if limit is not None else text).encode()
                 return codec.dumps(prompt, sort_keys=True)
             case ApiKind.RESPONSES:
                 parts = [

@@ -463,3 +463,15 @@ def test_rewrite_model_escapes_target() -> None:
     parsed = parse(ApiKind.EMBEDDINGS, b'{"model":"m","input":"x"}')
     out = rewrite_model(parsed, 'we"ird', CODEC)
     assert json.loads(out)["model"] == 'we"ird'
+
+
+@pytest.mark.parametrize("prompt", ["abcdefgh" * 100, ["abc" * 50, "def" * 50], "é" * 300])
+def test_prefix_input_limit_keeps_the_hashed_prefix(prompt: object) -> None:
+    parsed = OpenAIParser(CODEC).parse(
+        CODEC.dumps({"model": "m", "prompt": prompt}), {":path": "/v1/completions"}
+    )
+    whole = parsed.prefix_input(CODEC)
+    cut = parsed.prefix_input(CODEC, limit=64)
+    assert len(cut) < len(whole)
+    assert whole.startswith(cut)
+    assert len(cut) >= 64  # at least the bytes hashing looks at

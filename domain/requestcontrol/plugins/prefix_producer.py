@@ -173,11 +173,13 @@ class ApproxPrefixCacheProducer:
         hashes: list[int] = []
         if body is not None:
             seed = (request.target_model + body.cache_salt).encode()
+            block_chars = block_tokens * CHARS_PER_TOKEN
+            max_blocks = params.max_blocks(block_tokens)
             hashes = self._hasher.chain(
-                body.prefix_input(self._codec),
-                block_tokens * CHARS_PER_TOKEN,
+                body.prefix_input(self._codec, limit=block_chars * max_blocks),
+                block_chars,
                 seed,
-                params.max_blocks(block_tokens),
+                max_blocks,
             )
         if not hashes:
             none = PrefixCacheMatchInfo(0, 0, block_tokens)
