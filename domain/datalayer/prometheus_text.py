@@ -437,11 +437,57 @@ def _parse_wanted(body: bytes, wanted: frozenset[str]) -> dict[str, MetricFamily
     return builder.result(wanted)
 
 
+# The series part of sample lines (name and labels) already parsed, by its bytes: when only
+# a line's value changes between scrapes (KV usage, timestamps), its labels are not parsed
+# again; the value and timestamp are checked against the format on every line.
+_SERIES_CACHE_SIZE: Final = 4096
+_series_cache: dict[bytes, tuple[str, Mapping[str, str]]] = {}
+_TAIL_RE: Final = re.compile(
+    rf"{_BLANKS}(?P<value>{_FLOAT})(?:[ \t]++(?P<ts>[+-]?+[0-9]++))?+{_BLANKS}".encode()
+)
+
+
+def _split_series(line: bytes) -> int:
+    """Where the series (name and label set) of a sample line ends; -1 when unclear."""
+    close = line.rfind(b"}")  # a value or timestamp never holds a brace
+    if close >= 0:
+        return close + 1
+    start = len(line) - len(line.lstrip(b" \t"))
+    for index in range(start, len(line)):
+        if line[index] in b" \t":
+            return index
+    return -1
+
+
+def _parse_sample_line(line: bytes) -> Sample:
+    cut = _split_series(line)
+    if cut > 0:
+        cached = _series_cache.get(line[:cut])
+        if cached is not None:
+            tail = _TAIL_RE.fullmatch(line, cut)
+            if tail is not None:
+                raw_ts = tail.group("ts")
+                timestamp = int(raw_ts) if raw_ts is not None else None
+                if timestamp is None or _INT64_MIN <= timestamp <= _INT64_MAX:
+                    return Sample(
+                        name=cached[0],
+                        labels=cached[1],
+                        value=float(tail.group("value")),
+                        timestamp_ms=timestamp,
+                    )
+    sample = _parse_sample(line.decode())  # validates fully; raises on a bad line
+    if cut > 0:
+        if len(_series_cache) >= _SERIES_CACHE_SIZE:
+            _series_cache.clear()
+        _series_cache[line[:cut]] = (sample.name, sample.labels)
+    return sample
+
+
 def _parse_located(match: re.Match[bytes], line: bytes) -> Sample | tuple[str, str, str]:
     """Parses a line found by a plan: a sample, or a HELP/TYPE comment's parts."""
     kind = match.group("kind")
     if kind is None:
-        return _parse_sample(line.decode())
+        return _parse_sample_line(line)
     rest = line[match.end() - match.start("line") :]
     if rest and rest[0] not in b" \t":
         raise _LineError(f"invalid metric name in {kind.decode()} comment")

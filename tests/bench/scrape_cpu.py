@@ -2,7 +2,7 @@
 
 Runs the EPP's real data layer in a measuring process: a ``Datastore`` with one endpoint
 per model server, ``Collectors`` with one ``SourceBinding`` of the ``metrics-data-source``
-adapter (aiohttp) and the ``core-metrics-extractor``, polling every ``--interval``. The
+adapter (its keep-alive HTTP client) and the ``core-metrics-extractor``, polling every ``--interval``. The
 model servers are lightweight HTTP/1.1 servers on 127.0.0.2, 127.0.0.3, ... in a separate
 process (their CPU is not counted), each answering ``GET /metrics`` with the ~11 KB vLLM
 fixture of the unit tests whose load gauges, LoRA info timestamps and counters change on
@@ -16,18 +16,18 @@ CPU spent inside the extractor (timed around each call) and the endpoints in err
 Variants (``--variants``, comma-separated; ``<source>-<loop>``, loop ``uvloop`` or
 ``asyncio``):
 
-- ``aiohttp``: the shipped ``metrics-data-source`` (the figure that matters);
+- ``shipped``: the shipped ``metrics-data-source`` (the figure that matters);
 - ``minimal``: a prototype in this file, not shipped: one keep-alive HTTP/1.1 connection
   per endpoint on an ``asyncio.Protocol``, a hand-written ``GET`` and a ``Content-Length``
   / chunked reader; it shows what a leaner client would reach;
 - ``memory``: no I/O at all, ``poll`` returns a pre-built body: collector scheduling plus
   extraction (``memory-noextract-*``: scheduling alone), to split the total by difference.
 
-A ``-gc-`` in the name (``aiohttp-gc-uvloop``) tunes the garbage collector first, as the EPP
+A ``-gc-`` in the name (``shipped-gc-uvloop``) tunes the garbage collector first, as the EPP
 could at start-up: ``gc.freeze()`` and a youngest-generation threshold of 20,000.
 
-The summary splits the best run of ``aiohttp-uvloop`` and ``minimal-uvloop`` by difference
-with the ``memory`` runs. ``--profile [VARIANT]`` runs VARIANT (``aiohttp-uvloop``) once more
+The summary splits the best run of ``shipped-uvloop`` and ``minimal-uvloop`` by difference
+with the ``memory`` runs. ``--profile [VARIANT]`` runs VARIANT (``shipped-uvloop``) once more
 under py-spy (non-blocking, extractor not timed) and splits its samples into HTTP client,
 parsing/extraction, collector scheduling and the event loop's native code. ``--repeat N``
 runs every variant N times (the summary keeps the lowest CPU per poll): other processes on
@@ -77,7 +77,7 @@ from ports.plugins import TypedName
 FIXTURE = Path(__file__).parents[1] / "unit" / "datalayer" / "fixtures" / "vllm.txt"
 HAVE_UVLOOP = importlib.util.find_spec("uvloop") is not None
 DEFAULT_VARIANTS = (
-    "aiohttp-uvloop,aiohttp-asyncio,aiohttp-gc-uvloop,minimal-uvloop,minimal-asyncio,"
+    "shipped-uvloop,shipped-asyncio,shipped-gc-uvloop,minimal-uvloop,minimal-asyncio,"
     "minimal-gc-uvloop,memory-uvloop,memory-noextract-uvloop"
 )
 TARGET_CORE_FRACTION = 0.25
@@ -445,7 +445,7 @@ async def _measure(
     source_kind = variant.split("-", 1)[0]
     datastore = Datastore()
     source: PollingDataSource
-    if source_kind == "aiohttp":
+    if source_kind == "shipped":
         source = MetricsDataSource(
             TypedName("metrics-data-source", "metrics-data-source"), MetricsSourceParameters()
         )
@@ -672,9 +672,9 @@ def main() -> None:
     parser.add_argument(
         "--profile",
         nargs="?",
-        const="aiohttp-uvloop",
+        const="shipped-uvloop",
         metavar="VARIANT",
-        help="also run VARIANT (default aiohttp-uvloop) once more under py-spy",
+        help="also run VARIANT (default shipped-uvloop) once more under py-spy",
     )
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--worker", help=argparse.SUPPRESS)
@@ -782,7 +782,7 @@ def _print_summary(
             " scheduling = memory-noextract, extraction = memory minus memory-noextract,"
             " HTTP client = <client> minus memory"
         )
-        for name in ("aiohttp-uvloop", "minimal-uvloop"):
+        for name in ("shipped-uvloop", "minimal-uvloop"):
             m = by_name.get(name)
             if m is None:
                 continue

@@ -443,3 +443,24 @@ def test_round_trip(
         assert (family.type, family.help) == (kind, f"About {name}.")
         assert [(dict(s.labels), s.value, s.timestamp_ms) for s in family.samples] == samples
         assert parse_families(body, [name]) == {name: family}
+
+
+def test_a_known_series_with_a_new_value_is_read_afresh() -> None:
+    wanted = {"vllm:kv_cache_usage_perc"}
+    for value in ("0.25", "0.5", "NaN", "+Inf", "1e-3"):
+        body = f'vllm:kv_cache_usage_perc{{model_name="m",x="a}}b"}} {value} 1700\n'.encode()
+        (sample,) = parse_families(body, wanted)["vllm:kv_cache_usage_perc"].samples
+        expected = float(value)
+        assert sample.value == expected or (expected != expected and sample.value != sample.value)
+        assert sample.labels == {"model_name": "m", "x": "a}b"}
+        assert sample.timestamp_ms == 1700
+
+
+def test_a_known_series_with_a_bad_value_is_still_an_error() -> None:
+    wanted = {"vllm:num_requests_waiting"}
+    good = b'vllm:num_requests_waiting{model_name="m"} 3\n'
+    assert parse_families(good, wanted)["vllm:num_requests_waiting"].samples[0].value == 3
+    with pytest.raises(ValueError, match="line 1"):
+        parse_families(b'vllm:num_requests_waiting{model_name="m"} 3x\n', wanted)
+    with pytest.raises(ValueError, match="line 1"):
+        parse_families(b"vllm:num_requests_waiting 3 4 5\n", wanted)
