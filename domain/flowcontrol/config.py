@@ -88,7 +88,10 @@ class FlowControlConfig:
       ``dispatch_interval``. Bounds how long a saturation drop can go unnoticed when no
       ``notify()`` reports it;
     - ``max_dispatch_per_cycle``: how many requests one ``notify()`` may dispatch (each
-      after re-reading saturation); enqueue- and tick-driven cycles dispatch at most one;
+      after re-reading saturation); enqueue- and tick-driven cycles dispatch at most one.
+      Default 1: a saturation computed from scraped metrics does not move until the next
+      scrape, so a burst on one reading overshoots the pool (measured with the overload
+      benchmark); each endpoint's metrics refresh and each completion notifies;
     - ``flow_gc_timeout``/``band_gc_timeout``: how long an empty flow, or an empty band
       created on demand, is kept before being collected (5 and 10 minutes).
     """
@@ -102,7 +105,7 @@ class FlowControlConfig:
     displacement: bool = True
     dispatch_interval: float = 0.001
     max_dispatch_interval: float = 0.05
-    max_dispatch_per_cycle: int = 16
+    max_dispatch_per_cycle: int = 1
     flow_gc_timeout: float = 300.0
     band_gc_timeout: float = 600.0
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 
 import aiohttp
@@ -113,19 +113,19 @@ async def _metric(session: aiohttp.ClientSession, stack: Stack, name: str, **lab
     return total
 
 
-async def _until(
-    condition: Callable[[], Awaitable[bool]], *, timeout: float, what: str
-) -> float:
-    """Poll ``condition`` until true; returns the time it took. Fails after ``timeout``."""
+async def _until(condition: Callable[[], Awaitable[bool]], *, within: float, what: str) -> float:
+    """Poll ``condition`` until true; returns the time it took. Fails after ``within`` s."""
     start = time.monotonic()
     while not await condition():
-        if time.monotonic() - start > timeout:
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+        if time.monotonic() - start > within:
+            raise AssertionError(f"timed out after {within:.0f}s waiting for {what}")
         await asyncio.sleep(0.02)
     return time.monotonic() - start
 
 
-async def _queued(session: aiohttp.ClientSession, stack: Stack, priority: int | None = None) -> float:
+async def _queued(
+    session: aiohttp.ClientSession, stack: Stack, priority: int | None = None
+) -> float:
     if priority is None:
         return await _metric(session, stack, QUEUE_SIZE)
     return await _metric(session, stack, QUEUE_SIZE, priority=str(priority))
@@ -160,7 +160,11 @@ class Hogs:
         deadline = time.monotonic() + 10
         for task, started in zip(self._tasks, self._started, strict=True):
             waiter = asyncio.create_task(started.wait())
-            await asyncio.wait({task, waiter}, timeout=max(0.0, deadline - time.monotonic()))
+            await asyncio.wait(
+                {task, waiter},
+                timeout=max(0.0, deadline - time.monotonic()),
+                return_when=asyncio.FIRST_COMPLETED,
+            )
             waiter.cancel()
             if task.done():
                 task.result()  # raises what went wrong
@@ -177,22 +181,20 @@ class Hogs:
 
 
 @pytest.fixture
-async def session() -> aiohttp.ClientSession:  # type: ignore[misc]
+async def session() -> AsyncIterator[aiohttp.ClientSession]:
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=20)) as s:
         yield s
 
 
 @pytest.fixture
-async def hogs(session: aiohttp.ClientSession, stack: Stack) -> Hogs:  # type: ignore[misc]
+async def hogs(session: aiohttp.ClientSession, stack: Stack) -> AsyncIterator[Hogs]:
     """Hogs for one test; afterwards all are released and the queues are empty again."""
     hogs = Hogs(session, stack)
     try:
         yield hogs
     finally:
         await hogs.release()
-        await _until(
-            lambda: _zero(_queued(session, stack)), timeout=TTL + 2, what="empty queues"
-        )
+        await _until(lambda: _zero(_queued(session, stack)), within=TTL + 2, what="empty queues")
 
 
 async def _zero(value: Awaitable[float]) -> bool:
@@ -209,7 +211,7 @@ async def test_request_waits_in_queue_while_saturated_and_succeeds_when_capacity
     waiting = asyncio.create_task(_request(session, stack, "high", "fifth"))
     await _until(
         lambda: _positive(_queued(session, stack, 10)),
-        timeout=5,
+        within=5,
         what="the fifth request to be queued at priority 10",
     )
     assert not waiting.done(), "the fifth request was not held while the pool was saturated"
@@ -242,9 +244,13 @@ async def test_high_priority_arrival_displaces_newest_batch_request(
     batch: list[asyncio.Task[tuple[int, str]]] = []
     for i in range(3):  # one at a time, so "newest" is well defined; fills maxRequests
         batch.append(asyncio.create_task(_request(session, stack, "batch", f"batch {i}")))
+
+        async def enough(n: int = i + 1) -> bool:
+            return await _at_least(_queued(session, stack, -1), n)
+
         await _until(
-            lambda n=i + 1: _at_least(_queued(session, stack, -1), n),
-            timeout=5,
+            enough,
+            within=5,
             what=f"{i + 1} batch request(s) queued",
         )
 
@@ -253,7 +259,8 @@ async def test_high_priority_arrival_displaces_newest_batch_request(
     assert status == 429, text
     assert text.startswith("inference error: ResourceExhausted"), text
     assert "displaced" in text, text
-    assert not batch[0].done() and not batch[1].done(), "an older batch request was displaced"
+    assert not batch[0].done(), "an older batch request was displaced"
+    assert not batch[1].done(), "an older batch request was displaced"
     assert await _metric(session, stack, DISPLACED, priority="-1") == displaced_before + 1
     assert await _queued(session, stack, 10) == 1
     assert await _queued(session, stack, -1) == 2
@@ -276,21 +283,21 @@ async def test_client_that_gives_up_leaves_the_queue(
     )
     impatient = asyncio.create_task(_request(session, stack, "high", "impatient"))
     await _until(
-        lambda: _positive(_queued(session, stack, 10)), timeout=5, what="the request queued"
+        lambda: _positive(_queued(session, stack, 10)), within=5, what="the request queued"
     )
     impatient.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await impatient
     # Well before its TTL would have removed it.
     await _until(
-        lambda: _zero(_queued(session, stack, 10)), timeout=TTL - 1, what="the queue to empty"
+        lambda: _zero(_queued(session, stack, 10)), within=TTL - 1, what="the queue to empty"
     )
     await _until(
         lambda: _at_least(
             _metric(session, stack, QUEUE_DURATION_COUNT, outcome="EvictedContextCancelled"),
             cancelled_before + 1,
         ),
-        timeout=2,
+        within=2,
         what="the cancellation to be counted",
     )
 
@@ -303,13 +310,13 @@ async def test_queue_drains_when_load_drops(
     for i in range(3):
         queued.append(asyncio.create_task(_request(session, stack, "high", f"queued {i}")))
     await _until(
-        lambda: _at_least(_queued(session, stack, 10), 3), timeout=5, what="3 requests queued"
+        lambda: _at_least(_queued(session, stack, 10), 3), within=5, what="3 requests queued"
     )
 
     await hogs.release()
     results = await asyncio.wait_for(asyncio.gather(*queued), timeout=10)
     assert [status for status, _ in results] == [200, 200, 200], results
-    await _until(lambda: _zero(_queued(session, stack)), timeout=2, what="empty queues")
+    await _until(lambda: _zero(_queued(session, stack)), within=2, what="empty queues")
 
 
 async def _positive(value: Awaitable[float]) -> bool:

@@ -115,7 +115,7 @@ async def test_saturated_request_waits_until_notify() -> None:
 
 
 async def test_notify_is_coalesced_and_a_no_op_when_empty() -> None:
-    h = Harness(saturation=1.0)
+    h = Harness(FlowControlConfig(max_dispatch_per_cycle=16), saturation=1.0)
     h.controller.notify()
     assert h.controller._notify_handle is None  # nothing queued: nothing scheduled
     tasks = await h.submit_many([h.request() for _ in range(3)])
@@ -220,7 +220,7 @@ async def test_no_priority_inversion_when_the_top_band_is_blocked() -> None:
     # The lower band would be allowed by its own ceiling, but a higher band is waiting.
     policy = BandCeilings({10: 0.5, 0: 0.9})
     h = Harness(
-        FlowControlConfig(usage_limit_policy_plugin_ref="band-ceilings"),
+        FlowControlConfig(usage_limit_policy_plugin_ref="band-ceilings", max_dispatch_per_cycle=16),
         saturation=1.0,
         plugins={"band-ceilings": policy},
     )
@@ -762,3 +762,13 @@ async def test_busy_flows_are_not_collected() -> None:
     await h.advance(2000.0)
     assert not task.done()
     assert h.controller.stats().band(0).flows == 1  # type: ignore[union-attr]
+
+
+async def test_by_default_one_notify_dispatches_one_request() -> None:
+    # Saturation read from scraped metrics does not move until the next scrape: a notify
+    # must not empty the queue onto the pool on one stale reading.
+    h = Harness(saturation=1.0)
+    tasks = await h.submit_many([h.request() for _ in range(5)])
+    h.saturation = 0.0
+    await h.notify()
+    assert sum(done(tasks)) == 1
