@@ -1,12 +1,13 @@
 """Benchmark (not a test): the EPP's CPU cost of scraping 100 model servers every 50 ms.
 
-Runs the EPP's real data layer in a measuring process: a ``Datastore`` with one endpoint
-per model server, ``Collectors`` with one ``SourceBinding`` of the ``metrics-data-source``
-adapter (its keep-alive HTTP client) and the ``core-metrics-extractor``, polling every ``--interval``. The
-model servers are lightweight HTTP/1.1 servers on 127.0.0.2, 127.0.0.3, ... in a separate
-process (their CPU is not counted), each answering ``GET /metrics`` with the ~11 KB vLLM
-fixture of the unit tests whose load gauges, LoRA info timestamps and counters change on
-every response (the KV usage is a new float every time, as on a loaded server).
+Runs the EPP's real data layer in a measuring process: a ``Datastore`` with one endpoint per
+model server, ``Collectors`` with one ``SourceBinding`` of the ``metrics-data-source``
+adapter (its keep-alive HTTP client) and the ``core-metrics-extractor``, polling every
+``--interval``. The model servers are lightweight HTTP/1.1 servers on 127.0.0.2, 127.0.0.3,
+... in a separate process (their CPU is not counted), each answering ``GET /metrics`` with
+the ~11 KB vLLM fixture of the unit tests whose load gauges, LoRA info timestamps and
+counters change on every response (the KV usage is a new float every time, as on a loaded
+server).
 
 Each variant runs in a fresh process: after ``--warmup`` seconds it measures, over
 ``--seconds``, the process's CPU time (``time.process_time``) as a fraction of one core,
