@@ -20,12 +20,39 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests.simulator import DEFAULT_MODEL, DESTINATION_SEEN_HEADER, INSTANCE_HEADER
 from tests.support.stack import Stack, StackOptions
 
-PROMPTS = [
+DECISION_HEADER = "x-epp-decision"
+
+# Four "conversations", each with a long shared system prompt: the EPP's prefix-cache
+# affinity sends a conversation back to the server that already holds its prefix.
+SYSTEMS = [
+    "You are a support agent for a Kubernetes platform team. " * 12,
+    "You are a poet who writes about distributed systems. " * 12,
+    "You are a terse reviewer of gateway configurations. " * 12,
+    "You are a tutor explaining LLM inference to students. " * 12,
+]
+QUESTIONS = [
     "Explain KV-cache reuse in two sentences.",
     "Write a haiku about load balancing.",
     "What is an endpoint picker?",
     "Summarise the Gateway API Inference Extension.",
 ]
+SHORT_NAMES = {
+    "queue-scorer": "queue",
+    "kv-cache-utilization-scorer": "kv",
+    "prefix-cache-scorer": "prefix",
+}
+
+
+def _why(decision: str) -> str:
+    """The chosen endpoint's total and scores from the EPP's ``x-epp-decision`` header."""
+    _, _, ranked = decision.partition("; ")
+    best, _, _ = ranked.partition("), ")
+    endpoint, _, rest = best.partition("=")
+    total, _, scores = rest.partition(" (")
+    for name, short in SHORT_NAMES.items():
+        scores = scores.replace(f"{name}=", f"{short}=")
+    runners = ranked.count("), ")
+    return f"score {total} ({scores.rstrip(')')}), best of {runners + 1}" if endpoint else ""
 
 
 @dataclass(frozen=True)
@@ -40,7 +67,7 @@ class Outcome:
 
 
 def _request(i: int) -> tuple[str, str, bytes]:
-    prompt = PROMPTS[i % len(PROMPTS)]
+    prompt = SYSTEMS[i % len(SYSTEMS)] + QUESTIONS[(i // len(SYSTEMS)) % len(QUESTIONS)]
     stream = i % 3 == 2
     if i == 31:
         return "completions", "invalid JSON", b"{this is not json"
@@ -63,7 +90,10 @@ async def _send(session: aiohttp.ClientSession, stack: Stack, i: int) -> Outcome
     async with session.post(f"{stack.url}/v1/{api}", data=body) as response:
         text = await response.text()
         millis = (time.perf_counter() - started) * 1000
-        detail = text.strip().splitlines()[0][:70] if response.status != 200 else ""
+        if response.status != 200:
+            detail = text.strip().splitlines()[0][:70]
+        else:
+            detail = _why(response.headers.get(DECISION_HEADER, ""))
         return Outcome(
             number=i,
             kind=kind,
@@ -117,7 +147,7 @@ def _print_epp_metrics(stack: Stack) -> None:
 
 def main() -> int:
     print("Starting 3 simulated model servers, the EPP and Envoy on loopback ...", flush=True)
-    with Stack.run(StackOptions(simulators=3)) as stack:
+    with Stack.run(StackOptions(simulators=3, epp_args=["--explain-decisions"])) as stack:
         print(f"  Envoy listening on {stack.url}")
         print(
             f"  EPP ext_proc on 127.0.0.1:{stack.epp_port} (TLS), health on {stack.epp_health_port}"
@@ -131,10 +161,7 @@ def main() -> int:
             f"{'EPP chose':<16} {'ms':>6}  why"
         )
         for o in outcomes:
-            if o.status == 200:
-                why = f"uniform random pick among {len(stack.simulator_addresses)} endpoints"
-            else:
-                why = o.detail
+            why = o.detail
             print(
                 f"{o.number:>3}  {o.kind:<24} {o.status:>6}  {o.instance:<10} "
                 f"{o.destination:<16} {o.millis:>6.1f}  {why}"
