@@ -57,6 +57,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from kubernetes.client import ApiClient, Configuration
 
+from adapters.kubernetes.pool_source import InferencePoolSource
 from ports.endpoints import EndpointEvent, EndpointEventKind, EndpointInfo, EndpointSource
 from ports.objectives import ModelRewriteRule
 
@@ -77,6 +78,7 @@ __all__ = [
     "kube_client",
     "model_rewrite",
     "pod",
+    "pool_source",
     "running",
     "wait_until",
 ]
@@ -941,3 +943,14 @@ async def running(source: EndpointSource, sink: RecordingSink) -> AsyncIterator[
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await asyncio.wait_for(task, timeout=5)
+
+
+def pool_source(api_client: ApiClient, **options: Any) -> InferencePoolSource:
+    """An InferencePoolSource for pool ``default/pool`` with fast retries, for tests."""
+    return InferencePoolSource(
+        api_client,
+        namespace="default",
+        pool_name="pool",
+        resync_backoff=(0.05, 0.2),
+        **options,
+    )

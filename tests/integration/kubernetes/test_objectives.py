@@ -42,12 +42,6 @@ def server() -> Iterator[KubeApiServer]:
         yield api_server
 
 
-@pytest.fixture
-def api_client(server: KubeApiServer) -> Iterator[ApiClient]:
-    with kube_client(server) as client:
-        yield client
-
-
 def source_for(
     api_client: ApiClient, sink: RecordingSink | None, pool_group: str = GA_GROUP
 ) -> InferencePoolSource:

@@ -9,7 +9,6 @@ from typing import Any
 import pytest
 from kubernetes.client import ApiClient
 
-from adapters.kubernetes import InferencePoolSource
 from ports.endpoints import EndpointAddress, EndpointEventKind, EndpointInfo
 from tests.support.kube_api import (
     INFERENCE_POOLS_V1,
@@ -19,8 +18,8 @@ from tests.support.kube_api import (
     RecordingSink,
     inference_pool_v1,
     inference_pool_v1alpha2,
-    kube_client,
     pod,
+    pool_source,
     running,
     wait_until,
 )
@@ -34,22 +33,6 @@ MODEL = {"app": "model"}
 def server() -> Iterator[KubeApiServer]:
     with KubeApiServer() as api_server:
         yield api_server
-
-
-@pytest.fixture
-def api_client(server: KubeApiServer) -> Iterator[ApiClient]:
-    with kube_client(server) as client:
-        yield client
-
-
-def source_for(api_client: ApiClient, **options: Any) -> InferencePoolSource:
-    return InferencePoolSource(
-        api_client,
-        namespace="default",
-        pool_name="pool",
-        resync_backoff=(0.05, 0.2),
-        **options,
-    )
 
 
 def set_ip(ip: str) -> Any:
@@ -73,7 +56,7 @@ async def test_two_ready_pods_become_two_endpoints_and_the_source_syncs(
     server.create(PODS, pod("a", ip="10.0.0.1", labels={**MODEL, "tier": "gpu"}))
     server.create(PODS, pod("b", ip="10.0.0.2", labels=MODEL))
     sink = RecordingSink()
-    async with running(source_for(api_client), sink):
+    async with running(pool_source(api_client), sink):
         await wait_until(lambda: sink.synced, what="sync")
         assert sink.endpoints["a-rank-0"] == EndpointInfo(
             name="a-rank-0",
@@ -94,7 +77,7 @@ async def test_pods_follow_readiness_addresses_and_lifecycle(
     server.create(PODS, pod("a", ip="10.0.0.1", labels=MODEL))
     server.create(PODS, pod("b", ip="10.0.0.2", labels=MODEL))
     sink = RecordingSink()
-    async with running(source_for(api_client), sink):
+    async with running(pool_source(api_client), sink):
         await wait_until(lambda: len(sink.endpoints) == 2, what="two endpoints")
 
         server.modify(PODS, "a", set_ready(False))
@@ -132,7 +115,7 @@ async def test_pods_that_do_not_qualify_are_no_endpoints(
     server.create(PODS, pod("other", ip="10.0.0.4", labels={"app": "other"}))
     server.create(PODS, pod("elsewhere", ip="10.0.0.5", labels=MODEL, namespace="other"))
     sink = RecordingSink()
-    async with running(source_for(api_client), sink):
+    async with running(pool_source(api_client), sink):
         await wait_until(lambda: sink.synced, what="sync")
         assert set(sink.endpoints) == {"ready-rank-0"}
         assert [e.endpoint.name for e in sink.events] == ["ready-rank-0"]
@@ -143,7 +126,7 @@ async def test_each_target_port_is_a_rank(server: KubeApiServer, api_client: Api
     server.create(PODS, pod("a", ip="10.0.0.1", labels=MODEL))
     server.create(PODS, pod("b", ip="fd00::2", labels=MODEL))
     sink = RecordingSink()
-    async with running(source_for(api_client), sink):
+    async with running(pool_source(api_client), sink):
         await wait_until(lambda: sink.synced, what="sync")
         assert sink.addresses() == {
             "a-rank-0": "10.0.0.1:8000",
@@ -165,7 +148,7 @@ async def test_the_active_ports_annotation_limits_the_ranks(
         PODS, pod("a", ip="10.0.0.1", labels=MODEL, annotations={annotation: "8000, 8002"})
     )
     sink = RecordingSink()
-    async with running(source_for(api_client), sink):
+    async with running(pool_source(api_client), sink):
         await wait_until(lambda: sink.synced, what="sync")
         assert sink.addresses() == {"a-rank-0": "10.0.0.1:8000", "a-rank-2": "10.0.0.1:8002"}
 
@@ -188,7 +171,7 @@ async def test_a_selector_change_resyncs_the_pods(
     server.create(PODS, pod("both", ip="10.0.0.2", labels={"app": "model", "v": "2"}))
     server.create(PODS, pod("new", ip="10.0.0.3", labels={"v": "2"}))
     sink = RecordingSink()
-    async with running(source_for(api_client), sink):
+    async with running(pool_source(api_client), sink):
         await wait_until(lambda: sink.synced, what="sync")
         assert set(sink.endpoints) == {"old-rank-0", "both-rank-0"}
 
@@ -213,7 +196,7 @@ async def test_a_target_ports_change_resyncs_the_endpoints(
     server.create(INFERENCE_POOLS_V1, inference_pool_v1("pool", selector=MODEL, ports=[8000]))
     server.create(PODS, pod("a", ip="10.0.0.1", labels=MODEL))
     sink = RecordingSink()
-    async with running(source_for(api_client), sink):
+    async with running(pool_source(api_client), sink):
         await wait_until(lambda: sink.synced, what="sync")
 
         server.update(
@@ -238,7 +221,7 @@ async def test_deleting_the_pool_deletes_every_endpoint(
     server.create(PODS, pod("a", ip="10.0.0.1", labels=MODEL))
     server.create(PODS, pod("b", ip="10.0.0.2", labels=MODEL))
     sink = RecordingSink()
-    async with running(source_for(api_client), sink):
+    async with running(pool_source(api_client), sink):
         await wait_until(lambda: len(sink.endpoints) == 4, what="four endpoints")
 
         assert sink.synced
@@ -260,7 +243,7 @@ async def test_an_absent_pool_leaves_the_source_unsynced_until_it_is_created(
     caplog.set_level(logging.INFO, logger="adapters.kubernetes")
     server.create(PODS, pod("a", ip="10.0.0.1", labels=MODEL))
     sink = RecordingSink()
-    async with running(source_for(api_client), sink):
+    async with running(pool_source(api_client), sink):
         await wait_until(
             lambda: "InferencePool default/pool not found" in caplog.text, what="the log line"
         )
@@ -278,7 +261,7 @@ async def test_only_the_named_pool_counts(server: KubeApiServer, api_client: Api
     server.create(INFERENCE_POOLS_V1, inference_pool_v1("other", selector={"app": "other"}))
     server.create(PODS, pod("a", ip="10.0.0.1", labels={"app": "other"}))
     sink = RecordingSink()
-    async with running(source_for(api_client), sink):
+    async with running(pool_source(api_client), sink):
         await wait_until(lambda: server.open_watches(INFERENCE_POOLS_V1) == 1, what="pool watch")
         assert not sink.synced
         pool_requests = server.requests(INFERENCE_POOLS_V1)
@@ -292,7 +275,7 @@ async def test_a_v1alpha2_pool(server: KubeApiServer, api_client: ApiClient) -> 
     server.create(INFERENCE_POOLS_V1, inference_pool_v1("pool", selector=MODEL, ports=[1]))
     server.create(PODS, pod("a", ip="10.0.0.1", labels=MODEL))
     sink = RecordingSink()
-    source = source_for(api_client, pool_group="inference.networking.x-k8s.io")
+    source = pool_source(api_client, pool_group="inference.networking.x-k8s.io")
     async with running(source, sink):
         await wait_until(lambda: sink.synced, what="sync")
         assert sink.addresses() == {"a-rank-0": "10.0.0.1:8100"}
@@ -305,4 +288,4 @@ async def test_a_v1alpha2_pool(server: KubeApiServer, api_client: ApiClient) -> 
 
 def test_an_unknown_pool_group_is_a_configuration_error(api_client: ApiClient) -> None:
     with pytest.raises(ValueError, match="pool group"):
-        source_for(api_client, pool_group="example.com")
+        pool_source(api_client, pool_group="example.com")

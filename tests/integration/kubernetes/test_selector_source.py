@@ -12,7 +12,6 @@ from tests.support.kube_api import (
     PODS,
     KubeApiServer,
     RecordingSink,
-    kube_client,
     pod,
     running,
     wait_until,
@@ -25,12 +24,6 @@ SELECTOR = {"app": "model", "tier": "gpu"}
 def server() -> Iterator[KubeApiServer]:
     with KubeApiServer() as api_server:
         yield api_server
-
-
-@pytest.fixture
-def api_client(server: KubeApiServer) -> Iterator[ApiClient]:
-    with kube_client(server) as client:
-        yield client
 
 
 def source_for(api_client: ApiClient) -> EndpointSelectorSource:

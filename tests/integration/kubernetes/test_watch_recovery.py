@@ -7,12 +7,10 @@ import itertools
 import threading
 import time
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
 from kubernetes.client import ApiClient
 
-from adapters.kubernetes import InferencePoolSource
 from ports.endpoints import EndpointEventKind
 from tests.support.kube_api import (
     INFERENCE_OBJECTIVES,
@@ -22,8 +20,8 @@ from tests.support.kube_api import (
     RecordingSink,
     inference_objective,
     inference_pool_v1,
-    kube_client,
     pod,
+    pool_source,
     running,
     wait_until,
 )
@@ -42,22 +40,6 @@ def server() -> Iterator[KubeApiServer]:
         yield api_server
 
 
-@pytest.fixture
-def api_client(server: KubeApiServer) -> Iterator[ApiClient]:
-    with kube_client(server) as client:
-        yield client
-
-
-def source_for(api_client: ApiClient, **options: Any) -> InferencePoolSource:
-    return InferencePoolSource(
-        api_client,
-        namespace="default",
-        pool_name="pool",
-        resync_backoff=(0.05, 0.2),
-        **options,
-    )
-
-
 def pod_lists(server: KubeApiServer) -> int:
     return len(server.requests(PODS, watch=False))
 
@@ -66,7 +48,7 @@ async def test_a_bookmark_moves_the_resume_point_without_events(
     server: KubeApiServer, api_client: ApiClient
 ) -> None:
     sink = RecordingSink()
-    async with running(source_for(api_client), sink):
+    async with running(pool_source(api_client), sink):
         await wait_until(lambda: sink.synced and server.open_watches(PODS) == 1, what="watch")
         # Changes the pod watch does not see move the resourceVersion on.
         server.create(PODS, pod("unrelated", ip="10.0.9.9", labels={"app": "other"}))
@@ -93,7 +75,7 @@ async def test_an_expired_watch_relists_without_losing_or_duplicating_endpoints(
     server: KubeApiServer, api_client: ApiClient
 ) -> None:
     sink = RecordingSink()
-    async with running(source_for(api_client), sink):
+    async with running(pool_source(api_client), sink):
         await wait_until(lambda: sink.synced and server.open_watches(PODS) == 1, what="watch")
 
         server.pause_watches()  # what happens now is missed by the open watch...
@@ -129,7 +111,7 @@ async def test_resuming_from_an_expired_version_relists(
     server: KubeApiServer, api_client: ApiClient
 ) -> None:
     sink = RecordingSink()
-    async with running(source_for(api_client), sink):
+    async with running(pool_source(api_client), sink):
         await wait_until(lambda: sink.synced and server.open_watches(PODS) == 1, what="watch")
         server.pause_watches()
         server.delete(PODS, "a")
@@ -145,7 +127,7 @@ async def test_an_http_410_on_the_watch_relists(
     server: KubeApiServer, api_client: ApiClient
 ) -> None:
     sink = RecordingSink()
-    async with running(source_for(api_client), sink):
+    async with running(pool_source(api_client), sink):
         await wait_until(lambda: sink.synced and server.open_watches(PODS) == 1, what="watch")
         server.fail_requests(410, resource=PODS, watch=True)
         server.drop_watches()
@@ -160,7 +142,7 @@ async def test_a_dropped_watch_reconnects_and_later_events_arrive(
     server: KubeApiServer, api_client: ApiClient
 ) -> None:
     sink = RecordingSink()
-    async with running(source_for(api_client), sink):
+    async with running(pool_source(api_client), sink):
         await wait_until(lambda: sink.synced and server.open_watches(PODS) == 1, what="watch")
         server.drop_watches()
         server.delete(PODS, "a")  # happens while the watch is down: replayed on reconnect
@@ -176,7 +158,7 @@ async def test_failing_requests_keep_the_known_endpoints_and_back_off(
     server: KubeApiServer, api_client: ApiClient
 ) -> None:
     sink = RecordingSink()
-    async with running(source_for(api_client), sink):
+    async with running(pool_source(api_client), sink):
         await wait_until(lambda: sink.synced and server.open_watches(PODS) == 1, what="watch")
         server.fail_requests(500, resource=PODS, count=3)
         server.drop_watches()
@@ -201,7 +183,7 @@ async def test_watches_end_after_their_timeout_and_restart(
     server: KubeApiServer, api_client: ApiClient
 ) -> None:
     sink = RecordingSink()
-    async with running(source_for(api_client, watch_timeout=1.0), sink):
+    async with running(pool_source(api_client, watch_timeout=1.0), sink):
         await wait_until(lambda: server.open_watches(PODS) == 1, what="the pod watch")
         first = server.requests(PODS, watch=True)
         assert all(1 <= int(r.query["timeoutSeconds"]) <= 2 for r in first)
@@ -222,7 +204,7 @@ async def test_cancelling_run_stops_its_threads_promptly(
     server: KubeApiServer, api_client: ApiClient
 ) -> None:
     sink = RecordingSink()
-    source = source_for(api_client, objective_sink=sink)
+    source = pool_source(api_client, objective_sink=sink)
     task = asyncio.create_task(source.run(sink))
     await wait_until(
         lambda: server.open_watches() == 4, what="pool, pod, objective and rewrite watches"
