@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from dependency_injector import containers, providers
 
 from adapters.envoy.server import GrpcServers
@@ -12,10 +14,11 @@ from adapters.xxhash.block_hasher import XxhashBlockHasher
 from app.config.loader import LoadedConfig, load_config
 from app.flowcontrol import build_flow_controller
 from app.observability import EppObserver, Observability, build_tracing
-from app.plugins import build_registry
+from app.plugins import KubernetesAccess, build_registry
 from app.settings import Settings
-from domain.datalayer.collector import Collectors, SourceBinding
-from domain.datalayer.interfaces import EndpointExtractor, Extractor
+from domain.datalayer.collector import Collectors, NotificationBinding, SourceBinding
+from domain.datalayer.interfaces import EndpointExtractor, Extractor, NotificationExtractor
+from domain.datalayer.plugins.endpoint_notification_source import EndpointNotificationSource
 from domain.datastore.objectives import ObjectiveStore
 from domain.datastore.static_source import StaticEndpointSource, parse_endpoint_list
 from domain.datastore.store import Datastore
@@ -30,11 +33,14 @@ from domain.scheduling.observer import SchedulingObserver, SchedulingReporter
 from domain.scheduling.scheduler import Scheduler
 from domain.scheduling.types import Candidate
 from ports.codec import JsonCodec
-from ports.datalayer import PollingDataSource
+from ports.datalayer import NotificationSource, PollingDataSource
 from ports.endpoints import EndpointSource
 from ports.objectives import ObjectiveSink
 from ports.observer import Observer
 from ports.prefix_index import BlockHasher, PrefixIndex
+
+if TYPE_CHECKING:
+    from kubernetes.client import ApiClient
 
 __all__ = ["Container", "build_container"]
 
@@ -53,6 +59,20 @@ def _endpoint_source(settings: Settings, objectives: ObjectiveSink) -> EndpointS
     from app.kubernetes import kubernetes_source  # imports the Kubernetes client lazily
 
     return kubernetes_source(settings, objectives)
+
+
+def _registry(settings: Settings) -> PluginRegistry:
+    """Every plugin type; Kubernetes-backed ones reach the API unless in static mode."""
+    if settings.static_endpoints:
+        return build_registry()
+
+    def api_client() -> ApiClient:
+        from adapters.kubernetes import api_client_from_environment
+
+        return api_client_from_environment(settings.kubeconfig)
+
+    access = KubernetesAccess(namespace=settings.pool_namespace, api_client_factory=api_client)
+    return build_registry(kubernetes=access)
 
 
 def _config_text(settings: Settings) -> str | None:
@@ -135,21 +155,36 @@ def _collectors(
     observer: Observer,
     flow_controller: FlowController | None,
 ) -> Collectors:
+    """Polling sources feed the collectors; notification sources run beside them. Endpoint
+    events reach the extractors of the configured endpoint-notification-sources or, when
+    none is configured, every EndpointExtractor plugin."""
     bindings = []
+    notifications = []
+    endpoint_extractors: list[EndpointExtractor] = []
+    endpoint_sources = 0
     if loaded.data_layer is not None:
         for spec in loaded.data_layer.sources:
-            if not isinstance(spec.source, PollingDataSource):
-                continue  # notification sources are driven by their own adapters
-            extractors = tuple(e for e in spec.extractors if isinstance(e, Extractor))
-            bindings.append(SourceBinding(spec.source, extractors))
-    endpoint_extractors: list[EndpointExtractor] = plugins_with(
-        loaded.plugins.values(), EndpointExtractor
-    )
+            if isinstance(spec.source, PollingDataSource):
+                extractors = tuple(e for e in spec.extractors if isinstance(e, Extractor))
+                bindings.append(SourceBinding(spec.source, extractors))
+            elif isinstance(spec.source, NotificationSource):
+                notified = tuple(e for e in spec.extractors if isinstance(e, NotificationExtractor))
+                notifications.append(NotificationBinding(spec.source, notified))
+            elif isinstance(spec.source, EndpointNotificationSource):
+                endpoint_sources += 1
+                endpoint_extractors.extend(
+                    e
+                    for e in spec.extractors
+                    if isinstance(e, EndpointExtractor) and e not in endpoint_extractors
+                )
+    if not endpoint_sources:
+        endpoint_extractors = plugins_with(loaded.plugins.values(), EndpointExtractor)
     return Collectors(
         datastore=datastore,
         bindings=bindings,
         interval=settings.refresh_metrics_interval,
         endpoint_extractors=endpoint_extractors,
+        notifications=notifications,
         observer=observer,
         on_update=flow_controller.notify if flow_controller is not None else None,
     )
@@ -165,7 +200,7 @@ class Container(containers.DeclarativeContainer):
     datastore = providers.Singleton(Datastore)
     objectives = providers.Singleton(ObjectiveStore)
     request_states = providers.Singleton(RequestStates)
-    registry = providers.Singleton(build_registry)
+    registry = providers.Singleton(_registry, settings)
     # --- observability (spec section 9): one Observer for the domain and the adapters ---
     metrics_observer = providers.Singleton(PrometheusObserver)
     tracing = providers.Singleton(build_tracing, settings)

@@ -12,15 +12,31 @@ twice (by two distributions, or clashing with an in-tree type) stops start-up.
 
 from __future__ import annotations
 
+import functools
 import logging
+from collections.abc import Callable
+from dataclasses import dataclass
 from importlib.metadata import EntryPoint, entry_points
+from typing import TYPE_CHECKING, Any
 
 from adapters.prometheus.scrape import MetricsDataSource, MetricsSourceParameters
-from domain.plugins.base import PluginRegistry, class_factory
+from domain.plugins.base import (
+    Plugin,
+    PluginConfigError,
+    PluginRegistry,
+    TypedName,
+    class_factory,
+)
+from domain.plugins.handle import Handle
 from domain.plugins.intree import register_in_tree
+
+if TYPE_CHECKING:
+    from kubernetes.client import ApiClient
 
 __all__ = [
     "ENTRY_POINT_GROUP",
+    "K8S_NOTIFICATION_SOURCE",
+    "KubernetesAccess",
     "PluginLoadError",
     "build_registry",
     "load_entry_point_plugins",
@@ -30,6 +46,16 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 ENTRY_POINT_GROUP = "epp.plugins"
+K8S_NOTIFICATION_SOURCE = "k8s-notification-source"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class KubernetesAccess:
+    """How Kubernetes-backed plugins reach the API: the EPP's namespace and a factory of
+    API clients (called when a plugin starts, not at config load)."""
+
+    namespace: str
+    api_client_factory: Callable[[], ApiClient]
 
 
 class PluginLoadError(RuntimeError):
@@ -65,22 +91,69 @@ def load_entry_point_plugins(registry: PluginRegistry) -> list[str]:
     return added
 
 
-def register_adapter_plugins(registry: PluginRegistry) -> None:
-    """The in-tree plugin types backed by adapters (they talk to the outside world)."""
+def register_adapter_plugins(
+    registry: PluginRegistry, *, kubernetes: KubernetesAccess | None = None
+) -> None:
+    """The in-tree plugin types backed by adapters (they talk to the outside world).
+
+    Without ``kubernetes`` (static mode, no API server) ``k8s-notification-source`` is
+    still known, but configuring one stops the load with a message saying why.
+    """
     registry.register(
         "metrics-data-source",
         class_factory("metrics-data-source", MetricsDataSource),
         parameters=MetricsSourceParameters,
         description="polls each endpoint's Prometheus /metrics over HTTP",
     )
+    description = "watches one Kubernetes kind (group/version/kind) and notifies its extractors"
+    if kubernetes is None:
+        registry.register(
+            K8S_NOTIFICATION_SOURCE,
+            _no_kubernetes,
+            parameters=dict,
+            description=description,
+        )
+        return
+    # Imported here: the Kubernetes client is loaded only when the API server is used.
+    from adapters.kubernetes.notification_source import K8sNotificationSourceParameters
+
+    registry.register(
+        K8S_NOTIFICATION_SOURCE,
+        functools.partial(_k8s_notification_source, kubernetes),
+        parameters=K8sNotificationSourceParameters,
+        description=description,
+    )
 
 
-def build_registry(*, include_entry_points: bool = True) -> PluginRegistry:
+def _k8s_notification_source(
+    kubernetes: KubernetesAccess, name: str, parameters: Any, handle: Handle
+) -> Plugin:
+    from adapters.kubernetes.notification_source import K8sNotificationSource
+
+    return K8sNotificationSource(
+        TypedName(K8S_NOTIFICATION_SOURCE, name),
+        parameters,
+        api_client_factory=kubernetes.api_client_factory,
+        namespace=kubernetes.namespace,
+    )
+
+
+def _no_kubernetes(name: str, parameters: Any, handle: Handle) -> Plugin:
+    raise PluginConfigError(
+        f'plugin "{name}" of type {K8S_NOTIFICATION_SOURCE} needs the Kubernetes API, '
+        "which is not used in static mode (--static-endpoints)"
+    )
+
+
+def build_registry(
+    *, include_entry_points: bool = True, kubernetes: KubernetesAccess | None = None
+) -> PluginRegistry:
     """A registry with every in-tree plugin type and, unless told otherwise, the types of
-    installed distributions' ``epp.plugins`` entry points."""
+    installed distributions' ``epp.plugins`` entry points. ``kubernetes``: see
+    ``register_adapter_plugins``."""
     registry = PluginRegistry()
     register_in_tree(registry)
-    register_adapter_plugins(registry)
+    register_adapter_plugins(registry, kubernetes=kubernetes)
     if include_entry_points:
         load_entry_point_plugins(registry)
     return registry

@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
+import enum
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from ports.endpoints import EndpointInfo
 from ports.plugins import TypedName
 
-__all__ = ["MetricsText", "PollingDataSource"]
+__all__ = [
+    "MetricsText",
+    "NotificationEvent",
+    "NotificationKind",
+    "NotificationSource",
+    "PollingDataSource",
+]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -40,3 +48,44 @@ class PollingDataSource(Protocol):
     async def poll(self, endpoint: EndpointInfo) -> object: ...
 
     async def close(self) -> None: ...
+
+
+class NotificationKind(enum.Enum):
+    """What happened to a watched object."""
+
+    ADD_OR_UPDATE = 0
+    DELETE = 1
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NotificationEvent:
+    """One change of a watched Kubernetes object.
+
+    ``gvk`` is the watching source's GVK string (see ``NotificationSource.gvk``); ``object``
+    is the unstructured object as decoded JSON (for a deletion, its last known state).
+    """
+
+    kind: NotificationKind
+    gvk: str
+    object: Mapping[str, Any]
+
+
+@runtime_checkable
+class NotificationSource(Protocol):
+    """A plugin that watches one kind of object and reports its changes.
+
+    ``gvk()`` names what it watches (``"<group>/<version>, Kind=<kind>"``, the group part
+    empty for the core API: ``"/v1, Kind=ConfigMap"``); ``output_type()`` is
+    ``NotificationEvent``. ``run`` lists then watches until cancelled, calling ``deliver``
+    on the event loop thread once per change, in order; it recovers from API failures on
+    its own (retrying with a backoff) and never delivers after it has been cancelled.
+    """
+
+    @property
+    def typed_name(self) -> TypedName: ...
+
+    def gvk(self) -> str: ...
+
+    def output_type(self) -> type: ...
+
+    async def run(self, deliver: Callable[[NotificationEvent], None]) -> None: ...

@@ -35,6 +35,7 @@ from app.config.schema import (
     PluginEntry,
     PluginRefSpec,
 )
+from domain.datalayer.interfaces import NotificationExtractor
 from domain.plugins.base import (
     Plugin,
     PluginConfigError,
@@ -54,6 +55,7 @@ from domain.requestcontrol.interfaces import (
 )
 from domain.scheduling.interfaces import Filter, Picker, ProfileHandler, Scorer
 from domain.scheduling.profile import SchedulerProfile, WeightedScorer
+from ports.datalayer import NotificationSource
 
 __all__ = [
     "DEFAULT_CONFIG",
@@ -357,9 +359,6 @@ class _Builder:
         path = f"plugins[{index}]"
         if entry.type not in self.registry:
             raise ConfigError(f'{path}.type: unknown plugin type "{entry.type}"')
-        name = entry.name or entry.type
-        if name in self.plugins:
-            raise ConfigError(f'{path}.name: duplicate plugin name "{name}"')
         parameters_type = self.registry.spec(entry.type).parameters
         try:
             parameters = validate_parameters(parameters_type, entry.parameters)
@@ -368,6 +367,11 @@ class _Builder:
             if exc.path:
                 where += exc.path if exc.path.startswith("[") else f".{exc.path}"
             raise ConfigError(f"{where}: {exc.reason}") from None
+        # A type may name its unnamed instances after their parameters (e.g. a GVK).
+        default_name = getattr(parameters, "default_name", None)
+        name = entry.name or (default_name() if callable(default_name) else entry.type)
+        if name in self.plugins:
+            raise ConfigError(f'{path}.name: duplicate plugin name "{name}"')
         self._create(entry.type, name, parameters, path)
 
     def _parser(self) -> Parser:
@@ -556,11 +560,31 @@ class _Builder:
 
     @staticmethod
     def _validate_extractor(source: Plugin, extractor: Plugin, path: str) -> None:
-        validate = getattr(source, "validate_extractor", None)
-        if not callable(validate):
-            return
+        """The source's own ``validate_extractor`` hook, then the generic checks: a
+        notification source feeds only notification extractors of its GVK, and an extractor
+        declaring ``expected_input_type`` needs a source whose ``output_type`` is that type
+        (or a subclass; ``object`` takes anything)."""
         try:
-            validate(extractor)
+            validate = getattr(source, "validate_extractor", None)
+            if callable(validate):
+                validate(extractor)
+            if isinstance(source, NotificationSource):
+                if not isinstance(extractor, NotificationExtractor):
+                    raise TypeError("it does not take notifications (no extract_notification)")
+                if extractor.gvk() != source.gvk():
+                    raise ValueError(
+                        f'GVK mismatch: the extractor expects "{extractor.gvk()}", '
+                        f'the source watches "{source.gvk()}"'
+                    )
+            output_type = getattr(source, "output_type", None)
+            expected_type = getattr(extractor, "expected_input_type", None)
+            if callable(output_type) and callable(expected_type):
+                produced, expected = output_type(), expected_type()
+                if expected is not object and not issubclass(produced, expected):
+                    raise TypeError(
+                        f"the extractor reads {expected.__name__}, "
+                        f"the source produces {produced.__name__}"
+                    )
         except (TypeError, ValueError) as exc:
             raise ConfigError(
                 f"{path}: extractor {_describe(extractor)} cannot be fed by source "

@@ -6,6 +6,11 @@ endpoint's error state is logged when it changes (first failure, a different fai
 recovery), never on every poll, and every failed poll of a source is counted in
 ``inference_extension_scrape_errors_total{endpoint}``. Endpoint add/delete events start and
 stop collectors and reach the endpoint extractors.
+
+Notification sources (``NotificationSource``) each run as one task from ``start`` to
+``stop``; every change they report reaches their extractors' ``extract_notification`` in
+order. An extractor's failures are logged when its error state changes; a source that ends
+with an error is logged once (it is not restarted: sources retry on their own).
 """
 
 from __future__ import annotations
@@ -18,13 +23,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from domain.datalayer.endpoint import Endpoint
-from domain.datalayer.interfaces import EndpointExtractor, Extractor
+from domain.datalayer.interfaces import EndpointExtractor, Extractor, NotificationExtractor
 from domain.datastore.store import Datastore
-from ports.datalayer import PollingDataSource
+from ports.datalayer import NotificationEvent, NotificationSource, PollingDataSource
 from ports.endpoints import EndpointEvent, EndpointEventKind
 from ports.observer import NoopObserver, Observer
 
-__all__ = ["SCRAPE_ERRORS_METRIC", "Collectors", "SourceBinding"]
+__all__ = ["SCRAPE_ERRORS_METRIC", "Collectors", "NotificationBinding", "SourceBinding"]
 
 SCRAPE_ERRORS_METRIC = "inference_extension_scrape_errors_total"
 
@@ -39,6 +44,14 @@ class SourceBinding:
     extractors: tuple[Extractor, ...]
 
 
+@dataclass(frozen=True, slots=True)
+class NotificationBinding:
+    """A notification source and the extractors fed with its events, in order."""
+
+    source: NotificationSource
+    extractors: tuple[NotificationExtractor, ...]
+
+
 class Collectors:
     """Runs one collector task per endpoint of the datastore."""
 
@@ -50,6 +63,7 @@ class Collectors:
         interval: float,
         poll_timeout: float = 1.0,
         endpoint_extractors: Sequence[EndpointExtractor] = (),
+        notifications: Sequence[NotificationBinding] = (),
         clock: Callable[[], float] = time.monotonic,
         observer: Observer | None = None,
         on_update: Callable[[], None] | None = None,
@@ -61,6 +75,8 @@ class Collectors:
         self._interval = interval
         self._poll_timeout = poll_timeout
         self._endpoint_extractors = tuple(endpoint_extractors)
+        self._notifications = tuple(notifications)
+        self._notification_tasks: list[asyncio.Task[None]] = []
         self._clock = clock
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._errors: dict[str, str] = {}
@@ -70,13 +86,21 @@ class Collectors:
     def start(self) -> None:
         """Start collectors for the endpoints already known; later ones start on their own."""
         self._started = True
+        loop = asyncio.get_running_loop()
+        for binding in self._notifications:
+            self._notification_tasks.append(
+                loop.create_task(
+                    self._notify(binding), name=f"notifications {binding.source.typed_name}"
+                )
+            )
         for endpoint in self._datastore.endpoints():
             self._ensure(endpoint)
 
     async def stop(self) -> None:
         self._started = False
-        tasks = list(self._tasks.values())
+        tasks = [*self._tasks.values(), *self._notification_tasks]
         self._tasks.clear()
+        self._notification_tasks.clear()
         for task in tasks:
             task.cancel()
         for task in tasks:
@@ -106,6 +130,37 @@ class Collectors:
             self._errors.pop(endpoint.name, None)
         elif self._started:
             self._ensure(endpoint)
+
+    async def _notify(self, binding: NotificationBinding) -> None:
+        errors: dict[str, str] = {}
+
+        def deliver(event: NotificationEvent) -> None:
+            for extractor in binding.extractors:
+                name = str(extractor.typed_name)
+                error: str | None = None
+                try:
+                    extractor.extract_notification(event)
+                except ValueError as exc:
+                    error = str(exc) or "ValueError"
+                except Exception as exc:  # a plugin bug must not stop the source
+                    error = f"unexpected {type(exc).__name__}: {exc}"
+                if error == errors.get(name):
+                    continue
+                if error is None:
+                    errors.pop(name, None)
+                    logger.info("notification extractor %s recovered", name)
+                else:
+                    errors[name] = error
+                    logger.warning(
+                        "notification extractor %s failing on %s: %s", name, event.gvk, error
+                    )
+
+        try:
+            await binding.source.run(deliver)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            logger.exception("notification source %s stopped", binding.source.typed_name)
 
     def _ensure(self, endpoint: Endpoint) -> None:
         if not self._bindings or endpoint.name in self._tasks:

@@ -5,10 +5,11 @@ from __future__ import annotations
 from typing import Protocol, runtime_checkable
 
 from domain.datalayer.endpoint import Endpoint
+from ports.datalayer import NotificationEvent
 from ports.endpoints import EndpointEvent
 from ports.plugins import TypedName
 
-__all__ = ["EndpointExtractor", "Extractor"]
+__all__ = ["EndpointExtractor", "Extractor", "NotificationExtractor"]
 
 
 @runtime_checkable
@@ -34,3 +35,21 @@ class EndpointExtractor(Protocol):
     def typed_name(self) -> TypedName: ...
 
     def extract_endpoint(self, event: EndpointEvent, endpoint: Endpoint) -> None: ...
+
+
+@runtime_checkable
+class NotificationExtractor(Protocol):
+    """Reads the changes of watched objects of one GVK (``gvk()``, the same string as its
+    source's ``NotificationSource.gvk()``; the config loader checks they are equal).
+
+    ``extract_notification`` is called on the event loop for every add/update/delete, in
+    order. Raises ``ValueError`` naming what is wrong with the object; the error is logged
+    when the extractor's error state changes.
+    """
+
+    @property
+    def typed_name(self) -> TypedName: ...
+
+    def gvk(self) -> str: ...
+
+    def extract_notification(self, event: NotificationEvent) -> None: ...

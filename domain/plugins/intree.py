@@ -36,6 +36,7 @@ IN_TREE_MODULES = (
     "domain.requestcontrol.plugins.passthrough_parser",
     # data layer
     "domain.datalayer.plugins.core_metrics_extractor",
+    "domain.datalayer.plugins.endpoint_notification_source",
     # flow control
     "domain.flowcontrol.plugins.fcfs_ordering",
     "domain.flowcontrol.plugins.edf_ordering",
