@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import os
+import random
 from collections.abc import Mapping, MutableMapping, Sequence
 from typing import Any
 
@@ -161,6 +162,46 @@ class OtelSpan:
         self.span.end()  # idempotent in the SDK (a second call is ignored)
 
 
+class UnsampledSpan:
+    """A span the sampler dropped, without the SDK: it records nothing and only carries the
+    trace context on (``inject``), so the model server still joins the caller's trace.
+
+    ``headers`` are the trace headers to pass on: a new unsampled ``traceparent`` for a new
+    trace, or the caller's own ``traceparent``/``tracestate``/``baggage``.
+    """
+
+    __slots__ = ("headers",)
+
+    recording = False
+
+    def __init__(self, headers: Mapping[str, str]) -> None:
+        self.headers = headers
+
+    def set_attribute(self, key: str, value: str | int | float | bool) -> None:
+        return None
+
+    def record_error(self, message: str) -> None:
+        return None
+
+    def inject(self, carrier: MutableMapping[str, str]) -> None:
+        carrier.update(self.headers)
+
+    def end(self) -> None:
+        return None
+
+
+_TRACE_HEADERS = ("traceparent", "tracestate", "baggage")
+_OTHER_SAMPLERS = frozenset(
+    {
+        "always_on",
+        "always_off",
+        "traceidratio",
+        "parentbased_always_on",
+        "parentbased_always_off",
+    }
+)
+
+
 class OtelTracing:
     """The tracing half of an ``Observer``: ``start_span`` and ``shutdown``.
 
@@ -178,9 +219,20 @@ class OtelTracing:
         env = os.environ if environ is None else environ
         service = env.get("OTEL_SERVICE_NAME") or DEFAULT_SERVICE_NAME
         self.sampler = sampler_from(env)
+        # The default ``parentbased_traceidratio``: the ratio decision for new traces, and
+        # "follow the caller" for continued ones, are made here before the SDK is involved,
+        # so an unsampled request costs no SDK span; the SDK then records every span it
+        # is asked for (its sampler follows the parent, which is always sampled).
+        self._root_ratio: float | None = None
+        sdk_sampler: Sampler = self.sampler
+        sampler_name = (env.get("OTEL_TRACES_SAMPLER") or DEFAULT_SAMPLER).strip().lower()
+        if sampler_name not in _OTHER_SAMPLERS:  # the default (also for unknown names)
+            self._root_ratio = _ratio(env.get("OTEL_TRACES_SAMPLER_ARG"))
+            sdk_sampler = ParentBased(ALWAYS_ON)
+        self._random = random.Random()
         self.exporter = exporter if exporter is not None else _exporter_from(env)
         self.provider = TracerProvider(
-            sampler=self.sampler,
+            sampler=sdk_sampler,
             resource=Resource.create({SERVICE_NAME: service}),
             shutdown_on_exit=False,
         )
@@ -200,11 +252,15 @@ class OtelTracing:
         carrier: Mapping[str, str] | None = None,
         attributes: Mapping[str, str | int | float | bool] | None = None,
     ) -> Span:
+        if isinstance(parent, UnsampledSpan):
+            return parent
         if isinstance(parent, OtelSpan):
             if not parent.recording:
                 return parent  # unsampled: nothing below it is recorded either
             base = parent.context
             kind = SpanKind.INTERNAL
+        elif self._root_ratio is not None and (unsampled := self._presample(carrier)):
+            return unsampled
         elif carrier is not None:
             base = self.propagator.extract(carrier)
             kind = SpanKind.SERVER
@@ -213,6 +269,27 @@ class OtelTracing:
             kind = SpanKind.SERVER
         span = self._tracer.start_span(name, context=base, kind=kind, attributes=attributes)
         return OtelSpan(span, base, self.propagator)
+
+    def _presample(self, carrier: Mapping[str, str] | None) -> UnsampledSpan | None:
+        """An ``UnsampledSpan`` when the request is not to be traced, else None."""
+        assert self._root_ratio is not None
+        traceparent = carrier.get("traceparent") if carrier is not None else None
+        if traceparent:
+            # Follow the caller: its flags end the header ("00-<trace>-<span>-<flags>").
+            flags = traceparent.strip()[-2:]
+            try:
+                sampled = bool(int(flags, 16) & 1)
+            except ValueError:
+                return None  # a malformed header: the SDK decides what it means
+            if sampled:
+                return None
+            assert carrier is not None
+            return UnsampledSpan({k: carrier[k] for k in _TRACE_HEADERS if k in carrier})
+        if self._random.random() < self._root_ratio:
+            return None
+        trace_id = self._random.getrandbits(128) or 1
+        span_id = self._random.getrandbits(64) or 1
+        return UnsampledSpan({"traceparent": f"00-{trace_id:032x}-{span_id:016x}-00"})
 
     def force_flush(self, timeout_seconds: float = 10.0) -> bool:
         """Export every finished span now; False when that did not finish in time."""

@@ -190,3 +190,62 @@ def test_tracing_follows_the_flag() -> None:
     )
     assert isinstance(tracing, OtelTracing)
     tracing.shutdown()
+
+
+# The default sampler decides before the SDK: an unsampled request costs no SDK span.
+
+
+def test_an_unsampled_new_trace_still_propagates_a_traceparent() -> None:
+    tracing, exporter = _tracing({"OTEL_TRACES_SAMPLER_ARG": "0"})
+    span = tracing.start_span("gateway.request", carrier={})
+    child = tracing.start_span("gateway.request_orchestration", parent=span)
+    headers: dict[str, str] = {}
+    child.inject(headers)
+    child.end()
+    span.end()
+    version, trace_id, span_id, flags = headers["traceparent"].split("-")
+    assert (version, flags) == ("00", "00")
+    assert len(trace_id) == 32 and len(span_id) == 16  # noqa: PT018
+    assert int(trace_id, 16) != 0
+    assert _finished(tracing, exporter) == {}
+
+
+def test_a_caller_sampled_trace_is_recorded_even_at_ratio_0() -> None:
+    tracing, exporter = _tracing({"OTEL_TRACES_SAMPLER_ARG": "0"})
+    parent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    span = tracing.start_span("gateway.request", carrier={"traceparent": parent})
+    span.end()
+    finished = _finished(tracing, exporter)
+    assert list(finished) == ["gateway.request"]
+    context = finished["gateway.request"].context
+    assert context is not None
+    assert f"{context.trace_id:032x}" == "0af7651916cd43dd8448eb211c80319c"
+
+
+def test_a_caller_unsampled_trace_is_passed_on_unchanged_at_ratio_1() -> None:
+    tracing, exporter = _tracing({"OTEL_TRACES_SAMPLER_ARG": "1"})
+    carrier = {
+        "traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-00",
+        "tracestate": "vendor=1",
+        "x-other": "not a trace header",
+    }
+    span = tracing.start_span("gateway.request", carrier=carrier)
+    headers: dict[str, str] = {}
+    span.inject(headers)
+    span.end()
+    assert headers == {k: carrier[k] for k in ("traceparent", "tracestate")}
+    assert _finished(tracing, exporter) == {}
+
+
+def test_new_traces_are_sampled_at_the_configured_ratio() -> None:
+    tracing, exporter = _tracing({"OTEL_TRACES_SAMPLER_ARG": "0.3"})
+    for _ in range(2000):
+        tracing.start_span("gateway.request").end()
+    recorded = len(exporter.get_finished_spans()) if tracing.force_flush() else -1
+    assert 480 <= recorded <= 720
+
+
+def test_other_samplers_go_through_the_sdk() -> None:
+    tracing, exporter = _tracing({"OTEL_TRACES_SAMPLER": "always_on"})
+    tracing.start_span("gateway.request").end()
+    assert list(_finished(tracing, exporter)) == ["gateway.request"]
