@@ -123,7 +123,8 @@ class Observability:
         if self.tracing is not None:
             try:
                 await asyncio.wait_for(
-                    asyncio.to_thread(self.tracing.shutdown), TRACE_FLUSH_TIMEOUT
+                    asyncio.to_thread(self.tracing.shutdown, TRACE_FLUSH_TIMEOUT),
+                    TRACE_FLUSH_TIMEOUT + 1,
                 )
             except TimeoutError:
                 logger.warning("traces not flushed within %.0fs", TRACE_FLUSH_TIMEOUT)

@@ -9,6 +9,7 @@ import logging
 import signal
 import sys
 
+from adapters.otel.tracing import TracingConfigError
 from app.config.loader import ConfigError
 from app.container import Container, build_container
 from app.logsetup import configure_logging
@@ -66,6 +67,10 @@ async def serve(container: Container, stop: asyncio.Event) -> None:
         except StaticObjectivesError as exc:
             raise StartupError(f"--static-objectives: {exc}") from exc
         logger.info("static objectives: %d objective(s), %d rewrite rule(s)", *counts)
+    try:
+        container.tracing()
+    except TracingConfigError as exc:
+        raise StartupError(f"invalid tracing configuration: {exc}") from exc
     datastore = container.datastore()
     container.processor()
     collectors = container.collectors()

@@ -21,7 +21,14 @@ REQUEST_ID: ContextVar[str] = ContextVar("request_id", default="")
 
 
 class Span(Protocol):
-    """One timed operation of a trace. ``end`` is idempotent."""
+    """One timed operation of a trace. ``end`` is idempotent.
+
+    ``recording`` is False when nothing this span or its children record is kept (tracing
+    off, or the request not sampled): callers may then skip work done only for spans.
+    """
+
+    @property
+    def recording(self) -> bool: ...
 
     def set_attribute(self, key: str, value: str | int | float | bool) -> None: ...
 
@@ -57,6 +64,8 @@ class Observer(Protocol):
 
 
 class NoopSpan:
+    recording = False
+
     def set_attribute(self, key: str, value: str | int | float | bool) -> None:
         return None
 

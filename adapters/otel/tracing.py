@@ -1,35 +1,41 @@
 """OpenTelemetry tracing configured from the standard ``OTEL_*`` variables, as the reference.
 
-- service name: ``OTEL_SERVICE_NAME``, else ``gateway-api-inference-extension/epp``;
+- service name: ``OTEL_SERVICE_NAME``, else ``gateway-api-inference-extension/epp``
+  (other resource attributes from ``OTEL_RESOURCE_ATTRIBUTES``, by the SDK's ``Resource``);
 - exporter ``OTEL_TRACES_EXPORTER``: ``console`` (the default: finished spans as one-line
   JSON log records, so they follow the process's log format), ``otlp`` (OTLP over gRPC to
-  ``OTEL_EXPORTER_OTLP_ENDPOINT``, default ``http://localhost:4317``, plaintext for
-  ``http://``), ``none``;
-- sampler ``OTEL_TRACES_SAMPLER`` (default ``parentbased_traceidratio``) with
-  ``OTEL_TRACES_SAMPLER_ARG`` (default 0.1);
-- W3C ``traceparent``/``tracestate`` and ``baggage`` propagation; spans are batched
-  (``BatchSpanProcessor``, tuned by the ``OTEL_BSP_*`` variables).
+  ``OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT``, default ``http://localhost:4317``; plaintext
+  for ``http://``, TLS for ``https://``, and for a bare ``host:port`` unless
+  ``OTEL_EXPORTER_OTLP_[TRACES_]INSECURE=true``; with the ``..._HEADERS``, ``..._TIMEOUT``
+  (ms), ``..._COMPRESSION`` and ``..._CERTIFICATE``/``..._CLIENT_KEY``/
+  ``..._CLIENT_CERTIFICATE`` variables), ``none``;
+- sampler ``OTEL_TRACES_SAMPLER`` (default ``parentbased_traceidratio``; also
+  ``always_on``, ``always_off``, ``traceidratio``, ``parentbased_always_on``,
+  ``parentbased_always_off``) with ``OTEL_TRACES_SAMPLER_ARG`` (default 0.1), decided as the
+  SDK's samplers decide (the ratio on the trace id's low 64 bits);
+- W3C ``traceparent``/``tracestate`` and ``baggage`` propagation; spans are batched and
+  exported by a thread, tuned by ``OTEL_BSP_MAX_QUEUE_SIZE``,
+  ``OTEL_BSP_MAX_EXPORT_BATCH_SIZE`` and ``OTEL_BSP_SCHEDULE_DELAY``.
 
-Nothing here touches the OpenTelemetry globals: several ``OtelTracing`` may coexist.
-A span that is not sampled is not recorded, and its children are the span itself, so an
-unsampled request costs one sampling decision and a few calls.
+The sampling decision is made once, for the request's first span: an unsampled request
+costs that decision and an ``UnsampledSpan`` that passes the trace context on; a sampled
+one records light ``RecordingSpan`` objects that the export thread encodes (see
+``adapters.otel.spans``). Nothing here touches the OpenTelemetry globals: several
+``OtelTracing`` may coexist.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import random
-from collections.abc import Mapping, MutableMapping, Sequence
+import urllib.parse
+from collections.abc import Callable, Mapping
 from typing import Any
 
-from opentelemetry import trace
-from opentelemetry.baggage.propagation import W3CBaggagePropagator
-from opentelemetry.context import Context
-from opentelemetry.propagators.composite import CompositePropagator
+import grpc
+from opentelemetry.proto.common.v1.common_pb2 import InstrumentationScope
 from opentelemetry.sdk.resources import SERVICE_NAME, Resource
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+from opentelemetry.sdk.trace.export import SpanExporter
 from opentelemetry.sdk.trace.sampling import (
     ALWAYS_OFF,
     ALWAYS_ON,
@@ -37,23 +43,36 @@ from opentelemetry.sdk.trace.sampling import (
     Sampler,
     TraceIdRatioBased,
 )
-from opentelemetry.trace import SpanKind, Status, StatusCode
-from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
+from adapters.otel.export import (
+    BatchSpanQueue,
+    ConsoleSink,
+    OtlpGrpcSink,
+    SdkExporterSink,
+    SpanSink,
+)
+from adapters.otel.spans import (
+    KIND_INTERNAL,
+    KIND_SERVER,
+    TRACE_HEADERS,
+    RecordingSpan,
+    UnsampledSpan,
+    new_span_id,
+    new_trace_id,
+    parse_traceparent,
+)
 from ports.observer import Span
 
 __all__ = [
     "DEFAULT_OTLP_ENDPOINT",
     "DEFAULT_SAMPLER_ARG",
     "DEFAULT_SERVICE_NAME",
-    "LoggingSpanExporter",
-    "OtelSpan",
     "OtelTracing",
+    "TracingConfigError",
     "sampler_from",
 ]
 
 logger = logging.getLogger(__name__)
-console_logger = logging.getLogger("epp.traces")
 
 DEFAULT_SERVICE_NAME = "gateway-api-inference-extension/epp"
 DEFAULT_OTLP_ENDPOINT = "http://localhost:4317"
@@ -61,17 +80,21 @@ DEFAULT_SAMPLER = "parentbased_traceidratio"
 DEFAULT_SAMPLER_ARG = 0.1
 INSTRUMENTATION_NAME = "gateway-api-inference-extension/epp"
 
+_SAMPLERS = frozenset(
+    {
+        "always_on",
+        "always_off",
+        "traceidratio",
+        "parentbased_always_on",
+        "parentbased_always_off",
+        DEFAULT_SAMPLER,
+    }
+)
+_LOW_64 = (1 << 64) - 1
 
-class LoggingSpanExporter(SpanExporter):
-    """The ``console`` exporter: each finished span as one INFO record of ``epp.traces``."""
 
-    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
-        for span in spans:
-            console_logger.info("%s", span.to_json(indent=None))
-        return SpanExportResult.SUCCESS
-
-    def shutdown(self) -> None:
-        return None
+class TracingConfigError(ValueError):
+    """An ``OTEL_*`` setting that cannot work (the message names the variable)."""
 
 
 def _ratio(text: str | None) -> float:
@@ -92,9 +115,18 @@ def _ratio(text: str | None) -> float:
     return ratio
 
 
-def sampler_from(environ: Mapping[str, str]) -> Sampler:
-    """The sampler ``OTEL_TRACES_SAMPLER``/``OTEL_TRACES_SAMPLER_ARG`` name (or the default)."""
+def _sampler_name(environ: Mapping[str, str]) -> str:
     name = (environ.get("OTEL_TRACES_SAMPLER") or DEFAULT_SAMPLER).strip().lower()
+    if name not in _SAMPLERS:
+        logger.warning("unknown OTEL_TRACES_SAMPLER %r; using %s", name, DEFAULT_SAMPLER)
+        return DEFAULT_SAMPLER
+    return name
+
+
+def sampler_from(environ: Mapping[str, str]) -> Sampler:
+    """The SDK sampler ``OTEL_TRACES_SAMPLER``/``OTEL_TRACES_SAMPLER_ARG`` name (or the
+    default): what ``OtelTracing`` decides like, and describes itself with."""
+    name = _sampler_name(environ)
     arg = environ.get("OTEL_TRACES_SAMPLER_ARG")
     if name == "always_on":
         return ALWAYS_ON
@@ -106,108 +138,119 @@ def sampler_from(environ: Mapping[str, str]) -> Sampler:
         return ParentBased(ALWAYS_ON)
     if name == "parentbased_always_off":
         return ParentBased(ALWAYS_OFF)
-    if name != DEFAULT_SAMPLER:
-        logger.warning("unknown OTEL_TRACES_SAMPLER %r; using %s", name, DEFAULT_SAMPLER)
     return ParentBased(TraceIdRatioBased(_ratio(arg)))
 
 
-def _exporter_from(environ: Mapping[str, str]) -> SpanExporter | None:
+def _env(environ: Mapping[str, str], name: str) -> str | None:
+    """``OTEL_EXPORTER_OTLP_TRACES_<name>``, else ``OTEL_EXPORTER_OTLP_<name>``."""
+    value = environ.get(f"OTEL_EXPORTER_OTLP_TRACES_{name}") or environ.get(
+        f"OTEL_EXPORTER_OTLP_{name}"
+    )
+    return value.strip() if value and value.strip() else None
+
+
+def _read(environ: Mapping[str, str], name: str) -> bytes | None:
+    path = _env(environ, name)
+    if path is None:
+        return None
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError as exc:
+        raise TracingConfigError(f"OTEL_EXPORTER_OTLP_{name}={path!r}: {exc.strerror}") from exc
+
+
+def _headers(text: str | None) -> dict[str, str]:
+    headers: dict[str, str] = {}
+    for item in (text or "").split(","):
+        if not item.strip():
+            continue
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            logger.warning("OTEL_EXPORTER_OTLP_HEADERS: ignored %r (not key=value)", item)
+            continue
+        headers[urllib.parse.unquote(key.strip()).lower()] = urllib.parse.unquote(value.strip())
+    return headers
+
+
+def _otlp_sink(environ: Mapping[str, str], resource: Resource) -> OtlpGrpcSink:
+    protocol = _env(environ, "PROTOCOL")
+    if protocol not in (None, "grpc"):
+        logger.warning("OTEL_EXPORTER_OTLP_PROTOCOL=%r: only grpc is supported; using it", protocol)
+    endpoint = _env(environ, "ENDPOINT") or DEFAULT_OTLP_ENDPOINT
+    if "://" in endpoint:
+        parsed = urllib.parse.urlsplit(endpoint)
+        if parsed.scheme not in ("http", "https") or not parsed.hostname:
+            raise TracingConfigError(
+                f"OTEL_EXPORTER_OTLP_ENDPOINT={endpoint!r}: expected http(s)://host:port"
+            )
+        host = f"[{parsed.hostname}]" if ":" in parsed.hostname else parsed.hostname
+        target = f"{host}:{parsed.port or 4317}"
+        insecure = parsed.scheme == "http"
+    else:
+        target = endpoint
+        insecure = (_env(environ, "INSECURE") or "").lower() == "true"
+    credentials = None
+    if not insecure:
+        credentials = grpc.ssl_channel_credentials(
+            root_certificates=_read(environ, "CERTIFICATE"),
+            private_key=_read(environ, "CLIENT_KEY"),
+            certificate_chain=_read(environ, "CLIENT_CERTIFICATE"),
+        )
+    timeout_text = _env(environ, "TIMEOUT")
+    timeout = 10.0
+    if timeout_text is not None:
+        try:
+            timeout = float(timeout_text) / 1000
+        except ValueError:
+            logger.warning("OTEL_EXPORTER_OTLP_TIMEOUT=%r is not milliseconds; 10s", timeout_text)
+    compression = grpc.Compression.NoCompression
+    if (_env(environ, "COMPRESSION") or "none").lower() == "gzip":
+        compression = grpc.Compression.Gzip
+    return OtlpGrpcSink(
+        target,
+        resource=resource,
+        scope=InstrumentationScope(name=INSTRUMENTATION_NAME),
+        credentials=credentials,
+        headers=_headers(_env(environ, "HEADERS")),
+        timeout=timeout,
+        compression=compression,
+    )
+
+
+def _sink_from(environ: Mapping[str, str], resource: Resource) -> SpanSink | None:
     kind = (environ.get("OTEL_TRACES_EXPORTER") or "console").strip().lower()
     if kind == "none":
         return None
     if kind == "otlp":
-        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
-
-        endpoint = environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or DEFAULT_OTLP_ENDPOINT
-        return OTLPSpanExporter(endpoint=endpoint, insecure=endpoint.startswith("http://"))
+        return _otlp_sink(environ, resource)
     if kind != "console":
         logger.warning("unknown OTEL_TRACES_EXPORTER %r; spans are not exported", kind)
         return None
-    return LoggingSpanExporter()
+    return ConsoleSink(resource)
 
 
-class OtelSpan:
-    """A port ``Span`` backed by an SDK span; ``context`` is what its children descend from."""
-
-    __slots__ = ("_base", "_context", "_propagator", "recording", "span")
-
-    def __init__(
-        self, span: trace.Span, base: Context | None, propagator: CompositePropagator
-    ) -> None:
-        self.span = span
-        self.recording = span.is_recording()
-        self._base = base
-        self._context: Context | None = None
-        self._propagator = propagator
-
-    @property
-    def context(self) -> Context:
-        context = self._context
-        if context is None:
-            context = self._context = trace.set_span_in_context(self.span, self._base)
-        return context
-
-    def set_attribute(self, key: str, value: str | int | float | bool) -> None:
-        if self.recording:
-            self.span.set_attribute(key, value)
-
-    def record_error(self, message: str) -> None:
-        if self.recording:
-            self.span.set_status(Status(StatusCode.ERROR, message))
-
-    def inject(self, carrier: MutableMapping[str, str]) -> None:
-        self._propagator.inject(carrier, context=self.context)
-
-    def end(self) -> None:
-        self.span.end()  # idempotent in the SDK (a second call is ignored)
-
-
-class UnsampledSpan:
-    """A span the sampler dropped, without the SDK: it records nothing and only carries the
-    trace context on (``inject``), so the model server still joins the caller's trace.
-
-    ``headers`` are the trace headers to pass on: a new unsampled ``traceparent`` for a new
-    trace, or the caller's own ``traceparent``/``tracestate``/``baggage``.
-    """
-
-    __slots__ = ("headers",)
-
-    recording = False
-
-    def __init__(self, headers: Mapping[str, str]) -> None:
-        self.headers = headers
-
-    def set_attribute(self, key: str, value: str | int | float | bool) -> None:
-        return None
-
-    def record_error(self, message: str) -> None:
-        return None
-
-    def inject(self, carrier: MutableMapping[str, str]) -> None:
-        carrier.update(self.headers)
-
-    def end(self) -> None:
-        return None
-
-
-_TRACE_HEADERS = ("traceparent", "tracestate", "baggage")
-_OTHER_SAMPLERS = frozenset(
-    {
-        "always_on",
-        "always_off",
-        "traceidratio",
-        "parentbased_always_on",
-        "parentbased_always_off",
-    }
-)
+def _bsp(environ: Mapping[str, str], name: str, default: int) -> int:
+    text = environ.get(f"OTEL_BSP_{name}")
+    if not text:
+        return default
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value <= 0:
+        logger.warning("OTEL_BSP_%s=%r is not a positive integer; using %d", name, text, default)
+        return default
+    return value
 
 
 class OtelTracing:
-    """The tracing half of an ``Observer``: ``start_span`` and ``shutdown``.
+    """The tracing half of an ``Observer``: ``start_span``, ``force_flush`` and ``shutdown``.
 
-    ``environ`` defaults to the process environment; ``exporter`` replaces the one the
-    environment names (tests). Spans started without a parent (a new trace, or the
-    continuation of a ``carrier``'s) are SERVER spans, the others INTERNAL.
+    ``environ`` defaults to the process environment; ``exporter`` (an SDK ``SpanExporter``)
+    or ``sink`` replaces the exporter the environment names. Spans started without a
+    parent (a new trace, or the continuation of a ``carrier``'s) are SERVER spans, the
+    others INTERNAL.
     """
 
     def __init__(
@@ -215,34 +258,41 @@ class OtelTracing:
         environ: Mapping[str, str] | None = None,
         *,
         exporter: SpanExporter | None = None,
+        sink: SpanSink | None = None,
     ) -> None:
         env = os.environ if environ is None else environ
         service = env.get("OTEL_SERVICE_NAME") or DEFAULT_SERVICE_NAME
+        self.resource = Resource.create({SERVICE_NAME: service})
         self.sampler = sampler_from(env)
-        # The default ``parentbased_traceidratio``: the ratio decision for new traces, and
-        # "follow the caller" for continued ones, are made here before the SDK is involved,
-        # so an unsampled request costs no SDK span; the SDK then records every span it
-        # is asked for (its sampler follows the parent, which is always sampled).
-        self._root_ratio: float | None = None
-        sdk_sampler: Sampler = self.sampler
-        sampler_name = (env.get("OTEL_TRACES_SAMPLER") or DEFAULT_SAMPLER).strip().lower()
-        if sampler_name not in _OTHER_SAMPLERS:  # the default (also for unknown names)
-            self._root_ratio = _ratio(env.get("OTEL_TRACES_SAMPLER_ARG"))
-            sdk_sampler = ParentBased(ALWAYS_ON)
-        self._random = random.Random()
-        self.exporter = exporter if exporter is not None else _exporter_from(env)
-        self.provider = TracerProvider(
-            sampler=sdk_sampler,
-            resource=Resource.create({SERVICE_NAME: service}),
-            shutdown_on_exit=False,
-        )
-        if self.exporter is not None:
-            self.provider.add_span_processor(BatchSpanProcessor(self.exporter))
-        self._tracer = self.provider.get_tracer(INSTRUMENTATION_NAME)
-        self.propagator = CompositePropagator(
-            [TraceContextTextMapPropagator(), W3CBaggagePropagator()]
-        )
-        self._shut_down = False
+        name = _sampler_name(env)
+        self._parent_based = name.startswith("parentbased_")
+        root = name.removeprefix("parentbased_")
+        ratio = 1.0 if root == "always_on" else 0.0 if root == "always_off" else None
+        if ratio is None:
+            ratio = _ratio(env.get("OTEL_TRACES_SAMPLER_ARG"))
+        self._bound = round(ratio * (1 << 64))
+        self.sink: SpanSink | None
+        if sink is not None:
+            self.sink = sink
+        elif exporter is not None:
+            self.sink = SdkExporterSink(exporter, self.resource, INSTRUMENTATION_NAME)
+        else:
+            self.sink = _sink_from(env, self.resource)
+        self._queue: BatchSpanQueue | None = None
+        self._add: Callable[[RecordingSpan], None] = _discard
+        if self.sink is not None:
+            self._queue = BatchSpanQueue(
+                self.sink,
+                max_queue_size=_bsp(env, "MAX_QUEUE_SIZE", 2048),
+                max_batch_size=_bsp(env, "MAX_EXPORT_BATCH_SIZE", 512),
+                schedule_delay=_bsp(env, "SCHEDULE_DELAY", 5000) / 1000,
+            )
+            self._add = self._queue.add
+
+    @property
+    def dropped_spans(self) -> int:
+        """Spans dropped because the export queue was full."""
+        return self._queue.dropped if self._queue is not None else 0
 
     def start_span(
         self,
@@ -252,59 +302,76 @@ class OtelTracing:
         carrier: Mapping[str, str] | None = None,
         attributes: Mapping[str, str | int | float | bool] | None = None,
     ) -> Span:
-        if isinstance(parent, UnsampledSpan):
-            return parent
-        if isinstance(parent, OtelSpan):
-            if not parent.recording:
-                return parent  # unsampled: nothing below it is recorded either
-            base = parent.context
-            kind = SpanKind.INTERNAL
-        elif self._root_ratio is not None and (unsampled := self._presample(carrier)):
-            return unsampled
-        elif carrier is not None:
-            base = self.propagator.extract(carrier)
-            kind = SpanKind.SERVER
-        else:
-            base = None
-            kind = SpanKind.SERVER
-        span = self._tracer.start_span(name, context=base, kind=kind, attributes=attributes)
-        return OtelSpan(span, base, self.propagator)
-
-    def _presample(self, carrier: Mapping[str, str] | None) -> UnsampledSpan | None:
-        """An ``UnsampledSpan`` when the request is not to be traced, else None."""
-        assert self._root_ratio is not None
+        if parent is not None:
+            if type(parent) is RecordingSpan:
+                return RecordingSpan(
+                    name,
+                    parent.trace_id,
+                    parent.span_id,
+                    kind=KIND_INTERNAL,
+                    sink=self._add,
+                    onward=parent.onward,
+                    attributes=attributes,
+                )
+            if type(parent) is UnsampledSpan:
+                return parent  # nothing below an unsampled span is recorded either
         traceparent = carrier.get("traceparent") if carrier is not None else None
-        if traceparent:
-            # Follow the caller: its flags end the header ("00-<trace>-<span>-<flags>").
-            flags = traceparent.strip()[-2:]
-            try:
-                sampled = bool(int(flags, 16) & 1)
-            except ValueError:
-                return None  # a malformed header: the SDK decides what it means
-            if sampled:
-                return None
-            assert carrier is not None
-            return UnsampledSpan({k: carrier[k] for k in _TRACE_HEADERS if k in carrier})
-        if self._random.random() < self._root_ratio:
-            return None
-        trace_id = self._random.getrandbits(128) or 1
-        span_id = self._random.getrandbits(64) or 1
-        return UnsampledSpan({"traceparent": f"00-{trace_id:032x}-{span_id:016x}-00"})
+        caller = parse_traceparent(traceparent) if traceparent else None
+        if caller is None:
+            trace_id = new_trace_id()
+            sampled = (trace_id & _LOW_64) < self._bound
+        elif self._parent_based:
+            trace_id = caller.trace_id
+            sampled = caller.sampled
+        else:
+            trace_id = caller.trace_id
+            sampled = (trace_id & _LOW_64) < self._bound
+        onward: dict[str, str] = {}
+        if carrier is not None:
+            if caller is not None and "tracestate" in carrier:
+                onward["tracestate"] = carrier["tracestate"]
+            if "baggage" in carrier:
+                onward["baggage"] = carrier["baggage"]
+        if not sampled:
+            if caller is not None and not caller.sampled:
+                assert carrier is not None
+                return UnsampledSpan({k: carrier[k] for k in TRACE_HEADERS if k in carrier})
+            onward["traceparent"] = f"00-{trace_id:032x}-{new_span_id():016x}-00"
+            return UnsampledSpan(onward)
+        return RecordingSpan(
+            name,
+            trace_id,
+            caller.span_id if caller is not None else 0,
+            kind=KIND_SERVER,
+            sink=self._add,
+            onward=onward,
+            remote_parent=caller is not None,
+            attributes=attributes,
+        )
 
     def force_flush(self, timeout_seconds: float = 10.0) -> bool:
         """Export every finished span now; False when that did not finish in time."""
-        return bool(self.provider.force_flush(int(timeout_seconds * 1000)))
+        return self._queue.force_flush(timeout_seconds) if self._queue is not None else True
 
-    def shutdown(self) -> None:
-        """Flush what is pending and stop exporting (idempotent). Blocks: run it off-loop."""
-        if self._shut_down:
-            return
-        self._shut_down = True
-        self.provider.shutdown()
+    def shutdown(self, timeout_seconds: float = 30.0) -> None:
+        """Flush what is pending within ``timeout_seconds`` and stop exporting (idempotent).
+        Blocks: run it off the event loop."""
+        if self._queue is not None:
+            self._queue.shutdown(timeout_seconds)
 
     def describe(self) -> dict[str, Any]:
         """What was configured, for the start-up log line."""
-        return {
-            "sampler": self.sampler.get_description(),
-            "exporter": type(self.exporter).__name__ if self.exporter else "none",
-        }
+        sink = self.sink
+        if isinstance(sink, OtlpGrpcSink):
+            exporter = f"otlp grpc to {sink.target}"
+        elif isinstance(sink, ConsoleSink):
+            exporter = "console"
+        elif isinstance(sink, SdkExporterSink):
+            exporter = type(sink.exporter).__name__
+        else:
+            exporter = "none"
+        return {"sampler": self.sampler.get_description(), "exporter": exporter}
+
+
+def _discard(span: RecordingSpan) -> None:
+    return None

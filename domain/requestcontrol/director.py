@@ -98,6 +98,8 @@ MODEL_REWRITE_DECISIONS = "inference_extension_model_rewrite_decisions_total"
 ORCHESTRATION_SPAN = "gateway.request_orchestration"
 PREPARE_DATA_SPAN = "gateway.prepare_data"
 PRE_REQUEST_SPAN = "gateway.pre_request"
+#: The wait for flow control's verdict (attributes ``priority``, ``fairness_id``).
+FLOW_CONTROL_SPAN = "gateway.flow_control"
 _NO_MODEL = {"model_name": "", "target_model_name": ""}
 
 
@@ -293,7 +295,19 @@ class RequestExchangeState:
         candidates = [Candidate(e) for e in located]
         admission = control.admission
         assert admission is not None
-        await admission.admit(request, candidates)
+        if admission.late_binding:  # flow control: the request may wait in a queue
+            wait_span = observer.start_span(FLOW_CONTROL_SPAN, parent=span)
+            wait_span.set_attribute("priority", request.priority)
+            wait_span.set_attribute("fairness_id", request.fairness_id)
+            try:
+                await admission.admit(request, candidates)
+            except EppError as exc:
+                wait_span.record_error(exc.message)
+                raise
+            finally:
+                wait_span.end()
+        else:
+            await admission.admit(request, candidates)
         self._admitted = True
         if admission.late_binding:
             # The request may have waited in a queue: schedule on what is current now.

@@ -10,6 +10,7 @@ from ports.observer import NoopSpan, Observer, Span
 
 __all__ = [
     "PLUGIN_DURATION",
+    "PLUGIN_SPAN",
     "PROFILE_SPAN",
     "SCHEDULER_ATTEMPTS",
     "SCHEDULER_E2E_DURATION",
@@ -23,6 +24,8 @@ SCHEDULER_E2E_DURATION = "inference_extension_scheduler_e2e_duration_seconds"
 SCHEDULER_ATTEMPTS = "inference_extension_scheduler_attempts_total"
 SCHEDULING_SPAN = "gateway.scheduling"
 PROFILE_SPAN = "gateway.scheduling.profile"
+#: One plugin call (attributes ``extension_point``, ``plugin.type``, ``plugin.name``).
+PLUGIN_SPAN = "gateway.scheduling.plugin"
 
 _NO_LABELS: dict[str, str] = {}
 _NOOP_SPAN = NoopSpan()

@@ -7,14 +7,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from domain.errors import ResourceExhaustedError
+from domain.plugins.base import Plugin
 from domain.scheduling.interfaces import CycleState, Filter, Picker, Scorer
-from domain.scheduling.observer import SchedulingObserver
+from domain.scheduling.observer import PLUGIN_SPAN, SchedulingObserver
 from domain.scheduling.types import (
     Candidate,
     InferenceRequest,
     ProfileRunResult,
     ScoredCandidate,
 )
+from ports.observer import Span
 
 __all__ = ["EXPLAIN_KEY", "NoEndpointsError", "SchedulerProfile", "WeightedScorer"]
 
@@ -62,14 +64,30 @@ class SchedulerProfile:
         if not self._own_observer:
             self._observer = observer
 
-    def run(self, request: InferenceRequest, candidates: Sequence[Candidate]) -> ProfileRunResult:
+    def run(
+        self,
+        request: InferenceRequest,
+        candidates: Sequence[Candidate],
+        span: Span | None = None,
+    ) -> ProfileRunResult:
+        """Filters, scorers and the picker on ``candidates``; with a recording ``span``,
+        each plugin call is a child span of it."""
         cycle = CycleState(profile=self.name, state=request.state)
-        observe = self._observer.plugin_duration
+        observer = self._observer
+        observe = observer.plugin_duration
         clock = time.perf_counter
+        traced = span if span is not None and span.recording else None
         for f in self.filters:
+            plugin_span = (
+                _plugin_span(observer, traced, "Filter", f) if traced is not None else None
+            )
             started = clock()
-            candidates = f.filter(cycle, request, candidates)
-            observe("Filter", f.typed_name, clock() - started)
+            try:
+                candidates = f.filter(cycle, request, candidates)
+            finally:
+                observe("Filter", f.typed_name, clock() - started)
+                if plugin_span is not None:
+                    plugin_span.end()
             if not candidates:
                 raise NoEndpointsError("no endpoints available for the given request")
 
@@ -80,9 +98,17 @@ class SchedulerProfile:
             breakdown = [[] for _ in candidates]
             explain[self.name] = (candidates, totals, breakdown)
         for weighted in self.scorers:
+            scorer = weighted.scorer
+            plugin_span = (
+                _plugin_span(observer, traced, "Scorer", scorer) if traced is not None else None
+            )
             started = clock()
-            scores = weighted.scorer.score(cycle, request, candidates)
-            observe("Scorer", weighted.scorer.typed_name, clock() - started)
+            try:
+                scores = scorer.score(cycle, request, candidates)
+            finally:
+                observe("Scorer", scorer.typed_name, clock() - started)
+                if plugin_span is not None:
+                    plugin_span.end()
             weight = weighted.weight
             for i, score in enumerate(scores):
                 if score > 1.0:
@@ -95,14 +121,33 @@ class SchedulerProfile:
                 for i, score in enumerate(scores):
                     breakdown[i].append(f"{name}={score:.2f}")
 
-        started = clock()
-        result = self.picker.pick(
-            cycle,
-            request,
-            [ScoredCandidate(c, s) for c, s in zip(candidates, totals, strict=True)],
+        picker = self.picker
+        plugin_span = (
+            _plugin_span(observer, traced, "Picker", picker) if traced is not None else None
         )
-        observe("Picker", self.picker.typed_name, clock() - started)
+        started = clock()
+        try:
+            result = picker.pick(
+                cycle,
+                request,
+                [ScoredCandidate(c, s) for c, s in zip(candidates, totals, strict=True)],
+            )
+        finally:
+            observe("Picker", picker.typed_name, clock() - started)
+            if plugin_span is not None:
+                plugin_span.end()
         return result
 
     def __repr__(self) -> str:
         return f"SchedulerProfile({self.name!r})"
+
+
+def _plugin_span(
+    observer: SchedulingObserver, parent: Span | None, extension_point: str, plugin: Plugin
+) -> Span:
+    """A child of ``parent`` for one plugin call (``PLUGIN_SPAN``)."""
+    span = observer.start_span(PLUGIN_SPAN, parent)
+    span.set_attribute("extension_point", extension_point)
+    span.set_attribute("plugin.type", plugin.typed_name.type)
+    span.set_attribute("plugin.name", plugin.typed_name.name)
+    return span

@@ -101,7 +101,7 @@ class Scheduler:
                     profile_span = self._observer.start_span(PROFILE_SPAN, span)
                     profile_span.set_attribute("profile", name)
                 try:
-                    results[name] = run = profile.run(request, candidates)
+                    results[name] = run = profile.run(request, candidates, profile_span)
                 except EppError as exc:
                     results[name] = None
                     errors[name] = exc.message

@@ -36,6 +36,7 @@ class RecordedSpan:
     attributes: dict[str, str | int | float | bool] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
     end_calls: int = 0
+    recording = True
 
     @property
     def ended(self) -> bool:

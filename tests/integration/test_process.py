@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import signal
 import socket
 import sys
@@ -166,3 +167,50 @@ def test_a_port_in_use_stops_start_up_naming_the_flag(tmp_path: Path) -> None:
         finally:
             process.child.stop()
     assert "--grpc-health-port" in process.child.log()
+
+
+def test_an_unreadable_otlp_certificate_stops_start_up_naming_the_variable(
+    tmp_path: Path,
+) -> None:
+    process = Epp(tmp_path)
+    process.child.env = {
+        **os.environ,
+        "OTEL_TRACES_EXPORTER": "otlp",
+        "OTEL_EXPORTER_OTLP_ENDPOINT": "https://127.0.0.1:4317",
+        "OTEL_EXPORTER_OTLP_CERTIFICATE": str(tmp_path / "missing-ca.pem"),
+    }
+    process.child.start()
+    try:
+        assert process.child.wait(30) == 1
+    finally:
+        process.child.stop()
+    assert "OTEL_EXPORTER_OTLP_CERTIFICATE" in process.child.log()
+
+
+async def test_sigterm_with_the_trace_collector_down_still_exits_promptly(
+    tmp_path: Path,
+) -> None:
+    process = Epp(tmp_path)
+    process.child.env = {
+        **os.environ,
+        "OTEL_TRACES_EXPORTER": "otlp",
+        "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{free_port()}",  # nobody there
+        "OTEL_TRACES_SAMPLER_ARG": "1",
+    }
+    process.child.start()
+    try:
+        await asyncio.to_thread(wait_for, process.serving, timeout=30, what="SERVING")
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{process.grpc_port}") as channel:
+            call = pb_grpc.ExternalProcessorStub(channel).Process()
+            await call.write(request_headers(envoy_headers()))
+            body = b'{"model": "m", "prompt": "traced"}'
+            await call.write(request_body(body, end_of_stream=True))
+            await call.read()  # routed: its spans are queued for the collector that is down
+            await call.done_writing()
+        started = time.monotonic()
+        process.child.signal(signal.SIGTERM)
+        assert await asyncio.to_thread(process.child.wait, 30) == 0
+        # the span flush gives up after 5 s instead of the exporter's 10 s timeout per try
+        assert time.monotonic() - started < 15
+    finally:
+        process.child.stop()

@@ -18,6 +18,8 @@ from typing import Any
 import grpc
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 
+from adapters.envoy.tls import ServerCertificate
+
 __all__ = ["OtlpReceiver", "ReceivedSpan"]
 
 
@@ -31,6 +33,11 @@ class ReceivedSpan:
     attributes: dict[str, object]
     service_name: str
     status_code: int
+    start_ns: int
+    end_ns: int
+    status_message: str = ""
+    trace_state: str = ""
+    flags: int = 0
 
 
 def _value(any_value: Any) -> object:
@@ -43,20 +50,33 @@ def _attributes(key_values: Any) -> dict[str, object]:
 
 
 class _TraceService(trace_service_pb2_grpc.TraceServiceServicer):
-    def __init__(self, sink: Callable[[Any], None]) -> None:
+    def __init__(self, sink: Callable[[Any, dict[str, str]], None]) -> None:
         self._sink = sink
 
     async def Export(self, request: Any, context: Any) -> Any:  # noqa: N802 - gRPC name
-        self._sink(request)
+        self._sink(request, {k: v for k, v in context.invocation_metadata() or ()})
         return trace_service_pb2.ExportTraceServiceResponse()
 
 
 class OtlpReceiver:
-    """``start()`` binds 127.0.0.1 on a free port (``endpoint``); ``stop()`` shuts down."""
+    """``start()`` binds 127.0.0.1 on ``port`` (0: a free one; see ``endpoint``), with TLS
+    when given a ``certificate``; ``stop()`` shuts down. ``metadata`` holds each export
+    call's gRPC metadata."""
 
-    def __init__(self) -> None:
-        self.port = 0
+    def __init__(
+        self,
+        *,
+        count_only: bool = False,
+        port: int = 0,
+        certificate: ServerCertificate | None = None,
+    ) -> None:
+        self.port = port
         self.requests = 0
+        self.metadata: list[dict[str, str]] = []
+        self._certificate = certificate
+        #: Spans received; with ``count_only`` (benchmarks) they are only counted, not kept.
+        self.count = 0
+        self._count_only = count_only
         self._spans: list[ReceivedSpan] = []
         self._lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -67,7 +87,8 @@ class OtlpReceiver:
 
     @property
     def endpoint(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        scheme = "https" if self._certificate is not None else "http"
+        return f"{scheme}://127.0.0.1:{self.port}"
 
     def start(self) -> OtlpReceiver:
         self._thread = threading.Thread(target=self._run, name="otlp-receiver", daemon=True)
@@ -105,7 +126,15 @@ class OtlpReceiver:
                 raise TimeoutError(f"timed out waiting for {what}; received {names}")
             time.sleep(0.02)
 
-    def _collect(self, request: Any) -> None:
+    def _collect(self, request: Any, metadata: dict[str, str]) -> None:
+        with self._lock:
+            self.metadata.append(metadata)
+        if self._count_only:
+            count = sum(len(ss.spans) for rs in request.resource_spans for ss in rs.scope_spans)
+            with self._lock:
+                self.requests += 1
+                self.count += count
+            return
         received = []
         for resource_spans in request.resource_spans:
             service = str(_attributes(resource_spans.resource.attributes).get("service.name"))
@@ -121,10 +150,16 @@ class OtlpReceiver:
                             attributes=_attributes(span.attributes),
                             service_name=service,
                             status_code=span.status.code,
+                            start_ns=span.start_time_unix_nano,
+                            end_ns=span.end_time_unix_nano,
+                            status_message=span.status.message,
+                            trace_state=span.trace_state,
+                            flags=span.flags,
                         )
                     )
         with self._lock:
             self.requests += 1
+            self.count += len(received)
             self._spans.extend(received)
 
     def _run(self) -> None:
@@ -144,7 +179,14 @@ class OtlpReceiver:
             trace_service_pb2_grpc.add_TraceServiceServicer_to_server
         )
         add_servicer(_TraceService(self._collect), server)
-        self.port = server.add_insecure_port("127.0.0.1:0")
+        address = f"127.0.0.1:{self.port}"
+        if self._certificate is None:
+            self.port = server.add_insecure_port(address)
+        else:
+            credentials = grpc.ssl_server_credentials(
+                [(self._certificate.private_key_pem, self._certificate.certificate_pem)]
+            )
+            self.port = server.add_secure_port(address, credentials)
         await server.start()
         self._stopping = asyncio.Event()
         self._ready.set()

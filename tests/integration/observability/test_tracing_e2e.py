@@ -79,7 +79,7 @@ def test_the_epp_continues_the_clients_trace_and_propagates_it_upstream(
 
     def complete(spans: list[ReceivedSpan]) -> bool:
         names = _by_name(spans, CLIENT_TRACE_ID)
-        return {"gateway.request", "gateway.scheduling.profile"} <= set(names)
+        return {"gateway.request", "gateway.scheduling.plugin"} <= set(names)
 
     spans = receiver.wait_for(complete, timeout=30, what="the request's spans")
     named = _by_name(spans, CLIENT_TRACE_ID)
@@ -95,6 +95,10 @@ def test_the_epp_continues_the_clients_trace_and_propagates_it_upstream(
     assert scheduling.parent_span_id == orchestration.span_id
     assert profile.parent_span_id == scheduling.span_id
     assert profile.attributes["profile"] == "default"
+    plugins = named["gateway.scheduling.plugin"]
+    assert {p.parent_span_id for p in plugins} == {profile.span_id}
+    assert {p.attributes["extension_point"] for p in plugins} == {"Scorer", "Picker"}
+    assert all(profile.start_ns <= p.start_ns <= p.end_ns <= profile.end_ns for p in plugins)
     producers = named["gateway.prepare_data"]
     assert {p.parent_span_id for p in producers} == {orchestration.span_id}
 

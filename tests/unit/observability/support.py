@@ -14,6 +14,7 @@ from domain.datastore.objectives import ObjectiveStore
 from domain.datastore.store import Datastore
 from domain.plugins.handle import Handle
 from domain.prefixcache.index import InMemoryPrefixIndex
+from domain.requestcontrol.admission import Admission
 from domain.requestcontrol.director import Director, RequestControl
 from domain.requestcontrol.state import RequestStates
 from domain.scheduling.observer import SchedulingReporter
@@ -50,6 +51,7 @@ def observed_director(
     *,
     config_text: str | None = None,
     objectives: ObjectiveStore | None = None,
+    admission: Admission | None = None,
 ) -> Director:
     codec = OrjsonCodec()
     store = datastore if datastore is not None else populated_datastore()
@@ -73,6 +75,7 @@ def observed_director(
         pre_request=loaded.pre_request,
         response_header=loaded.response_header,
         response_body=loaded.response_body,
+        admission=admission,
     )
     return Director(
         datastore=store,

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
+
 import orjson
 import pytest
 
 from adapters.prometheus.exporter import METRICS
 from domain.datastore.objectives import ObjectiveStore
+from domain.flowcontrol import FlowControlConfig, FlowController
+from domain.requestcontrol.admission import FlowControlAdmission
 from domain.requestcontrol.director import Director
 from ports.objectives import ModelRewriteRule, ModelRewriteTarget
 from tests.fakes.observer import RecordingObserver
@@ -273,10 +278,52 @@ async def test_routing_is_a_span_tree_under_the_gateway_span_and_goes_upstream()
     assert profile.attributes["profile"] == "default"
     assert exchange.target is not None
     assert profile.attributes["picked"] == exchange.target.name
+    plugins = observer.spans_named("gateway.scheduling.plugin")
+    assert {s.parent for s in plugins} == {profile}
+    assert all(s.ended for s in plugins)
+    assert [s.attributes["extension_point"] for s in plugins][-1] == "Picker"
+    assert {(s.attributes["extension_point"], s.attributes["plugin.type"]) for s in plugins} >= {
+        ("Scorer", "prefix-cache-scorer"),
+        ("Picker", "max-score-picker"),
+    }
+    assert observer.spans_named("gateway.flow_control") == []  # legacy admission: no wait
     headers = dict(decision.headers)
     assert headers["traceparent"] == (
         f"00-0af7651916cd43dd8448eb211c80319c-{orchestration.span_id}-01"
     )
+
+
+async def test_the_wait_in_flow_control_is_a_span() -> None:
+    observer = RecordingObserver()
+    pool = {"saturation": 0.0}
+    controller = FlowController(FlowControlConfig(), saturation=lambda: pool["saturation"])
+    controller.start()
+    director = observed_director(observer, admission=FlowControlAdmission(controller))
+    gateway = observer.start_span("gateway.request")
+    await director.open(inbound(_body(), span=gateway)).route()
+    (orchestration,) = observer.spans_named("gateway.request_orchestration")
+    (admitted,) = observer.spans_named("gateway.flow_control")
+    assert admitted.parent is orchestration
+    assert admitted.attributes == {"priority": 0, "fairness_id": "default-flow"}
+    assert admitted.ended
+    assert not admitted.errors
+
+    pool["saturation"] = 1.0  # saturated: the request waits until the controller stops
+    headers = {"x-gateway-inference-fairness-id": "tenant-a"}
+    slow = director.open(inbound(_body(), request_id="req-2", span=gateway, headers=headers))
+    slow_request = asyncio.create_task(slow.route())
+    deadline = time.monotonic() + 5
+    while controller.stats().queued_requests != 1:
+        assert time.monotonic() < deadline, "the request never queued"
+        await asyncio.sleep(0)
+    assert not observer.spans_named("gateway.flow_control")[1].ended  # still waiting
+    await controller.stop()
+    decision = await asyncio.wait_for(slow_request, 5)
+    assert decision.error is not None
+    waited = observer.spans_named("gateway.flow_control")[1]
+    assert waited.attributes["fairness_id"] == "tenant-a"
+    assert waited.ended
+    assert waited.errors
 
 
 async def test_a_refused_request_marks_its_span_as_an_error() -> None:

@@ -7,13 +7,13 @@ import logging
 from collections.abc import Sequence
 
 import pytest
-from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
-from adapters.otel.tracing import LoggingSpanExporter, OtelTracing, sampler_from
+from adapters.otel.export import ConsoleSink, OtlpGrpcSink
+from adapters.otel.tracing import OtelTracing, TracingConfigError, sampler_from
 from adapters.prometheus.exporter import PrometheusObserver
 from app.observability import EppObserver, build_tracing
 from app.settings import Settings
@@ -57,22 +57,58 @@ def test_the_sampler_comes_from_the_environment(env: dict[str, str], description
 
 
 def test_the_exporter_comes_from_the_environment() -> None:
-    assert isinstance(OtelTracing({}).exporter, LoggingSpanExporter)  # console by default
-    assert OtelTracing({"OTEL_TRACES_EXPORTER": "none"}).exporter is None
+    assert isinstance(OtelTracing({}).sink, ConsoleSink)  # console by default
+    assert OtelTracing({"OTEL_TRACES_EXPORTER": "none"}).sink is None
     otlp = OtelTracing(
         {"OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:1"}
     )
-    assert isinstance(otlp.exporter, OTLPSpanExporter)
+    assert isinstance(otlp.sink, OtlpGrpcSink)
+    assert otlp.sink.target == "127.0.0.1:1"
+    assert otlp.describe()["exporter"] == "otlp grpc to 127.0.0.1:1"
     otlp.shutdown()
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "target"),
+    [
+        ("http://collector:4317", "collector:4317"),
+        ("https://collector", "collector:4317"),
+        ("http://[::1]:4317", "[::1]:4317"),
+        ("collector:4317", "collector:4317"),
+    ],
+)
+def test_the_otlp_endpoint_names_the_grpc_target(endpoint: str, target: str) -> None:
+    tracing = OtelTracing(
+        {"OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": endpoint}
+    )
+    assert isinstance(tracing.sink, OtlpGrpcSink)
+    assert tracing.sink.target == target
+    tracing.shutdown()
+
+
+@pytest.mark.parametrize(
+    ("env", "named"),
+    [
+        ({"OTEL_EXPORTER_OTLP_ENDPOINT": "ftp://collector"}, "OTEL_EXPORTER_OTLP_ENDPOINT"),
+        (
+            {
+                "OTEL_EXPORTER_OTLP_ENDPOINT": "https://collector:4317",
+                "OTEL_EXPORTER_OTLP_CERTIFICATE": "/nonexistent/ca.pem",
+            },
+            "OTEL_EXPORTER_OTLP_CERTIFICATE",
+        ),
+    ],
+)
+def test_an_unusable_otlp_setting_is_an_error_naming_it(env: dict[str, str], named: str) -> None:
+    with pytest.raises(TracingConfigError, match=named):
+        OtelTracing({"OTEL_TRACES_EXPORTER": "otlp", **env})
 
 
 def test_the_service_name_defaults_to_the_references() -> None:
     default, _ = _tracing({})
     named, _ = _tracing({"OTEL_SERVICE_NAME": "my-epp"})
-    assert default.provider.resource.attributes["service.name"] == (
-        "gateway-api-inference-extension/epp"
-    )
-    assert named.provider.resource.attributes["service.name"] == "my-epp"
+    assert default.resource.attributes["service.name"] == "gateway-api-inference-extension/epp"
+    assert named.resource.attributes["service.name"] == "my-epp"
 
 
 def test_a_span_from_request_headers_continues_the_callers_trace() -> None:
@@ -245,7 +281,74 @@ def test_new_traces_are_sampled_at_the_configured_ratio() -> None:
     assert 480 <= recorded <= 720
 
 
-def test_other_samplers_go_through_the_sdk() -> None:
-    tracing, exporter = _tracing({"OTEL_TRACES_SAMPLER": "always_on"})
-    tracing.start_span("gateway.request").end()
-    assert list(_finished(tracing, exporter)) == ["gateway.request"]
+@pytest.mark.parametrize(
+    ("sampler", "new_trace", "caller_sampled", "caller_unsampled"),
+    [
+        ("always_on", True, True, True),
+        ("always_off", False, False, False),
+        ("parentbased_always_on", True, True, False),
+        ("parentbased_always_off", False, True, False),
+    ],
+)
+def test_every_sampler_decides_as_the_sdks(
+    sampler: str, new_trace: bool, caller_sampled: bool, caller_unsampled: bool
+) -> None:
+    tracing, exporter = _tracing({"OTEL_TRACES_SAMPLER": sampler})
+    tracing.start_span("new").end()
+    tracing.start_span("sampled", carrier=SAMPLED).end()
+    tracing.start_span("unsampled", carrier=NOT_SAMPLED).end()
+    recorded = set(_finished(tracing, exporter))
+    assert recorded == {
+        name
+        for name, kept in [
+            ("new", new_trace),
+            ("sampled", caller_sampled),
+            ("unsampled", caller_unsampled),
+        ]
+        if kept
+    }
+
+
+def test_traceidratio_decides_on_the_trace_id_whatever_the_caller_says() -> None:
+    tracing, exporter = _tracing(
+        {"OTEL_TRACES_SAMPLER": "traceidratio", "OTEL_TRACES_SAMPLER_ARG": "0.5"}
+    )
+    low = "00-0af7651916cd43dd0000000000000001-b7ad6b7169203331-00"  # low 64 bits tiny
+    high = "00-0af7651916cd43ddffffffffffffffff-b7ad6b7169203331-01"
+    tracing.start_span("low", carrier={"traceparent": low}).end()
+    dropped = tracing.start_span("high", carrier={"traceparent": high, "tracestate": "v=1"})
+    headers: dict[str, str] = {}
+    dropped.inject(headers)
+    dropped.end()
+    assert list(_finished(tracing, exporter)) == ["low"]
+    _version, trace_id, span_id, flags = headers["traceparent"].split("-")
+    assert (trace_id, flags) == ("0af7651916cd43ddffffffffffffffff", "00")
+    assert span_id != "b7ad6b7169203331"  # a span of ours, not the caller's
+    assert headers["tracestate"] == "v=1"
+
+
+@pytest.mark.parametrize(
+    "traceparent",
+    [
+        "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331",  # no flags
+        "00-00000000000000000000000000000000-b7ad6b7169203331-01",  # zero trace id
+        "00-0af7651916cd43dd8448eb211c80319c-0000000000000000-01",  # zero span id
+        "ff-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",  # forbidden version
+        "00-0AF7651916CD43DD8448EB211C80319C-b7ad6b7169203331-01",  # upper case
+        "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01-extra",  # v00 with more
+    ],
+)
+def test_an_invalid_traceparent_starts_a_new_trace(traceparent: str) -> None:
+    tracing, exporter = _tracing(ALWAYS)
+    tracing.start_span("gateway.request", carrier={"traceparent": traceparent}).end()
+    (span,) = _finished(tracing, exporter).values()
+    assert span.parent is None
+    assert f"{span.context.trace_id:032x}" not in traceparent
+
+
+def test_a_later_version_traceparent_is_followed() -> None:
+    tracing, exporter = _tracing({"OTEL_TRACES_SAMPLER_ARG": "0"})
+    parent = f"01-{TRACE_ID}-b7ad6b7169203331-01-future"
+    tracing.start_span("gateway.request", carrier={"traceparent": parent}).end()
+    (span,) = _finished(tracing, exporter).values()
+    assert f"{span.context.trace_id:032x}" == TRACE_ID

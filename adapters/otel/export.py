@@ -1,0 +1,400 @@
+"""Where finished spans go: a batching queue drained by a thread, and the span sinks.
+
+``BatchSpanQueue`` takes each ended span on the event loop (a deque append) and a thread
+exports them in batches, tuned like the SDK's batch processor by ``OTEL_BSP_*``. Sinks:
+
+- ``OtlpGrpcSink``: OTLP over gRPC (the trace service of ``opentelemetry-proto``), each
+  batch encoded straight into one ``ExportTraceServiceRequest``; retries the retryable
+  status codes with backoff within the export timeout;
+- ``ConsoleSink``: one JSON line per span on the ``epp.traces`` logger;
+- ``SdkExporterSink``: hands the spans, as SDK ``ReadableSpan``, to any OpenTelemetry SDK
+  ``SpanExporter`` (slower; for exporters this module does not implement).
+
+Failing exports are logged when the state changes (failing, recovered), not per batch.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
+from typing import Protocol
+
+import grpc
+import orjson
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2_grpc import TraceServiceStub
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue, InstrumentationScope
+from opentelemetry.proto.resource.v1.resource_pb2 import Resource as ResourceProto
+from opentelemetry.proto.trace.v1.trace_pb2 import SpanFlags
+from opentelemetry.proto.trace.v1.trace_pb2 import Status as StatusProto
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope as SdkScope
+from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags, TraceState
+
+from adapters.otel.spans import KIND_SERVER, RecordingSpan
+
+__all__ = [
+    "BatchSpanQueue",
+    "ConsoleSink",
+    "OtlpGrpcSink",
+    "SdkExporterSink",
+    "SpanSink",
+    "encode_spans",
+    "resource_proto",
+]
+
+logger = logging.getLogger(__name__)
+console_logger = logging.getLogger("epp.traces")
+
+#: Seconds between two reports of spans dropped on a full queue.
+DROP_REPORT_INTERVAL = 60.0
+_SAMPLED_FLAGS = 0x01 | SpanFlags.SPAN_FLAGS_CONTEXT_HAS_IS_REMOTE_MASK
+_REMOTE_FLAGS = _SAMPLED_FLAGS | SpanFlags.SPAN_FLAGS_CONTEXT_IS_REMOTE_MASK
+_RETRYABLE = frozenset(
+    {
+        grpc.StatusCode.CANCELLED,
+        grpc.StatusCode.DEADLINE_EXCEEDED,
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+        grpc.StatusCode.ABORTED,
+        grpc.StatusCode.OUT_OF_RANGE,
+        grpc.StatusCode.UNAVAILABLE,
+        grpc.StatusCode.DATA_LOSS,
+    }
+)
+
+
+class SpanSink(Protocol):
+    """Exports finished spans; called from the export thread only."""
+
+    def export(self, spans: Sequence[RecordingSpan]) -> bool: ...
+
+    def shutdown(self) -> None: ...
+
+
+# encoding
+
+
+def _set_value(target: AnyValue, value: object) -> None:
+    if isinstance(value, bool):
+        target.bool_value = value
+    elif isinstance(value, int):
+        target.int_value = value
+    elif isinstance(value, float):
+        target.double_value = value
+    elif isinstance(value, str):
+        target.string_value = value
+    elif isinstance(value, Sequence) and not isinstance(value, bytes):
+        values = target.array_value.values
+        for item in value:
+            _set_value(values.add(), item)
+    else:
+        target.string_value = str(value)
+
+
+def resource_proto(resource: Resource) -> ResourceProto:
+    proto = ResourceProto()
+    for key, value in resource.attributes.items():
+        _set_value(proto.attributes.add(key=key).value, value)
+    return proto
+
+
+def encode_spans(
+    spans: Sequence[RecordingSpan], resource: ResourceProto, scope: InstrumentationScope
+) -> ExportTraceServiceRequest:
+    """One export request: the resource, the scope and every span of ``spans``."""
+    request = ExportTraceServiceRequest()
+    resource_spans = request.resource_spans.add()
+    resource_spans.resource.CopyFrom(resource)
+    scope_spans = resource_spans.scope_spans.add()
+    scope_spans.scope.CopyFrom(scope)
+    add = scope_spans.spans.add
+    for span in spans:
+        out = add(
+            trace_id=span.trace_id.to_bytes(16, "big"),
+            span_id=span.span_id.to_bytes(8, "big"),
+            name=span.name,
+            kind=span.kind,
+            start_time_unix_nano=span.start_ns,
+            end_time_unix_nano=span.end_ns,
+            flags=_REMOTE_FLAGS if span.remote_parent else _SAMPLED_FLAGS,
+        )
+        if span.parent_id:
+            out.parent_span_id = span.parent_id.to_bytes(8, "big")
+        trace_state = span.trace_state
+        if trace_state:
+            out.trace_state = trace_state
+        if span.attributes:
+            attributes = out.attributes
+            for key, value in span.attributes.items():
+                _set_value(attributes.add(key=key).value, value)
+        if span.error is not None:
+            out.status.code = StatusProto.STATUS_CODE_ERROR
+            out.status.message = span.error
+    return request
+
+
+# the queue
+
+
+class BatchSpanQueue:
+    """Ended spans, exported by a daemon thread in batches of up to ``max_batch_size``
+    every ``schedule_delay`` seconds (sooner when a batch is full). Beyond
+    ``max_queue_size`` waiting spans, new ones are dropped (and counted)."""
+
+    def __init__(
+        self,
+        sink: SpanSink,
+        *,
+        max_queue_size: int = 2048,
+        max_batch_size: int = 512,
+        schedule_delay: float = 5.0,
+    ) -> None:
+        self.sink = sink
+        self.dropped = 0
+        self._max_queue = max_queue_size
+        self._max_batch = min(max_batch_size, max_queue_size)
+        self._delay = schedule_delay
+        self._queue: deque[RecordingSpan] = deque()
+        self._wake = threading.Event()
+        self._exporting = threading.Lock()
+        self._stopped = False
+        self._reported_drops = 0
+        self._next_drop_report = 0.0
+        self._thread = threading.Thread(target=self._run, name="epp-span-export", daemon=True)
+        self._thread.start()
+
+    def add(self, span: RecordingSpan) -> None:
+        """Called on the event loop when ``span`` ends."""
+        queue = self._queue
+        size = len(queue)
+        if size >= self._max_queue:
+            self.dropped += 1
+            return
+        queue.append(span)
+        if size + 1 == self._max_batch:
+            self._wake.set()
+
+    def force_flush(self, timeout: float = 10.0) -> bool:
+        """Export everything queued now (in the calling thread); False if that did not
+        finish within ``timeout``."""
+        if not self._exporting.acquire(timeout=timeout):
+            return False
+        try:
+            self._drain()
+        finally:
+            self._exporting.release()
+        return not self._queue
+
+    def shutdown(self, timeout: float = 30.0) -> None:
+        """Export what is queued within ``timeout`` seconds, then stop the sink (which
+        abandons an export still running). Idempotent; blocks."""
+        if self._stopped:
+            return
+        self._stopped = True
+        self._wake.set()
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            logger.warning(
+                "spans not all exported within %.0fs of shutdown; %d left",
+                timeout,
+                len(self._queue),
+            )
+        self.sink.shutdown()
+
+    def _run(self) -> None:
+        while not self._stopped:
+            self._wake.wait(self._delay)
+            self._wake.clear()
+            with self._exporting:
+                self._drain()
+        with self._exporting:
+            self._drain()
+
+    def _drain(self) -> None:
+        queue = self._queue
+        while queue:
+            batch = [queue.popleft() for _ in range(min(self._max_batch, len(queue)))]
+            try:
+                self.sink.export(batch)
+            except Exception:
+                logger.exception("span export failed; %d spans dropped", len(batch))
+        dropped = self.dropped
+        if dropped != self._reported_drops:
+            now = time.monotonic()
+            if now >= self._next_drop_report:  # at most once a minute while it lasts
+                logger.warning(
+                    "span queue full (%d spans): %d spans dropped so far",
+                    self._max_queue,
+                    dropped,
+                )
+                self._reported_drops = dropped
+                self._next_drop_report = now + DROP_REPORT_INTERVAL
+
+
+# sinks
+
+
+class OtlpGrpcSink:
+    """OTLP/gRPC to ``target`` (``host:port``)."""
+
+    def __init__(
+        self,
+        target: str,
+        *,
+        resource: Resource,
+        scope: InstrumentationScope,
+        credentials: grpc.ChannelCredentials | None = None,
+        headers: Mapping[str, str] | None = None,
+        timeout: float = 10.0,
+        compression: grpc.Compression = grpc.Compression.NoCompression,
+    ) -> None:
+        self.target = target
+        self._resource = resource_proto(resource)
+        self._scope = scope
+        # Reconnect soon after a collector comes back (gRPC's default backoff grows to 2 min).
+        options = [
+            ("grpc.initial_reconnect_backoff_ms", 500),
+            ("grpc.max_reconnect_backoff_ms", 5000),
+        ]
+        if credentials is None:
+            self._channel = grpc.insecure_channel(target, options, compression)
+        else:
+            self._channel = grpc.secure_channel(target, credentials, options, compression)
+        self._call = TraceServiceStub(self._channel).Export  # type: ignore[no-untyped-call]
+        self._metadata = tuple((headers or {}).items())
+        self._timeout = timeout
+        self._closing = threading.Event()
+        self._failing = False
+
+    def export(self, spans: Sequence[RecordingSpan]) -> bool:
+        request = encode_spans(spans, self._resource, self._scope)
+        deadline = time.monotonic() + self._timeout
+        backoff = 0.5
+        while True:
+            remaining = deadline - time.monotonic()
+            try:
+                self._call(
+                    request,
+                    metadata=self._metadata,
+                    timeout=max(remaining, 0.001),
+                    wait_for_ready=True,  # a collector starting up gets the timeout's grace
+                )
+            except grpc.RpcError as exc:
+                code = exc.code() if isinstance(exc, grpc.Call) else grpc.StatusCode.UNKNOWN
+                retry = (
+                    code in _RETRYABLE
+                    and time.monotonic() + backoff < deadline
+                    and not self._closing.is_set()
+                )
+                if retry:
+                    self._closing.wait(backoff)
+                    backoff *= 2
+                    continue
+                self._failed(code, len(spans))
+                return False
+            if self._failing:
+                self._failing = False
+                logger.info("trace export to %s recovered", self.target)
+            return True
+
+    def _failed(self, code: grpc.StatusCode, count: int) -> None:
+        if not self._failing:
+            self._failing = True
+            logger.warning(
+                "trace export to %s failed (%s): %d spans dropped, and spans are dropped "
+                "until it recovers",
+                self.target,
+                code.name,
+                count,
+            )
+
+    def shutdown(self) -> None:
+        self._closing.set()
+        self._channel.close()
+
+
+def _iso(ns: int) -> str:
+    return datetime.fromtimestamp(ns / 1e9, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+class ConsoleSink:
+    """Each span as one JSON line (an INFO record of ``epp.traces``), so spans follow the
+    process's log format."""
+
+    def __init__(self, resource: Resource) -> None:
+        self._resource = dict(resource.attributes)
+
+    def export(self, spans: Sequence[RecordingSpan]) -> bool:
+        for span in spans:
+            line = orjson.dumps(self.describe(span), default=str).decode()
+            console_logger.info("%s", line)
+        return True
+
+    def describe(self, span: RecordingSpan) -> dict[str, object]:
+        return {
+            "name": span.name,
+            "context": {
+                "trace_id": f"0x{span.trace_id:032x}",
+                "span_id": f"0x{span.span_id:016x}",
+                "trace_state": span.trace_state,
+            },
+            "kind": "SpanKind.SERVER" if span.kind == KIND_SERVER else "SpanKind.INTERNAL",
+            "parent_id": f"0x{span.parent_id:016x}" if span.parent_id else None,
+            "start_time": _iso(span.start_ns),
+            "end_time": _iso(span.end_ns),
+            "status": (
+                {"status_code": "ERROR", "description": span.error}
+                if span.error is not None
+                else {"status_code": "UNSET"}
+            ),
+            "attributes": span.attributes,
+            "resource": {"attributes": self._resource},
+        }
+
+    def shutdown(self) -> None:
+        return None
+
+
+class SdkExporterSink:
+    """Spans as SDK ``ReadableSpan`` to an OpenTelemetry SDK ``SpanExporter``."""
+
+    def __init__(self, exporter: SpanExporter, resource: Resource, scope_name: str) -> None:
+        self.exporter = exporter
+        self._resource = resource
+        self._scope = SdkScope(scope_name)
+
+    def readable(self, span: RecordingSpan) -> ReadableSpan:
+        state = TraceState.from_header([span.trace_state]) if span.trace_state else None
+        flags = TraceFlags(TraceFlags.SAMPLED)
+        parent = None
+        if span.parent_id:
+            parent = SpanContext(
+                span.trace_id, span.parent_id, is_remote=span.remote_parent, trace_flags=flags
+            )
+        return ReadableSpan(
+            name=span.name,
+            context=SpanContext(
+                span.trace_id, span.span_id, is_remote=False, trace_flags=flags, trace_state=state
+            ),
+            parent=parent,
+            resource=self._resource,
+            attributes=span.attributes,
+            kind=SpanKind.SERVER if span.kind == KIND_SERVER else SpanKind.INTERNAL,
+            status=Status(StatusCode.ERROR, span.error) if span.error is not None else Status(),
+            start_time=span.start_ns,
+            end_time=span.end_ns,
+            instrumentation_scope=self._scope,
+        )
+
+    def export(self, spans: Sequence[RecordingSpan]) -> bool:
+        result = self.exporter.export([self.readable(span) for span in spans])
+        return result is SpanExportResult.SUCCESS
+
+    def shutdown(self) -> None:
+        self.exporter.shutdown()

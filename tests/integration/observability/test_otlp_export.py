@@ -1,0 +1,131 @@
+"""The OTLP/gRPC exporter against a real trace receiver: what arrives, with which headers,
+over TLS, and how a collector that is down is reported."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from adapters.envoy.tls import self_signed_certificate
+from adapters.otel.tracing import OtelTracing
+from tests.integration.observability.otlp_receiver import OtlpReceiver, ReceivedSpan
+from tests.support.stack import free_port
+
+TRACE_ID = "0af7651916cd43dd8448eb211c80319c"
+CALLER_SPAN = "b7ad6b7169203331"
+
+
+@pytest.fixture
+def receiver() -> Iterator[OtlpReceiver]:
+    receiver = OtlpReceiver().start()
+    yield receiver
+    receiver.stop()
+
+
+def _otlp(endpoint: str, **extra: str) -> dict[str, str]:
+    return {
+        "OTEL_TRACES_EXPORTER": "otlp",
+        "OTEL_EXPORTER_OTLP_ENDPOINT": endpoint,
+        "OTEL_TRACES_SAMPLER_ARG": "1",
+        **extra,
+    }
+
+
+def _arrived(receiver: OtlpReceiver, count: int) -> dict[str, ReceivedSpan]:
+    spans = receiver.wait_for(lambda s: len(s) >= count, timeout=10, what=f"{count} spans")
+    return {s.name: s for s in spans}
+
+
+def test_spans_arrive_with_their_ids_attributes_and_status(receiver: OtlpReceiver) -> None:
+    tracing = OtelTracing(_otlp(receiver.endpoint, OTEL_SERVICE_NAME="epp-test"))
+    carrier = {"traceparent": f"00-{TRACE_ID}-{CALLER_SPAN}-01", "tracestate": "vendor=x"}
+    root = tracing.start_span("gateway.request", carrier=carrier)
+    child = tracing.start_span("gateway.scheduling", parent=root, attributes={"profile": "p"})
+    child.set_attribute("candidates", 3)
+    child.set_attribute("score", 0.5)
+    child.set_attribute("cached", True)
+    child.record_error("no endpoint")
+    child.end()
+    root.end()
+    assert tracing.force_flush()
+    spans = _arrived(receiver, 2)
+    tracing.shutdown()
+
+    server, internal = spans["gateway.request"], spans["gateway.scheduling"]
+    assert server.trace_id == internal.trace_id == TRACE_ID
+    assert server.parent_span_id == CALLER_SPAN
+    assert internal.parent_span_id == server.span_id
+    assert (server.kind, internal.kind) == (2, 1)  # SERVER, INTERNAL
+    assert server.trace_state == internal.trace_state == "vendor=x"
+    assert server.flags == 0x301  # sampled, with a remote parent
+    assert internal.flags == 0x101  # sampled, local parent
+    assert internal.attributes == {"profile": "p", "candidates": 3, "score": 0.5, "cached": True}
+    assert (internal.status_code, internal.status_message) == (2, "no endpoint")
+    assert server.status_code == 0
+    assert server.service_name == "epp-test"
+    assert server.start_ns <= internal.start_ns <= internal.end_ns <= server.end_ns
+
+
+def test_headers_and_gzip_reach_the_collector(receiver: OtlpReceiver) -> None:
+    env = _otlp(
+        receiver.endpoint,
+        OTEL_EXPORTER_OTLP_HEADERS="x-api-key=s%20cret, Tenant=a",
+        OTEL_EXPORTER_OTLP_COMPRESSION="gzip",
+    )
+    tracing = OtelTracing(env)
+    tracing.start_span("gateway.request").end()
+    assert tracing.force_flush()
+    _arrived(receiver, 1)
+    tracing.shutdown()
+    (metadata,) = receiver.metadata
+    assert metadata["x-api-key"] == "s cret"
+    assert metadata["tenant"] == "a"
+
+
+def test_tls_to_a_collector_with_the_configured_ca(tmp_path: Path) -> None:
+    certificate = self_signed_certificate("collector")
+    ca = tmp_path / "ca.pem"
+    ca.write_bytes(certificate.certificate_pem)
+    receiver = OtlpReceiver(certificate=certificate).start()
+    try:
+        assert receiver.endpoint.startswith("https://")
+        tracing = OtelTracing(_otlp(receiver.endpoint, OTEL_EXPORTER_OTLP_CERTIFICATE=str(ca)))
+        tracing.start_span("gateway.request").end()
+        assert tracing.force_flush()
+        assert list(_arrived(receiver, 1)) == ["gateway.request"]
+        tracing.shutdown()
+    finally:
+        receiver.stop()
+
+
+def test_a_collector_that_is_down_is_logged_once_and_its_recovery_too(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    port = free_port()
+    env = _otlp(f"http://127.0.0.1:{port}", OTEL_EXPORTER_OTLP_TIMEOUT="300")
+    tracing = OtelTracing(env)
+    with caplog.at_level(logging.INFO, logger="adapters.otel.export"):
+        for _ in range(2):
+            tracing.start_span("lost").end()
+            assert tracing.force_flush()  # the export gave up: nothing left queued
+        failed = [r for r in caplog.records if "failed" in r.getMessage()]
+        assert len(failed) == 1
+        assert f"127.0.0.1:{port}" in failed[0].getMessage()
+
+        receiver = OtlpReceiver(port=port).start()
+        try:
+            # the channel reconnects on its own backoff: export until a span gets through
+            deadline = time.monotonic() + 20
+            while not receiver.spans():
+                assert time.monotonic() < deadline, "no span reached the restarted collector"
+                tracing.start_span("delivered").end()
+                tracing.force_flush()
+            assert {s.name for s in receiver.spans()} == {"delivered"}
+        finally:
+            tracing.shutdown()
+            receiver.stop()
+    assert any("recovered" in r.getMessage() for r in caplog.records)
