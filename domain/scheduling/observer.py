@@ -4,6 +4,8 @@ reference's metric names (``inference_extension_plugin_duration_seconds``,
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from domain.plugins.base import TypedName
 from domain.scheduling.types import SchedulingResult
 from ports.observer import NoopSpan, Observer, Span
@@ -45,7 +47,12 @@ class SchedulingObserver:
         """One scheduling attempt; ``result`` is ``None`` when it failed."""
         self.scheduled(seconds, result is not None)
 
-    def start_span(self, name: str, parent: Span | None) -> Span:
+    def start_span(
+        self,
+        name: str,
+        parent: Span | None,
+        attributes: Mapping[str, str | int | float | bool] | None = None,
+    ) -> Span:
         return _NOOP_SPAN
 
 
@@ -104,5 +111,10 @@ class SchedulingReporter(SchedulingObserver):
             }
         self._observer.counter(SCHEDULER_ATTEMPTS, labels)
 
-    def start_span(self, name: str, parent: Span | None) -> Span:
-        return self._observer.start_span(name, parent=parent)
+    def start_span(
+        self,
+        name: str,
+        parent: Span | None,
+        attributes: Mapping[str, str | int | float | bool] | None = None,
+    ) -> Span:
+        return self._observer.start_span(name, parent=parent, attributes=attributes)

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from domain.errors import ResourceExhaustedError
-from domain.plugins.base import Plugin
+from domain.plugins.base import Plugin, TypedName
 from domain.scheduling.interfaces import CycleState, Filter, Picker, Scorer
 from domain.scheduling.observer import PLUGIN_SPAN, SchedulingObserver
 from domain.scheduling.types import (
@@ -57,6 +57,7 @@ class SchedulerProfile:
         self.picker = picker
         self._own_observer = observer is not None
         self._observer = observer or SchedulingObserver()
+        self._span_attributes: dict[tuple[str, TypedName], dict[str, str]] = {}
 
     def adopt_observer(self, observer: SchedulingObserver) -> None:
         """Report to ``observer`` unless this profile was built with its own (the scheduler
@@ -78,9 +79,7 @@ class SchedulerProfile:
         clock = time.perf_counter
         traced = span if span is not None and span.recording else None
         for f in self.filters:
-            plugin_span = (
-                _plugin_span(observer, traced, "Filter", f) if traced is not None else None
-            )
+            plugin_span = self._plugin_span(traced, "Filter", f) if traced is not None else None
             started = clock()
             try:
                 candidates = f.filter(cycle, request, candidates)
@@ -100,7 +99,7 @@ class SchedulerProfile:
         for weighted in self.scorers:
             scorer = weighted.scorer
             plugin_span = (
-                _plugin_span(observer, traced, "Scorer", scorer) if traced is not None else None
+                self._plugin_span(traced, "Scorer", scorer) if traced is not None else None
             )
             started = clock()
             try:
@@ -122,9 +121,7 @@ class SchedulerProfile:
                     breakdown[i].append(f"{name}={score:.2f}")
 
         picker = self.picker
-        plugin_span = (
-            _plugin_span(observer, traced, "Picker", picker) if traced is not None else None
-        )
+        plugin_span = self._plugin_span(traced, "Picker", picker) if traced is not None else None
         started = clock()
         try:
             result = picker.pick(
@@ -138,16 +135,17 @@ class SchedulerProfile:
                 plugin_span.end()
         return result
 
+    def _plugin_span(self, parent: Span, extension_point: str, plugin: Plugin) -> Span:
+        """A child of ``parent`` for one plugin call (``PLUGIN_SPAN``)."""
+        key = (extension_point, plugin.typed_name)
+        attributes = self._span_attributes.get(key)
+        if attributes is None:
+            attributes = self._span_attributes[key] = {
+                "extension_point": extension_point,
+                "plugin.type": plugin.typed_name.type,
+                "plugin.name": plugin.typed_name.name,
+            }
+        return self._observer.start_span(PLUGIN_SPAN, parent, attributes)
+
     def __repr__(self) -> str:
         return f"SchedulerProfile({self.name!r})"
-
-
-def _plugin_span(
-    observer: SchedulingObserver, parent: Span | None, extension_point: str, plugin: Plugin
-) -> Span:
-    """A child of ``parent`` for one plugin call (``PLUGIN_SPAN``)."""
-    span = observer.start_span(PLUGIN_SPAN, parent)
-    span.set_attribute("extension_point", extension_point)
-    span.set_attribute("plugin.type", plugin.typed_name.type)
-    span.set_attribute("plugin.name", plugin.typed_name.name)
-    return span

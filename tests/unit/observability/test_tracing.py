@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 from collections.abc import Sequence
 
 import pytest
@@ -352,3 +353,37 @@ def test_a_later_version_traceparent_is_followed() -> None:
     tracing.start_span("gateway.request", carrier={"traceparent": parent}).end()
     (span,) = _finished(tracing, exporter).values()
     assert f"{span.context.trace_id:032x}" == TRACE_ID
+
+
+class _Blocking(SpanExporter):
+    """Holds the export thread in its first export until released."""
+
+    def __init__(self) -> None:
+        self.exported: list[str] = []
+        self.exporting = threading.Event()
+        self.release = threading.Event()
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        self.exporting.set()
+        assert self.release.wait(10)
+        self.exported.extend(s.name for s in spans)
+        return SpanExportResult.SUCCESS
+
+
+def test_a_full_queue_drops_new_spans_counts_them_and_says_so_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    exporter = _Blocking()
+    env = {**ALWAYS, "OTEL_BSP_MAX_QUEUE_SIZE": "2", "OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "1"}
+    tracing = OtelTracing(env, exporter=exporter)
+    tracing.start_span("first").end()  # a full batch: the thread takes it and blocks
+    assert exporter.exporting.wait(10)
+    for i in range(5):
+        tracing.start_span(f"later{i}").end()
+    assert tracing.dropped_spans == 3  # two fit in the queue behind the blocked export
+    with caplog.at_level(logging.WARNING, logger="adapters.otel.export"):
+        exporter.release.set()
+        tracing.shutdown()
+    assert exporter.exported == ["first", "later0", "later1"]
+    (warning,) = [r for r in caplog.records if "dropped" in r.getMessage()]
+    assert "3 spans dropped" in warning.getMessage()
