@@ -14,11 +14,11 @@ Two parts, in one run:
    encoded into OTLP export requests by the export thread, then dropped instead of
    sent): what the metrics and the tracing cost the EPP's Python request path.
 
-    .venv/bin/python -m tests.bench.observability_overhead [--requests 2000] [--rounds 12]
+    .venv/bin/python -m tests.bench.observability_overhead [--requests 400] [--rounds 60]
 
-Round-to-round noise through Envoy on a small machine is about +-10% (the same mode varies
-that much between rounds), so the per-round changes are summarised with a bootstrap
-interval rather than read off one round.
+On a small virtual machine the CPU's speed drifts (the same busy loop can take half the
+time a few seconds later), so the modes take turns in short rounds, the order alternating,
+and each change is computed over the same cycles, with a bootstrap interval.
 """
 
 from __future__ import annotations
@@ -81,6 +81,8 @@ class Mode:
     latencies_ms: list[float] = field(default_factory=list)
     round_rps: list[float] = field(default_factory=list)
     round_cpu_per_k: list[float] = field(default_factory=list)
+    round_seconds: list[float] = field(default_factory=list)
+    round_cpu: list[float] = field(default_factory=list)
 
     @property
     def rps(self) -> float:
@@ -101,50 +103,73 @@ def _cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-async def _load(url: str, total: int, concurrency: int) -> tuple[float, list[float], int]:
+async def _load(
+    session: aiohttp.ClientSession, url: str, total: int, concurrency: int
+) -> tuple[float, list[float], int]:
     latencies: list[float] = []
     errors = 0
     remaining = total
-    connector = aiohttp.TCPConnector(limit=concurrency)
-    async with aiohttp.ClientSession(connector=connector) as session:
 
-        async def worker() -> None:
-            nonlocal remaining, errors
-            while remaining > 0:
-                remaining -= 1
-                started = time.perf_counter()
-                async with session.post(
-                    f"{url}/v1/completions",
-                    data=BODY,
-                    headers={"content-type": "application/json"},
-                ) as response:
-                    await response.read()
-                    if response.status != 200:
-                        errors += 1
-                latencies.append((time.perf_counter() - started) * 1000)
+    async def worker() -> None:
+        nonlocal remaining, errors
+        while remaining > 0:
+            remaining -= 1
+            started = time.perf_counter()
+            async with session.post(
+                f"{url}/v1/completions",
+                data=BODY,
+                headers={"content-type": "application/json"},
+            ) as response:
+                await response.read()
+                if response.status != 200:
+                    errors += 1
+            latencies.append((time.perf_counter() - started) * 1000)
 
-        started = time.perf_counter()
-        await asyncio.gather(*(worker() for _ in range(concurrency)))
-        return time.perf_counter() - started, latencies, errors
+    started = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return time.perf_counter() - started, latencies, errors
 
 
-def _round(mode: Mode, total: int, concurrency: int, *, record: bool) -> None:
+async def _round(
+    mode: Mode, session: aiohttp.ClientSession, total: int, concurrency: int, *, record: bool
+) -> None:
     stack = mode.stack
     assert stack is not None
     assert stack.epp is not None
     assert stack.epp.process is not None
     pid = stack.epp.process.pid
     cpu_before = _cpu_seconds(pid)
-    seconds, latencies, errors = asyncio.run(_load(stack.url, total, concurrency))
+    seconds, latencies, errors = await _load(session, stack.url, total, concurrency)
     if record:
         cpu = _cpu_seconds(pid) - cpu_before
         mode.round_rps.append(total / seconds)
         mode.round_cpu_per_k.append(cpu / total * 1000)
+        mode.round_seconds.append(seconds)
+        mode.round_cpu.append(cpu)
         mode.cpu += cpu
         mode.seconds += seconds
         mode.requests += total
         mode.errors += errors
         mode.latencies_ms += latencies
+
+
+async def _cycles(modes: Sequence[Mode], args: argparse.Namespace) -> None:
+    """Short rounds, one per mode per cycle, the order alternating: this machine's CPU
+    speed drifts (a busy loop's time can halve within seconds), and modes measured close
+    together see the same speed."""
+    async with contextlib.AsyncExitStack() as sessions:
+        opened = [
+            await sessions.enter_async_context(
+                aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=args.concurrency))
+            )
+            for _ in modes
+        ]
+        pairs = list(zip(modes, opened, strict=True))
+        for mode, session in pairs:  # warm up connections and code paths
+            await _round(mode, session, 300, args.concurrency, record=False)
+        for i in range(args.rounds):
+            for mode, session in pairs if i % 2 == 0 else pairs[::-1]:
+                await _round(mode, session, args.requests, args.concurrency, record=True)
 
 
 def _through_envoy(args: argparse.Namespace, receiver: OtlpReceiver) -> list[Mode]:
@@ -171,11 +196,7 @@ def _through_envoy(args: argparse.Namespace, receiver: OtlpReceiver) -> list[Mod
                 epp_tls=not args.plaintext,
             )
             mode.stack = running.enter_context(Stack.run(options))
-        for mode in modes:  # warm up connections and code paths
-            _round(mode, 300, args.concurrency, record=False)
-        for i in range(args.rounds):  # the order alternates, so drift hits every mode alike
-            for mode in modes if i % 2 == 0 else modes[::-1]:
-                _round(mode, args.requests, args.concurrency, record=True)
+        asyncio.run(_cycles(modes, args))
     # the EPPs flushed their last spans when they stopped
     return modes
 
@@ -251,23 +272,41 @@ def _in_process(requests: int) -> Mapping[str, float]:
     return {name: statistics.median(values) for name, values in results.items()}
 
 
-def _summary(changes: Sequence[float]) -> str:
-    """Mean with a 95% bootstrap interval, and the median, of per-round changes."""
+def _change(mode: Mode, base: Mode, cycles: Sequence[int], *, cpu: bool) -> float:
+    """The change of throughput (or of CPU per request) against ``base`` over ``cycles``:
+    each mode's totals over the same cycles."""
+    if cpu:
+        ours = sum(mode.round_cpu[i] for i in cycles)
+        theirs = sum(base.round_cpu[i] for i in cycles)
+    else:  # the same requests per round: throughput is inverse to the time taken
+        ours = sum(base.round_seconds[i] for i in cycles)
+        theirs = sum(mode.round_seconds[i] for i in cycles)
+    return ours / theirs - 1
+
+
+def _summary(mode: Mode, base: Mode, *, cpu: bool) -> str:
+    """The change over all cycles, a 95% bootstrap interval (cycles resampled), and the
+    median of the per-cycle changes."""
+    count = len(base.round_seconds)
     rng = random.Random(0)
-    means = sorted(statistics.fmean(rng.choices(changes, k=len(changes))) for _ in range(5000))
-    low, high = means[int(0.025 * len(means))], means[int(0.975 * len(means)) - 1]
+    everything = range(count)
+    resampled = sorted(
+        _change(mode, base, rng.choices(everything, k=count), cpu=cpu) for _ in range(2000)
+    )
+    low, high = resampled[int(0.025 * len(resampled))], resampled[int(0.975 * len(resampled))]
+    per_cycle = statistics.median(_change(mode, base, [i], cpu=cpu) for i in everything)
     return (
-        f"{statistics.fmean(changes):+.1%} [{low:+.1%}, {high:+.1%}], "
-        f"median {statistics.median(changes):+.1%}"
+        f"{_change(mode, base, everything, cpu=cpu):+.1%} [{low:+.1%}, {high:+.1%}], "
+        f"median {per_cycle:+.1%}"
     )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("--requests", type=int, default=2000, help="per mode per round")
+    parser.add_argument("--requests", type=int, default=400, help="per mode per round")
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--simulators", type=int, default=3)
-    parser.add_argument("--rounds", type=int, default=12, help="alternating rounds per mode")
+    parser.add_argument("--rounds", type=int, default=60, help="cycles (a round per mode)")
     parser.add_argument("--plaintext", action="store_true", help="EPP without TLS")
     parser.add_argument("--in-process-requests", type=int, default=2000)
     args = parser.parse_args()
@@ -298,13 +337,12 @@ def main() -> None:
         )
     print(f"spans received by the OTLP receiver: {spans}")
     print(
-        "change against tracing off, per round (each mode's round against the tracing-off "
-        "round of the same cycle): mean [95% bootstrap interval], median"
+        "change against tracing off over the same cycles: all rounds "
+        "[95% bootstrap interval over cycles], median of the per-cycle changes"
     )
     for mode in modes[1:]:
-        rps = [m / b - 1 for m, b in zip(mode.round_rps, base.round_rps, strict=True)]
-        cpu = [m / b - 1 for m, b in zip(mode.round_cpu_per_k, base.round_cpu_per_k, strict=True)]
-        print(f"  {mode.name:<22} req/s {_summary(rps)};  EPP CPU per request {_summary(cpu)}")
+        print(f"  {mode.name:<22} req/s {_summary(mode, base, cpu=False)}")
+        print(f"  {'':<22} EPP CPU per request {_summary(mode, base, cpu=True)}")
     print()
     results = _in_process(args.in_process_requests)
     bare = results["no observer"]
