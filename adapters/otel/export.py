@@ -19,16 +19,16 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import grpc
 import orjson
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2_grpc import TraceServiceStub
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, InstrumentationScope
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource as ResourceProto
+from opentelemetry.proto.trace.v1.trace_pb2 import ScopeSpans as ScopeSpansProto
 from opentelemetry.proto.trace.v1.trace_pb2 import Span as SpanProto
 from opentelemetry.proto.trace.v1.trace_pb2 import SpanFlags
 from opentelemetry.proto.trace.v1.trace_pb2 import Status as StatusProto
@@ -43,16 +43,18 @@ from adapters.otel.spans import KIND_SERVER, RecordingSpan
 __all__ = [
     "BatchSpanQueue",
     "ConsoleSink",
+    "EncodingSink",
+    "OtlpEncoder",
     "OtlpGrpcSink",
     "SdkExporterSink",
     "SpanSink",
-    "encode_spans",
     "resource_proto",
 ]
 
 logger = logging.getLogger(__name__)
 console_logger = logging.getLogger("epp.traces")
 
+EXPORT_METHOD = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
 #: Distinct attribute sets kept encoded (the export thread's; cleared when full).
 _ATTRIBUTE_CACHE_SIZE = 4096
 #: Seconds between two reports of spans dropped on a full queue.
@@ -133,61 +135,110 @@ def resource_proto(resource: Resource) -> ResourceProto:
     return proto
 
 
-def encode_spans(
-    spans: Sequence[RecordingSpan], resource: ResourceProto, scope: InstrumentationScope
-) -> ExportTraceServiceRequest:
-    """One export request: the resource, the scope and every span of ``spans``."""
-    request = ExportTraceServiceRequest()
-    resource_spans = request.resource_spans.add()
-    resource_spans.resource.CopyFrom(resource)
-    scope_spans = resource_spans.scope_spans.add()
-    scope_spans.scope.CopyFrom(scope)
-    add = scope_spans.spans.add
-    for span in spans:
-        out = add(
-            trace_id=span.trace_id.to_bytes(16, "big"),
-            span_id=span.span_id.to_bytes(8, "big"),
-            name=span.name,
-            kind=span.kind,
-            start_time_unix_nano=span.start_ns,
-            end_time_unix_nano=span.end_ns,
-            flags=_REMOTE_FLAGS if span.remote_parent else _SAMPLED_FLAGS,
-        )
-        if span.parent_id:
-            out.parent_span_id = span.parent_id.to_bytes(8, "big")
-        trace_state = span.trace_state
-        if trace_state:
-            out.trace_state = trace_state
-        if span.attributes:
-            out.MergeFromString(_attributes_bytes(span.attributes))
-        if span.error is not None:
-            out.status.code = StatusProto.STATUS_CODE_ERROR
-            out.status.message = span.error
-    return request
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while value > 0x7F:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def _field(number: int, payload: bytes) -> bytes:
+    """A length-delimited protobuf field: key, length, payload."""
+    return _varint(number << 3 | 2) + _varint(len(payload)) + payload
+
+
+class OtlpEncoder:
+    """Spans into OTLP ``ExportTraceServiceRequest`` bytes, in two steps.
+
+    ``fragment`` encodes some spans as a serialized ``ScopeSpans`` holding only them: the
+    concatenation of their ``spans`` entries. ``request`` wraps fragments, concatenated,
+    into one request with the resource and the scope (protobuf merges repeated fields of
+    concatenated messages, so no fragment is decoded again).
+    """
+
+    def __init__(self, resource: Resource, scope: InstrumentationScope) -> None:
+        self._resource_field = _field(1, resource_proto(resource).SerializeToString())
+        self._scope_field = _field(1, scope.SerializeToString())
+
+    def fragment(self, spans: Sequence[RecordingSpan]) -> bytes:
+        holder = ScopeSpansProto()
+        add = holder.spans.add
+        for span in spans:
+            out = add(
+                trace_id=span.trace_id.to_bytes(16, "big"),
+                span_id=span.span_id.to_bytes(8, "big"),
+                name=span.name,
+                kind=span.kind,
+                start_time_unix_nano=span.start_ns,
+                end_time_unix_nano=span.end_ns,
+                flags=_REMOTE_FLAGS if span.remote_parent else _SAMPLED_FLAGS,
+            )
+            if span.parent_id:
+                out.parent_span_id = span.parent_id.to_bytes(8, "big")
+            trace_state = span.trace_state
+            if trace_state:
+                out.trace_state = trace_state
+            if span.attributes:
+                out.MergeFromString(_attributes_bytes(span.attributes))
+            if span.error is not None:
+                out.status.code = StatusProto.STATUS_CODE_ERROR
+                out.status.message = span.error
+        return holder.SerializeToString()
+
+    def request(self, fragments: Sequence[bytes]) -> bytes:
+        scope_spans = self._scope_field + b"".join(fragments)
+        resource_spans = self._resource_field + _field(2, scope_spans)
+        return _field(1, resource_spans)
 
 
 # the queue
 
 
+@runtime_checkable
+class EncodingSink(Protocol):
+    """A sink that takes spans encoded ahead (``encode``, on the event loop, a few dozen
+    at a time) and exports the encoded fragments (``export_encoded``, in the thread)."""
+
+    def encode(self, spans: Sequence[RecordingSpan]) -> bytes: ...
+
+    def export_encoded(self, fragments: Sequence[bytes], count: int) -> bool: ...
+
+    def shutdown(self) -> None: ...
+
+
 class BatchSpanQueue:
     """Ended spans, exported by a daemon thread in batches of up to ``max_batch_size``
     every ``schedule_delay`` seconds (sooner when a batch is full). Beyond
-    ``max_queue_size`` waiting spans, new ones are dropped (and counted)."""
+    ``max_queue_size`` waiting spans, new ones are dropped (and counted).
+
+    With an ``EncodingSink`` the event loop encodes every ``chunk_size`` ended spans itself
+    and the thread only sends bytes: a thread running Python code takes the interpreter
+    lock from the event loop, and each hand-over costs the loop more than the encoding.
+    """
 
     def __init__(
         self,
-        sink: SpanSink,
+        sink: SpanSink | EncodingSink,
         *,
         max_queue_size: int = 2048,
         max_batch_size: int = 512,
         schedule_delay: float = 5.0,
+        chunk_size: int = 64,
     ) -> None:
         self.sink = sink
         self.dropped = 0
         self._max_queue = max_queue_size
         self._max_batch = min(max_batch_size, max_queue_size)
+        self._chunk = max(1, min(chunk_size, self._max_batch))
         self._delay = schedule_delay
-        self._queue: deque[RecordingSpan] = deque()
+        self._encoding = sink if isinstance(sink, EncodingSink) else None
+        self._plain = None if isinstance(sink, EncodingSink) else sink
+        self._spans: deque[RecordingSpan] = deque()
+        self._chunks: deque[tuple[int, bytes]] = deque()  # (spans, fragment)
+        self._encoded = 0  # spans in _chunks
+        self._lock = threading.Lock()  # who takes spans out of _spans, and _encoded
         self._wake = threading.Event()
         self._exporting = threading.Lock()
         self._stopped = False
@@ -198,13 +249,31 @@ class BatchSpanQueue:
 
     def add(self, span: RecordingSpan) -> None:
         """Called on the event loop when ``span`` ends."""
-        queue = self._queue
-        size = len(queue)
-        if size >= self._max_queue:
+        spans = self._spans
+        waiting = len(spans) + self._encoded
+        if waiting >= self._max_queue:
             self.dropped += 1
             return
-        queue.append(span)
-        if size + 1 == self._max_batch:
+        spans.append(span)
+        if self._encoding is None:
+            if waiting + 1 == self._max_batch:
+                self._wake.set()
+        elif len(spans) >= self._chunk:
+            self._encode_chunk()
+
+    def _encode_chunk(self) -> None:
+        assert self._encoding is not None
+        with self._lock:
+            spans = self._spans
+            chunk = [spans.popleft() for _ in range(min(self._chunk, len(spans)))]
+        if not chunk:
+            return
+        fragment = self._encoding.encode(chunk)
+        with self._lock:
+            self._chunks.append((len(chunk), fragment))
+            self._encoded += len(chunk)
+            full = self._encoded >= self._max_batch
+        if full:
             self._wake.set()
 
     def force_flush(self, timeout: float = 10.0) -> bool:
@@ -216,7 +285,7 @@ class BatchSpanQueue:
             self._drain()
         finally:
             self._exporting.release()
-        return not self._queue
+        return not self._spans and not self._chunks
 
     def shutdown(self, timeout: float = 30.0) -> None:
         """Export what is queued within ``timeout`` seconds, then stop the sink (which
@@ -230,7 +299,7 @@ class BatchSpanQueue:
             logger.warning(
                 "spans not all exported within %.0fs of shutdown; %d left",
                 timeout,
-                len(self._queue),
+                len(self._spans) + self._encoded,
             )
         self.sink.shutdown()
 
@@ -244,13 +313,10 @@ class BatchSpanQueue:
             self._drain()
 
     def _drain(self) -> None:
-        queue = self._queue
-        while queue:
-            batch = [queue.popleft() for _ in range(min(self._max_batch, len(queue)))]
-            try:
-                self.sink.export(batch)
-            except Exception:
-                logger.exception("span export failed; %d spans dropped", len(batch))
+        if self._plain is not None:
+            self._drain_spans(self._plain)
+        elif self._encoding is not None:
+            self._drain_encoded(self._encoding)
         dropped = self.dropped
         if dropped != self._reported_drops:
             now = time.monotonic()
@@ -263,12 +329,40 @@ class BatchSpanQueue:
                 self._reported_drops = dropped
                 self._next_drop_report = now + DROP_REPORT_INTERVAL
 
+    def _drain_spans(self, sink: SpanSink) -> None:
+        queue = self._spans
+        while queue:
+            batch = [queue.popleft() for _ in range(min(self._max_batch, len(queue)))]
+            try:
+                sink.export(batch)
+            except Exception:
+                logger.exception("span export failed; %d spans dropped", len(batch))
+
+    def _drain_encoded(self, sink: EncodingSink) -> None:
+        while self._spans:  # what the loop has not encoded yet (a quiet period)
+            self._encode_chunk()
+        while True:
+            fragments: list[bytes] = []
+            count = 0
+            with self._lock:
+                while self._chunks and (not fragments or count < self._max_batch):
+                    spans, fragment = self._chunks.popleft()
+                    fragments.append(fragment)
+                    count += spans
+                self._encoded -= count
+            if not fragments:
+                return
+            try:
+                sink.export_encoded(fragments, count)
+            except Exception:
+                logger.exception("span export failed; %d spans dropped", count)
+
 
 # sinks
 
 
 class OtlpGrpcSink:
-    """OTLP/gRPC to ``target`` (``host:port``)."""
+    """OTLP/gRPC to ``target`` (``host:port``): an ``EncodingSink``."""
 
     def __init__(
         self,
@@ -282,8 +376,7 @@ class OtlpGrpcSink:
         compression: grpc.Compression = grpc.Compression.NoCompression,
     ) -> None:
         self.target = target
-        self._resource = resource_proto(resource)
-        self._scope = scope
+        self.encoder = OtlpEncoder(resource, scope)
         # Reconnect soon after a collector comes back (gRPC's default backoff grows to 2 min).
         options = [
             ("grpc.initial_reconnect_backoff_ms", 500),
@@ -293,14 +386,22 @@ class OtlpGrpcSink:
             self._channel = grpc.insecure_channel(target, options, compression)
         else:
             self._channel = grpc.secure_channel(target, credentials, options, compression)
-        self._call = TraceServiceStub(self._channel).Export  # type: ignore[no-untyped-call]
+        # The request goes as the bytes ``OtlpEncoder`` made (no serializer).
+        self._call: Callable[..., object] = self._channel.unary_unary(
+            EXPORT_METHOD,
+            request_serializer=None,
+            response_deserializer=ExportTraceServiceResponse.FromString,
+        )
         self._metadata = tuple((headers or {}).items())
         self._timeout = timeout
         self._closing = threading.Event()
         self._failing = False
 
-    def export(self, spans: Sequence[RecordingSpan]) -> bool:
-        request = encode_spans(spans, self._resource, self._scope)
+    def encode(self, spans: Sequence[RecordingSpan]) -> bytes:
+        return self.encoder.fragment(spans)
+
+    def export_encoded(self, fragments: Sequence[bytes], count: int) -> bool:
+        request = self.encoder.request(fragments)
         deadline = time.monotonic() + self._timeout
         backoff = 0.5
         while True:
@@ -323,7 +424,7 @@ class OtlpGrpcSink:
                     self._closing.wait(backoff)
                     backoff *= 2
                     continue
-                self._failed(code, len(spans))
+                self._failed(code, count)
                 return False
             if self._failing:
                 self._failing = False

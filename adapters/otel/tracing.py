@@ -47,6 +47,7 @@ from opentelemetry.sdk.trace.sampling import (
 from adapters.otel.export import (
     BatchSpanQueue,
     ConsoleSink,
+    EncodingSink,
     OtlpGrpcSink,
     SdkExporterSink,
     SpanSink,
@@ -218,7 +219,7 @@ def _otlp_sink(environ: Mapping[str, str], resource: Resource) -> OtlpGrpcSink:
     )
 
 
-def _sink_from(environ: Mapping[str, str], resource: Resource) -> SpanSink | None:
+def _sink_from(environ: Mapping[str, str], resource: Resource) -> SpanSink | EncodingSink | None:
     kind = (environ.get("OTEL_TRACES_EXPORTER") or "console").strip().lower()
     if kind == "none":
         return None
@@ -258,7 +259,7 @@ class OtelTracing:
         environ: Mapping[str, str] | None = None,
         *,
         exporter: SpanExporter | None = None,
-        sink: SpanSink | None = None,
+        sink: SpanSink | EncodingSink | None = None,
     ) -> None:
         env = os.environ if environ is None else environ
         service = env.get("OTEL_SERVICE_NAME") or DEFAULT_SERVICE_NAME
@@ -271,7 +272,7 @@ class OtelTracing:
         if ratio is None:
             ratio = _ratio(env.get("OTEL_TRACES_SAMPLER_ARG"))
         self._bound = round(ratio * (1 << 64))
-        self.sink: SpanSink | None
+        self.sink: SpanSink | EncodingSink | None
         if sink is not None:
             self.sink = sink
         elif exporter is not None:

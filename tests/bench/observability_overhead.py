@@ -14,11 +14,14 @@ Two parts, in one run:
    encoded into OTLP export requests by the export thread, then dropped instead of
    sent): what the metrics and the tracing cost the EPP's Python request path.
 
-    .venv/bin/python -m tests.bench.observability_overhead [--requests 400] [--rounds 60]
+    .venv/bin/python -m tests.bench.observability_overhead [--rounds 120] [--blocks 4]
 
 On a small virtual machine the CPU's speed drifts (the same busy loop can take half the
 time a few seconds later), so the modes take turns in short rounds, the order alternating,
-and each change is computed over the same cycles, with a bootstrap interval.
+and each change is computed over the same cycles, with a bootstrap interval. The stacks are
+started afresh for each of ``--blocks`` blocks, each mode on another address range each
+time, because a process can be a few percent faster or slower than its twin for its whole
+life; the per-block changes show how much.
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ from opentelemetry.proto.common.v1.common_pb2 import InstrumentationScope
 from opentelemetry.sdk.resources import Resource
 
 from adapters.envoy.extproc import ExtProcServicer
-from adapters.otel.export import encode_spans, resource_proto
+from adapters.otel.export import OtlpEncoder
 from adapters.otel.spans import RecordingSpan
 from adapters.otel.tracing import OtelTracing
 from adapters.prometheus.exporter import PrometheusObserver
@@ -153,7 +156,7 @@ async def _round(
         mode.latencies_ms += latencies
 
 
-async def _cycles(modes: Sequence[Mode], args: argparse.Namespace) -> None:
+async def _cycles(modes: Sequence[Mode], args: argparse.Namespace, cycles: int) -> None:
     """Short rounds, one per mode per cycle, the order alternating: this machine's CPU
     speed drifts (a busy loop's time can halve within seconds), and modes measured close
     together see the same speed."""
@@ -167,12 +170,16 @@ async def _cycles(modes: Sequence[Mode], args: argparse.Namespace) -> None:
         pairs = list(zip(modes, opened, strict=True))
         for mode, session in pairs:  # warm up connections and code paths
             await _round(mode, session, 300, args.concurrency, record=False)
-        for i in range(args.rounds):
+        for i in range(cycles):
             for mode, session in pairs if i % 2 == 0 else pairs[::-1]:
                 await _round(mode, session, args.requests, args.concurrency, record=True)
 
 
-def _through_envoy(args: argparse.Namespace, receiver: OtlpReceiver) -> list[Mode]:
+def _through_envoy(
+    args: argparse.Namespace, receiver: OtlpReceiver, blocks: list[range]
+) -> list[Mode]:
+    """Runs the modes; ``blocks`` receives each block's cycle indices."""
+
     def traced(ratio: str) -> dict[str, str]:
         return {
             "OTEL_TRACES_EXPORTER": "otlp",
@@ -186,32 +193,41 @@ def _through_envoy(args: argparse.Namespace, receiver: OtlpReceiver) -> list[Mod
         Mode("tracing 0.1 (otlp)", [], traced("0.1")),
         Mode("tracing 1.0 (otlp)", [], traced("1.0")),
     ]
-    with contextlib.ExitStack() as running:
-        for i, mode in enumerate(modes):
-            options = StackOptions(
-                simulators=args.simulators,
-                simulator_base_ip=f"127.0.0.{2 + 10 * i}",
-                epp_args=mode.epp_args,
-                epp_env=mode.epp_env,
-                epp_tls=not args.plaintext,
-            )
-            mode.stack = running.enter_context(Stack.run(options))
-        asyncio.run(_cycles(modes, args))
+    per_block = max(1, args.rounds // args.blocks)
+    for block in range(args.blocks):
+        # Fresh processes per block, each mode on another address range each time: a
+        # process can run a few percent faster or slower than its twin for its whole life.
+        with contextlib.ExitStack() as running:
+            for i, mode in enumerate(modes):
+                options = StackOptions(
+                    simulators=args.simulators,
+                    simulator_base_ip=f"127.0.0.{2 + 10 * ((i + block) % len(modes))}",
+                    epp_args=mode.epp_args,
+                    epp_env=mode.epp_env,
+                    epp_tls=not args.plaintext,
+                )
+                mode.stack = running.enter_context(Stack.run(options))
+            first = len(modes[0].round_seconds)
+            asyncio.run(_cycles(modes, args, per_block))
+            blocks.append(range(first, len(modes[0].round_seconds)))
     # the EPPs flushed their last spans when they stopped
     return modes
 
 
 class _EncodeOnly:
-    """Encodes each batch as the OTLP exporter does, then drops it (no network)."""
+    """Encodes spans as the OTLP exporter does (on the loop, then the request in the
+    export thread), and drops the request instead of sending it."""
 
     def __init__(self) -> None:
-        self._resource = resource_proto(Resource.create({}))
-        self._scope = InstrumentationScope(name="bench")
+        self._encoder = OtlpEncoder(Resource.create({}), InstrumentationScope(name="bench"))
         self.spans = 0
 
-    def export(self, spans: Sequence[RecordingSpan]) -> bool:
-        encode_spans(spans, self._resource, self._scope).SerializeToString()
-        self.spans += len(spans)
+    def encode(self, spans: Sequence[RecordingSpan]) -> bytes:
+        return self._encoder.fragment(spans)
+
+    def export_encoded(self, fragments: Sequence[bytes], count: int) -> bool:
+        self._encoder.request(fragments)
+        self.spans += count
         return True
 
     def shutdown(self) -> None:
@@ -284,20 +300,21 @@ def _change(mode: Mode, base: Mode, cycles: Sequence[int], *, cpu: bool) -> floa
     return ours / theirs - 1
 
 
-def _summary(mode: Mode, base: Mode, *, cpu: bool) -> str:
-    """The change over all cycles, a 95% bootstrap interval (cycles resampled), and the
-    median of the per-cycle changes."""
-    count = len(base.round_seconds)
+def _summary(mode: Mode, base: Mode, blocks: Sequence[range], *, cpu: bool) -> str:
+    """The change over all cycles, a 95% bootstrap interval (cycles resampled within their
+    block), the median of the per-cycle changes, and each block's change."""
     rng = random.Random(0)
-    everything = range(count)
+    everything = [i for block in blocks for i in block]
     resampled = sorted(
-        _change(mode, base, rng.choices(everything, k=count), cpu=cpu) for _ in range(2000)
+        _change(mode, base, [i for b in blocks for i in rng.choices(b, k=len(b))], cpu=cpu)
+        for _ in range(2000)
     )
     low, high = resampled[int(0.025 * len(resampled))], resampled[int(0.975 * len(resampled))]
     per_cycle = statistics.median(_change(mode, base, [i], cpu=cpu) for i in everything)
+    per_block = ", ".join(f"{_change(mode, base, b, cpu=cpu):+.1%}" for b in blocks)
     return (
         f"{_change(mode, base, everything, cpu=cpu):+.1%} [{low:+.1%}, {high:+.1%}], "
-        f"median {per_cycle:+.1%}"
+        f"median {per_cycle:+.1%}; blocks {per_block}"
     )
 
 
@@ -306,14 +323,16 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=400, help="per mode per round")
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--simulators", type=int, default=3)
-    parser.add_argument("--rounds", type=int, default=60, help="cycles (a round per mode)")
+    parser.add_argument("--rounds", type=int, default=120, help="cycles (a round per mode)")
+    parser.add_argument("--blocks", type=int, default=4, help="fresh processes this often")
     parser.add_argument("--plaintext", action="store_true", help="EPP without TLS")
     parser.add_argument("--in-process-requests", type=int, default=2000)
     args = parser.parse_args()
 
     receiver = OtlpReceiver(count_only=True).start()
+    blocks: list[range] = []
     try:
-        modes = _through_envoy(args, receiver)
+        modes = _through_envoy(args, receiver, blocks)
     finally:
         spans = receiver.count
         receiver.stop()
@@ -321,7 +340,8 @@ def main() -> None:
     base = modes[0]
     print(
         f"Through Envoy: concurrency {args.concurrency}, {args.requests} requests x "
-        f"{args.rounds} rounds per mode, {args.simulators} simulated servers per stack, "
+        f"{args.rounds} rounds per mode in {args.blocks} blocks of fresh processes, "
+        f"{args.simulators} simulated servers per stack, "
         f"EPP TLS {'off' if args.plaintext else 'on'}, {os.cpu_count()} CPUs; metrics on in all"
     )
     print(
@@ -341,8 +361,8 @@ def main() -> None:
         "[95% bootstrap interval over cycles], median of the per-cycle changes"
     )
     for mode in modes[1:]:
-        print(f"  {mode.name:<22} req/s {_summary(mode, base, cpu=False)}")
-        print(f"  {'':<22} EPP CPU per request {_summary(mode, base, cpu=True)}")
+        print(f"  {mode.name:<22} req/s {_summary(mode, base, blocks, cpu=False)}")
+        print(f"  {'':<22} EPP CPU per request {_summary(mode, base, blocks, cpu=True)}")
     print()
     results = _in_process(args.in_process_requests)
     bare = results["no observer"]

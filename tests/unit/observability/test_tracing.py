@@ -8,12 +8,15 @@ import threading
 from collections.abc import Sequence
 
 import pytest
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.proto.common.v1.common_pb2 import InstrumentationScope
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
-from adapters.otel.export import ConsoleSink, OtlpGrpcSink
+from adapters.otel.export import ConsoleSink, OtlpEncoder, OtlpGrpcSink
+from adapters.otel.spans import RecordingSpan
 from adapters.otel.tracing import OtelTracing, TracingConfigError, sampler_from
 from adapters.prometheus.exporter import PrometheusObserver
 from app.observability import EppObserver, build_tracing
@@ -387,3 +390,42 @@ def test_a_full_queue_drops_new_spans_counts_them_and_says_so_once(
     assert exporter.exported == ["first", "later0", "later1"]
     (warning,) = [r for r in caplog.records if "dropped" in r.getMessage()]
     assert "3 spans dropped" in warning.getMessage()
+
+
+def test_fragments_encoded_apart_make_one_otlp_request() -> None:
+    spans: list[RecordingSpan] = []
+    tracing = OtelTracing(ALWAYS, sink=_Collecting(spans))
+    root = tracing.start_span("root", carrier=SAMPLED)
+    for name in ("a", "b"):
+        child = tracing.start_span(name, parent=root, attributes={"n": len(name), "s": name})
+        child.end()
+    root.end()
+    assert tracing.force_flush()
+    encoder = OtlpEncoder(tracing.resource, InstrumentationScope(name="epp"))
+    request = ExportTraceServiceRequest.FromString(
+        encoder.request([encoder.fragment(spans[:1]), encoder.fragment(spans[1:])])
+    )
+    (resource_spans,) = request.resource_spans
+    assert {kv.key for kv in resource_spans.resource.attributes} >= {"service.name"}
+    (scope_spans,) = resource_spans.scope_spans
+    assert scope_spans.scope.name == "epp"
+    assert [s.name for s in scope_spans.spans] == ["a", "b", "root"]
+    a = scope_spans.spans[0]
+    assert a.parent_span_id == scope_spans.spans[2].span_id
+    assert {kv.key: kv.value.string_value or kv.value.int_value for kv in a.attributes} == {
+        "n": 1,
+        "s": "a",
+    }
+    assert scope_spans.spans[2].trace_state == ""  # the caller sent none
+
+
+class _Collecting:
+    def __init__(self, into: list[RecordingSpan]) -> None:
+        self.into = into
+
+    def export(self, spans: Sequence[RecordingSpan]) -> bool:
+        self.into.extend(spans)
+        return True
+
+    def shutdown(self) -> None:
+        return None
