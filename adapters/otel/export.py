@@ -339,7 +339,9 @@ class BatchSpanQueue:
                 logger.exception("span export failed; %d spans dropped", len(batch))
 
     def _drain_encoded(self, sink: EncodingSink) -> None:
-        while self._spans:  # what the loop has not encoded yet (a quiet period)
+        # What the loop has not encoded yet (fewer than a chunk, unless traffic is quiet);
+        # bounded, so spans that keep arriving are left to the loop.
+        for _ in range(len(self._spans) // self._chunk + 1):
             self._encode_chunk()
         while True:
             fragments: list[bytes] = []
