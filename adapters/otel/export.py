@@ -229,6 +229,8 @@ class BatchSpanQueue:
     ) -> None:
         self.sink = sink
         self.dropped = 0
+        #: Spans dropped because they could not be encoded (logged the first time).
+        self.unencodable = 0
         self._max_queue = max_queue_size
         self._max_batch = min(max_batch_size, max_queue_size)
         self._chunk = max(1, min(chunk_size, self._max_batch))
@@ -268,7 +270,13 @@ class BatchSpanQueue:
             chunk = [spans.popleft() for _ in range(min(self._chunk, len(spans)))]
         if not chunk:
             return
-        fragment = self._encoding.encode(chunk)
+        try:
+            fragment = self._encoding.encode(chunk)
+        except Exception:  # e.g. a string protobuf refuses: never fail the request
+            self.unencodable += len(chunk)
+            if self.unencodable == len(chunk):
+                logger.exception("spans that cannot be encoded were dropped")
+            return
         with self._lock:
             self._chunks.append((len(chunk), fragment))
             self._encoded += len(chunk)

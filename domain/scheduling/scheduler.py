@@ -66,7 +66,9 @@ class Scheduler:
     ) -> SchedulingResult:
         observer = self._observer
         started = time.perf_counter()
-        scheduling_span = observer.start_span(SCHEDULING_SPAN, span) if span is not None else None
+        scheduling_span = None
+        if span is not None and span.recording:  # spans only for a trace that is kept
+            scheduling_span = observer.start_span(SCHEDULING_SPAN, span)
         try:
             result = self._schedule(request, candidates, scheduling_span)
         except EppError as exc:
@@ -97,7 +99,7 @@ class Scheduler:
                 break
             for name, profile in chosen.items():
                 profile_span = None
-                if span is not None:
+                if span is not None and span.recording:
                     profile_span = self._observer.start_span(PROFILE_SPAN, span)
                     profile_span.set_attribute("profile", name)
                 try:

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import InstrumentationScope
+from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -425,6 +426,39 @@ class _Collecting:
 
     def export(self, spans: Sequence[RecordingSpan]) -> bool:
         self.into.extend(spans)
+        return True
+
+    def shutdown(self) -> None:
+        return None
+
+
+def test_a_span_that_cannot_be_encoded_is_dropped_without_failing_the_caller(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    sink = _EncodeAndKeep()
+    tracing = OtelTracing({**ALWAYS, "OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "1"}, sink=sink)
+    with caplog.at_level(logging.ERROR, logger="adapters.otel.export"):
+        span = tracing.start_span("gateway.request")
+        span.set_attribute("target_model", "\ud800")  # a lone surrogate: not UTF-8
+        span.end()  # encoded on the spot (a chunk of one): must not raise
+        tracing.start_span("fine").end()
+        assert tracing.force_flush()
+    assert sink.names == ["fine"]
+    assert [r.getMessage() for r in caplog.records] == ["spans that cannot be encoded were dropped"]
+    tracing.shutdown()
+
+
+class _EncodeAndKeep:
+    def __init__(self) -> None:
+        self.encoder = OtlpEncoder(Resource.create({}), InstrumentationScope(name="t"))
+        self.names: list[str] = []
+
+    def encode(self, spans: Sequence[RecordingSpan]) -> bytes:
+        return self.encoder.fragment(spans)
+
+    def export_encoded(self, fragments: Sequence[bytes], count: int) -> bool:
+        request = ExportTraceServiceRequest.FromString(self.encoder.request(fragments))
+        self.names += [s.name for s in request.resource_spans[0].scope_spans[0].spans]
         return True
 
     def shutdown(self) -> None:
