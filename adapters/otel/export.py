@@ -470,8 +470,11 @@ class ConsoleSink:
 
     def export(self, spans: Sequence[RecordingSpan]) -> bool:
         for span in spans:
-            line = orjson.dumps(self.describe(span), default=str).decode()
-            console_logger.info("%s", line)
+            described = self.describe(span)
+            line = orjson.dumps(described, default=str).decode()
+            # JSON log lines carry the span as an object of their own ("span"), text
+            # lines the JSON as their message.
+            console_logger.info("%s", line, extra={"fields": {"span": described}})
         return True
 
     def describe(self, span: RecordingSpan) -> dict[str, object]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import threading
@@ -20,6 +21,7 @@ from adapters.otel.export import ConsoleSink, OtlpEncoder, OtlpGrpcSink
 from adapters.otel.spans import RecordingSpan
 from adapters.otel.tracing import OtelTracing, TracingConfigError, sampler_from
 from adapters.prometheus.exporter import PrometheusObserver
+from app.logsetup import JsonFormatter
 from app.observability import EppObserver, build_tracing
 from app.settings import Settings
 from ports.observer import NoopSpan
@@ -463,3 +465,29 @@ class _EncodeAndKeep:
 
     def shutdown(self) -> None:
         return None
+
+
+def test_in_json_logs_a_console_span_is_an_object_of_its_own() -> None:
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(JsonFormatter())
+    traces = logging.getLogger("epp.traces")
+    traces.addHandler(handler)
+    level = traces.level
+    traces.setLevel(logging.INFO)
+    try:
+        tracing = OtelTracing(ALWAYS)
+        span = tracing.start_span("gateway.request", carrier=SAMPLED)
+        span.set_attribute("target_model", "m")
+        span.end()
+        tracing.shutdown()
+    finally:
+        traces.removeHandler(handler)
+        traces.setLevel(level)
+    (line,) = stream.getvalue().splitlines()
+    entry = json.loads(line)
+    assert entry["logger"] == "epp.traces"
+    assert entry["span"]["name"] == "gateway.request"
+    assert entry["span"]["context"]["trace_id"] == f"0x{TRACE_ID}"
+    assert entry["span"]["attributes"] == {"target_model": "m"}
+    assert json.loads(entry["msg"]) == entry["span"]  # the text form, unchanged
