@@ -3,7 +3,8 @@
 Every record logged while a request is served carries that request's id (``REQUEST_ID``,
 set by the gateway adapter per stream): ``"request_id"`` in JSON lines, a trailing
 ``request_id=<id>`` in text lines. A record logged with ``extra={"fields": {...}}`` has those
-fields as JSON values of their own in JSON lines (text lines show only the message).
+fields as JSON values of their own in JSON lines (a ``"msg"`` among them replaces the
+message there); text lines show only the message.
 """
 
 from __future__ import annotations
@@ -43,7 +44,8 @@ class JsonFormatter(logging.Formatter):
         fields = getattr(record, "fields", None)
         if isinstance(fields, dict):  # structured data a record carries (e.g. a span)
             for key, value in fields.items():
-                entry.setdefault(key, value)
+                if key == "msg" or key not in entry:  # a shorter message may replace msg
+                    entry[key] = value
         if record.exc_info:
             entry["error"] = self.formatException(record.exc_info)
         return orjson.dumps(entry, default=str).decode()

@@ -472,9 +472,9 @@ class ConsoleSink:
         for span in spans:
             described = self.describe(span)
             line = orjson.dumps(described, default=str).decode()
-            # JSON log lines carry the span as an object of their own ("span"), text
-            # lines the JSON as their message.
-            console_logger.info("%s", line, extra={"fields": {"span": described}})
+            # Text log lines show the span's JSON; JSON log lines carry it as an object.
+            fields = {"msg": f"span {span.name}", "span": described}
+            console_logger.info("%s", line, extra={"fields": fields})
         return True
 
     def describe(self, span: RecordingSpan) -> dict[str, object]:
