@@ -15,9 +15,13 @@ Failing exports are logged when the state changes (failing, recovered), not per 
 
 from __future__ import annotations
 
+import gzip
 import logging
+import ssl
 import threading
 import time
+import urllib.error
+import urllib.request
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
@@ -46,6 +50,7 @@ __all__ = [
     "EncodingSink",
     "OtlpEncoder",
     "OtlpGrpcSink",
+    "OtlpHttpSink",
     "SdkExporterSink",
     "SpanSink",
     "resource_proto",
@@ -61,6 +66,8 @@ _ATTRIBUTE_CACHE_SIZE = 4096
 DROP_REPORT_INTERVAL = 60.0
 _SAMPLED_FLAGS = 0x01 | SpanFlags.SPAN_FLAGS_CONTEXT_HAS_IS_REMOTE_MASK
 _REMOTE_FLAGS = _SAMPLED_FLAGS | SpanFlags.SPAN_FLAGS_CONTEXT_IS_REMOTE_MASK
+#: HTTP answers worth trying again (as the OTLP specification lists them).
+_RETRYABLE_HTTP = frozenset({429, 502, 503, 504})
 _RETRYABLE = frozenset(
     {
         grpc.StatusCode.CANCELLED,
@@ -371,7 +378,58 @@ class BatchSpanQueue:
 # sinks
 
 
-class OtlpGrpcSink:
+class _OtlpSink:
+    """What the OTLP sinks share: encoding, retries with backoff within the export
+    timeout, and logging a failing collector when that changes. ``_send`` delivers one
+    request and returns None, or why it failed and whether trying again may help."""
+
+    def __init__(
+        self, target: str, *, resource: Resource, scope: InstrumentationScope, timeout: float
+    ) -> None:
+        self.target = target
+        self.encoder = OtlpEncoder(resource, scope)
+        self._timeout = timeout
+        self._closing = threading.Event()
+        self._failing = False
+
+    def encode(self, spans: Sequence[RecordingSpan]) -> bytes:
+        return self.encoder.fragment(spans)
+
+    def export_encoded(self, fragments: Sequence[bytes], count: int) -> bool:
+        request = self.encoder.request(fragments)
+        deadline = time.monotonic() + self._timeout
+        backoff = 0.5
+        while True:
+            failure = self._send(request, max(deadline - time.monotonic(), 0.001))
+            if failure is None:
+                if self._failing:
+                    self._failing = False
+                    logger.info("trace export to %s recovered", self.target)
+                return True
+            reason, retryable = failure
+            if retryable and time.monotonic() + backoff < deadline and not self._closing.is_set():
+                self._closing.wait(backoff)
+                backoff *= 2
+                continue
+            if not self._failing:
+                self._failing = True
+                logger.warning(
+                    "trace export to %s failed (%s): %d spans dropped, and spans are "
+                    "dropped until it recovers",
+                    self.target,
+                    reason,
+                    count,
+                )
+            return False
+
+    def _send(self, request: bytes, timeout: float) -> tuple[str, bool] | None:
+        raise NotImplementedError
+
+    def shutdown(self) -> None:
+        self._closing.set()
+
+
+class OtlpGrpcSink(_OtlpSink):
     """OTLP/gRPC to ``target`` (``host:port``): an ``EncodingSink``."""
 
     def __init__(
@@ -385,8 +443,7 @@ class OtlpGrpcSink:
         timeout: float = 10.0,
         compression: grpc.Compression = grpc.Compression.NoCompression,
     ) -> None:
-        self.target = target
-        self.encoder = OtlpEncoder(resource, scope)
+        super().__init__(target, resource=resource, scope=scope, timeout=timeout)
         # Reconnect soon after a collector comes back (gRPC's default backoff grows to 2 min).
         options = [
             ("grpc.initial_reconnect_backoff_ms", 500),
@@ -403,58 +460,58 @@ class OtlpGrpcSink:
             response_deserializer=ExportTraceServiceResponse.FromString,
         )
         self._metadata = tuple((headers or {}).items())
-        self._timeout = timeout
-        self._closing = threading.Event()
-        self._failing = False
 
-    def encode(self, spans: Sequence[RecordingSpan]) -> bytes:
-        return self.encoder.fragment(spans)
-
-    def export_encoded(self, fragments: Sequence[bytes], count: int) -> bool:
-        request = self.encoder.request(fragments)
-        deadline = time.monotonic() + self._timeout
-        backoff = 0.5
-        while True:
-            remaining = deadline - time.monotonic()
-            try:
-                self._call(
-                    request,
-                    metadata=self._metadata,
-                    timeout=max(remaining, 0.001),
-                    wait_for_ready=True,  # a collector starting up gets the timeout's grace
-                )
-            except grpc.RpcError as exc:
-                code = exc.code() if isinstance(exc, grpc.Call) else grpc.StatusCode.UNKNOWN
-                retry = (
-                    code in _RETRYABLE
-                    and time.monotonic() + backoff < deadline
-                    and not self._closing.is_set()
-                )
-                if retry:
-                    self._closing.wait(backoff)
-                    backoff *= 2
-                    continue
-                self._failed(code, count)
-                return False
-            if self._failing:
-                self._failing = False
-                logger.info("trace export to %s recovered", self.target)
-            return True
-
-    def _failed(self, code: grpc.StatusCode, count: int) -> None:
-        if not self._failing:
-            self._failing = True
-            logger.warning(
-                "trace export to %s failed (%s): %d spans dropped, and spans are dropped "
-                "until it recovers",
-                self.target,
-                code.name,
-                count,
+    def _send(self, request: bytes, timeout: float) -> tuple[str, bool] | None:
+        try:
+            self._call(
+                request,
+                metadata=self._metadata,
+                timeout=timeout,
+                wait_for_ready=True,  # a collector starting up gets the timeout's grace
             )
+        except grpc.RpcError as exc:
+            code = exc.code() if isinstance(exc, grpc.Call) else grpc.StatusCode.UNKNOWN
+            return code.name, code in _RETRYABLE
+        return None
 
     def shutdown(self) -> None:
-        self._closing.set()
+        super().shutdown()
         self._channel.close()
+
+
+class OtlpHttpSink(_OtlpSink):
+    """OTLP/HTTP with binary protobuf: ``POST`` to ``url`` (``.../v1/traces``)."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        resource: Resource,
+        scope: InstrumentationScope,
+        ssl_context: ssl.SSLContext | None = None,
+        headers: Mapping[str, str] | None = None,
+        timeout: float = 10.0,
+        gzip_body: bool = False,
+    ) -> None:
+        super().__init__(url, resource=resource, scope=scope, timeout=timeout)
+        self._ssl = ssl_context
+        self._headers = {**(headers or {}), "content-type": "application/x-protobuf"}
+        self._gzip = gzip_body
+        if gzip_body:
+            self._headers["content-encoding"] = "gzip"
+
+    def _send(self, request: bytes, timeout: float) -> tuple[str, bool] | None:
+        body = gzip.compress(request, compresslevel=5) if self._gzip else request
+        sent = urllib.request.Request(self.target, data=body, headers=self._headers)
+        try:
+            with urllib.request.urlopen(sent, timeout=timeout, context=self._ssl) as response:
+                response.read()
+        except urllib.error.HTTPError as exc:
+            return f"HTTP {exc.code}", exc.code in _RETRYABLE_HTTP
+        except (urllib.error.URLError, OSError) as exc:  # refused, reset, timed out
+            reason = exc.reason if isinstance(exc, urllib.error.URLError) else exc
+            return str(reason), True
+        return None
 
 
 def _iso(ns: int) -> str:

@@ -8,7 +8,9 @@
   for ``http://``, TLS for ``https://``, and for a bare ``host:port`` unless
   ``OTEL_EXPORTER_OTLP_[TRACES_]INSECURE=true``; with the ``..._HEADERS``, ``..._TIMEOUT``
   (ms), ``..._COMPRESSION`` and ``..._CERTIFICATE``/``..._CLIENT_KEY``/
-  ``..._CLIENT_CERTIFICATE`` variables), ``none``;
+  ``..._CLIENT_CERTIFICATE`` variables; ``OTEL_EXPORTER_OTLP_[TRACES_]PROTOCOL=http/protobuf``
+  posts to ``<OTEL_EXPORTER_OTLP_ENDPOINT>/v1/traces``, default base
+  ``http://localhost:4318``, or to ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` as given), ``none``;
 - sampler ``OTEL_TRACES_SAMPLER`` (default ``parentbased_traceidratio``; also
   ``always_on``, ``always_off``, ``traceidratio``, ``parentbased_always_on``,
   ``parentbased_always_off``) with ``OTEL_TRACES_SAMPLER_ARG`` (default 0.1), decided as the
@@ -28,6 +30,7 @@ from __future__ import annotations
 
 import logging
 import os
+import ssl
 import urllib.parse
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -49,6 +52,7 @@ from adapters.otel.export import (
     ConsoleSink,
     EncodingSink,
     OtlpGrpcSink,
+    OtlpHttpSink,
     SdkExporterSink,
     SpanSink,
 )
@@ -77,6 +81,7 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_SERVICE_NAME = "gateway-api-inference-extension/epp"
 DEFAULT_OTLP_ENDPOINT = "http://localhost:4317"
+DEFAULT_OTLP_HTTP_ENDPOINT = "http://localhost:4318"
 DEFAULT_SAMPLER = "parentbased_traceidratio"
 DEFAULT_SAMPLER_ARG = 0.1
 INSTRUMENTATION_NAME = "gateway-api-inference-extension/epp"
@@ -174,10 +179,29 @@ def _headers(text: str | None) -> dict[str, str]:
     return headers
 
 
-def _otlp_sink(environ: Mapping[str, str], resource: Resource) -> OtlpGrpcSink:
-    protocol = _env(environ, "PROTOCOL")
-    if protocol not in (None, "grpc"):
-        logger.warning("OTEL_EXPORTER_OTLP_PROTOCOL=%r: only grpc is supported; using it", protocol)
+def _timeout(environ: Mapping[str, str]) -> float:
+    text = _env(environ, "TIMEOUT")
+    if text is not None:
+        try:
+            return float(text) / 1000
+        except ValueError:
+            logger.warning("OTEL_EXPORTER_OTLP_TIMEOUT=%r is not milliseconds; 10s", text)
+    return 10.0
+
+
+def _gzip(environ: Mapping[str, str]) -> bool:
+    return (_env(environ, "COMPRESSION") or "none").lower() == "gzip"
+
+
+def _otlp_sink(environ: Mapping[str, str], resource: Resource) -> OtlpGrpcSink | OtlpHttpSink:
+    protocol = (_env(environ, "PROTOCOL") or "grpc").lower()
+    if protocol == "http/protobuf":
+        return _otlp_http_sink(environ, resource)
+    if protocol != "grpc":
+        logger.warning(
+            "OTEL_EXPORTER_OTLP_PROTOCOL=%r is not supported (grpc, http/protobuf); using grpc",
+            protocol,
+        )
     endpoint = _env(environ, "ENDPOINT") or DEFAULT_OTLP_ENDPOINT
     if "://" in endpoint:
         parsed = urllib.parse.urlsplit(endpoint)
@@ -198,24 +222,49 @@ def _otlp_sink(environ: Mapping[str, str], resource: Resource) -> OtlpGrpcSink:
             private_key=_read(environ, "CLIENT_KEY"),
             certificate_chain=_read(environ, "CLIENT_CERTIFICATE"),
         )
-    timeout_text = _env(environ, "TIMEOUT")
-    timeout = 10.0
-    if timeout_text is not None:
-        try:
-            timeout = float(timeout_text) / 1000
-        except ValueError:
-            logger.warning("OTEL_EXPORTER_OTLP_TIMEOUT=%r is not milliseconds; 10s", timeout_text)
-    compression = grpc.Compression.NoCompression
-    if (_env(environ, "COMPRESSION") or "none").lower() == "gzip":
-        compression = grpc.Compression.Gzip
     return OtlpGrpcSink(
         target,
         resource=resource,
         scope=InstrumentationScope(name=INSTRUMENTATION_NAME),
         credentials=credentials,
         headers=_headers(_env(environ, "HEADERS")),
-        timeout=timeout,
-        compression=compression,
+        timeout=_timeout(environ),
+        compression=grpc.Compression.Gzip if _gzip(environ) else grpc.Compression.NoCompression,
+    )
+
+
+def _otlp_http_sink(environ: Mapping[str, str], resource: Resource) -> OtlpHttpSink:
+    """``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` is the URL itself; ``OTEL_EXPORTER_OTLP_ENDPOINT``
+    (default ``http://localhost:4318``) is the base the ``/v1/traces`` path goes under."""
+    url = (environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or "").strip()
+    if not url:
+        base = (environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or "").strip()
+        url = (base or DEFAULT_OTLP_HTTP_ENDPOINT).rstrip("/") + "/v1/traces"
+    parsed = urllib.parse.urlsplit(url)
+    if parsed.scheme not in ("http", "https") or not parsed.hostname:
+        raise TracingConfigError(
+            f"OTEL_EXPORTER_OTLP_ENDPOINT: {url!r} is not an http(s) URL for OTLP/HTTP"
+        )
+    context = None
+    if parsed.scheme == "https":
+        ca = _env(environ, "CERTIFICATE")
+        client_certificate = _env(environ, "CLIENT_CERTIFICATE")
+        try:
+            context = ssl.create_default_context(cafile=ca)
+            if client_certificate is not None:
+                context.load_cert_chain(client_certificate, _env(environ, "CLIENT_KEY"))
+        except (OSError, ssl.SSLError) as exc:
+            raise TracingConfigError(
+                f"OTEL_EXPORTER_OTLP_CERTIFICATE/CLIENT_CERTIFICATE/CLIENT_KEY: {exc}"
+            ) from exc
+    return OtlpHttpSink(
+        url,
+        resource=resource,
+        scope=InstrumentationScope(name=INSTRUMENTATION_NAME),
+        ssl_context=context,
+        headers=_headers(_env(environ, "HEADERS")),
+        timeout=_timeout(environ),
+        gzip_body=_gzip(environ),
     )
 
 
@@ -365,6 +414,8 @@ class OtelTracing:
         sink = self.sink
         if isinstance(sink, OtlpGrpcSink):
             exporter = f"otlp grpc to {sink.target}"
+        elif isinstance(sink, OtlpHttpSink):
+            exporter = f"otlp http/protobuf to {sink.target}"
         elif isinstance(sink, ConsoleSink):
             exporter = "console"
         elif isinstance(sink, SdkExporterSink):

@@ -1,5 +1,5 @@
-"""The OTLP/gRPC exporter against a real trace receiver: what arrives, with which headers,
-over TLS, and how a collector that is down is reported."""
+"""The OTLP exporters against real trace receivers (gRPC, and HTTP with binary protobuf):
+what arrives, with which headers, over TLS, and how a collector that is down is reported."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import pytest
 
 from adapters.envoy.tls import self_signed_certificate
 from adapters.otel.tracing import OtelTracing
+from tests.integration.observability.otlp_http_receiver import OtlpHttpReceiver
 from tests.integration.observability.otlp_receiver import OtlpReceiver, ReceivedSpan
 from tests.support.stack import free_port
 
@@ -129,3 +130,81 @@ def test_a_collector_that_is_down_is_logged_once_and_its_recovery_too(
             tracing.shutdown()
             receiver.stop()
     assert any("recovered" in r.getMessage() for r in caplog.records)
+
+
+# OTLP over HTTP with binary protobuf (OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf)
+
+
+def _http(**extra: str) -> dict[str, str]:
+    return {
+        "OTEL_TRACES_EXPORTER": "otlp",
+        "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
+        "OTEL_TRACES_SAMPLER_ARG": "1",
+        **extra,
+    }
+
+
+def test_http_protobuf_posts_to_v1_traces_under_the_base_endpoint() -> None:
+    receiver = OtlpHttpReceiver().start()
+    try:
+        env = _http(
+            OTEL_EXPORTER_OTLP_ENDPOINT=receiver.base + "/",
+            OTEL_EXPORTER_OTLP_HEADERS="x-api-key=k",
+            OTEL_EXPORTER_OTLP_COMPRESSION="gzip",
+        )
+        tracing = OtelTracing(env)
+        assert tracing.describe()["exporter"] == f"otlp http/protobuf to {receiver.base}/v1/traces"
+        root = tracing.start_span("gateway.request")
+        tracing.start_span("gateway.scheduling", parent=root).end()
+        root.end()
+        assert tracing.force_flush()
+        assert sorted(receiver.wait_for(2, timeout=10)) == ["gateway.request", "gateway.scheduling"]
+        tracing.shutdown()
+    finally:
+        receiver.stop()
+    assert receiver.paths == ["/v1/traces"]
+    (headers,) = receiver.headers
+    assert headers["x-api-key"] == "k"
+    assert headers["content-type"] == "application/x-protobuf"
+    assert headers["content-encoding"] == "gzip"
+
+
+def test_http_protobuf_retries_a_busy_collector_and_uses_a_traces_endpoint_as_given(
+    tmp_path: Path,
+) -> None:
+    certificate = self_signed_certificate("collector")
+    ca = tmp_path / "ca.pem"
+    ca.write_bytes(certificate.certificate_pem)
+    receiver = OtlpHttpReceiver(certificate=certificate).start()
+    receiver.fail_next = 2  # 503 twice, then accepted (backoff 0.5 s, then 1 s)
+    try:
+        env = _http(
+            OTEL_EXPORTER_OTLP_TRACES_ENDPOINT=receiver.base + "/custom/traces",
+            OTEL_EXPORTER_OTLP_CERTIFICATE=str(ca),
+        )
+        tracing = OtelTracing(env)
+        tracing.start_span("gateway.request").end()
+        assert tracing.force_flush()
+        assert receiver.wait_for(1, timeout=10) == ["gateway.request"]
+        tracing.shutdown()
+    finally:
+        receiver.stop()
+    assert receiver.refused == 2
+    assert receiver.paths == ["/custom/traces"] * 3
+
+
+def test_http_protobuf_to_a_collector_that_is_down_is_logged_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    env = _http(
+        OTEL_EXPORTER_OTLP_ENDPOINT=f"http://127.0.0.1:{free_port()}",
+        OTEL_EXPORTER_OTLP_TIMEOUT="300",
+    )
+    tracing = OtelTracing(env)
+    with caplog.at_level(logging.WARNING, logger="adapters.otel.export"):
+        for _ in range(2):
+            tracing.start_span("lost").end()
+            assert tracing.force_flush()
+    tracing.shutdown()
+    (failed,) = [r for r in caplog.records if "failed" in r.getMessage()]
+    assert "/v1/traces" in failed.getMessage()

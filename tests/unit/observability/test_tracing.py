@@ -104,6 +104,21 @@ def test_the_otlp_endpoint_names_the_grpc_target(endpoint: str, target: str) -> 
             },
             "OTEL_EXPORTER_OTLP_CERTIFICATE",
         ),
+        (
+            {
+                "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
+                "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "collector:4318",
+            },
+            "OTEL_EXPORTER_OTLP_ENDPOINT",
+        ),
+        (
+            {
+                "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
+                "OTEL_EXPORTER_OTLP_ENDPOINT": "https://collector:4318",
+                "OTEL_EXPORTER_OTLP_CERTIFICATE": "/nonexistent/ca.pem",
+            },
+            "OTEL_EXPORTER_OTLP_CERTIFICATE",
+        ),
     ],
 )
 def test_an_unusable_otlp_setting_is_an_error_naming_it(env: dict[str, str], named: str) -> None:
