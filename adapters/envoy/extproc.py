@@ -68,11 +68,14 @@ class StreamAbortedError(Exception):
     """An error with no HTTP mapping: the stream is aborted with a gRPC error."""
 
 
-def _header_option(key: str, value: str) -> Any:
-    return base_pb2.HeaderValueOption(
-        header=base_pb2.HeaderValue(key=key, raw_value=value.encode()),
-        append_action=_OVERWRITE,
-    )
+def _set_headers(mutation: Any, headers: Iterable[tuple[str, str]]) -> None:
+    """Adds ``headers`` to ``mutation.set_headers`` (overwrite or add), filling the
+    repeated field in place: a third of the cost of building each option apart."""
+    add = mutation.set_headers.add
+    for key, value in headers:
+        header = add(append_action=_OVERWRITE).header
+        header.key = key
+        header.raw_value = value.encode()
 
 
 def _headers_of(header_map: Any) -> dict[str, str]:
@@ -295,12 +298,12 @@ class _Stream:
 
     def _header_reply(self, decision: RoutingDecision) -> Any:
         destination = ",".join(e.host_port() for e in decision.endpoints)
-        set_headers = [_header_option(DESTINATION_ENDPOINT_HEADER, destination)]
+        set_headers = [(DESTINATION_ENDPOINT_HEADER, destination)]
         if decision.body:
-            set_headers.append(_header_option("Content-Length", str(len(decision.body))))
+            set_headers.append(("Content-Length", str(len(decision.body))))
         own = {k.lower() for k, _ in decision.headers}
         set_headers.extend(
-            _header_option(k, v)
+            (k, v)
             for k, v in self._headers.items()
             if k not in SYSTEM_REQUEST_HEADERS
             and not k.startswith(":")
@@ -308,46 +311,36 @@ class _Stream:
             and k not in own
         )
         # Headers the EPP sets itself come last, so a client cannot override them.
-        set_headers.extend(_header_option(k, v) for k, v in decision.headers)
+        set_headers.extend(decision.headers)
         metadata: dict[str, dict[str, object]] = {
             ns: dict(fields) for ns, fields in decision.dynamic_metadata.items()
         }
         metadata.setdefault(DESTINATION_METADATA_NAMESPACE, {})[DESTINATION_ENDPOINT_HEADER] = (
             destination
         )
-        return pb.ProcessingResponse(
-            request_headers=pb.HeadersResponse(
-                response=pb.CommonResponse(
-                    clear_route_cache=True,
-                    header_mutation=pb.HeaderMutation(set_headers=set_headers),
-                )
-            ),
-            dynamic_metadata=_struct(metadata),
-        )
+        reply = pb.ProcessingResponse(dynamic_metadata=_struct(metadata))
+        common = reply.request_headers.response
+        common.clear_route_cache = True
+        _set_headers(common.header_mutation, set_headers)
+        return reply
 
     # response path
 
     async def _on_response_headers(self, message: Any) -> list[Any]:
         headers = _headers_of(message.headers)
-        set_headers = [_header_option("x-went-into-resp-headers", "true")]
+        set_headers = [("x-went-into-resp-headers", "true")]
         if self._exchange is not None:
             reply = await self._exchange.response_headers(headers, self._metadata)
             self._streaming = reply.streaming
-            set_headers.extend(_header_option(k, v) for k, v in reply.headers)
+            set_headers.extend(reply.headers)
         set_headers.extend(
-            _header_option(k, v)
+            (k, v)
             for k, v in headers.items()
             if not k.startswith(":") and k not in SYSTEM_REQUEST_HEADERS
         )
-        replies = [
-            pb.ProcessingResponse(
-                response_headers=pb.HeadersResponse(
-                    response=pb.CommonResponse(
-                        header_mutation=pb.HeaderMutation(set_headers=set_headers)
-                    )
-                )
-            )
-        ]
+        response = pb.ProcessingResponse()
+        _set_headers(response.response_headers.response.header_mutation, set_headers)
+        replies = [response]
         if message.end_of_stream and self._exchange is not None:
             self._response_done = True
             await self._exchange.response_body(b"", True)
