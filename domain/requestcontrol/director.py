@@ -59,7 +59,7 @@ from domain.scheduling.types import Candidate, InferenceRequest
 from ports.codec import JsonCodec
 from ports.endpoints import EndpointInfo
 from ports.errors import ErrorCode
-from ports.observer import NoopObserver, Observer, Span
+from ports.observer import NoopObserver, NoopSpan, Observer, Span
 from ports.requests import (
     InboundRequest,
     Metadata,
@@ -296,9 +296,13 @@ class RequestExchangeState:
         admission = control.admission
         assert admission is not None
         if admission.late_binding:  # flow control: the request may wait in a queue
-            wait_span = observer.start_span(FLOW_CONTROL_SPAN, parent=span)
-            wait_span.set_attribute("priority", request.priority)
-            wait_span.set_attribute("fairness_id", request.fairness_id)
+            wait_span: Span = _NOOP_SPAN
+            if span.recording:
+                wait_span = observer.start_span(
+                    FLOW_CONTROL_SPAN,
+                    parent=span,
+                    attributes={"priority": request.priority, "fairness_id": request.fairness_id},
+                )
             try:
                 await admission.admit(request, candidates)
             except EppError as exc:
@@ -337,8 +341,7 @@ class RequestExchangeState:
             raise ResourceExhaustedError("failed to find target endpoint")
         request.scheduling_result = result
         for hook in control.pre_request:
-            hook_span = observer.start_span(PRE_REQUEST_SPAN, parent=span)
-            hook_span.set_attribute("plugin", hook.typed_name.name)
+            hook_span = _plugin_span(observer, span, PRE_REQUEST_SPAN, hook.typed_name.name)
             try:
                 await _guarded(hook.typed_name, hook.pre_request(request, result))
             finally:
@@ -392,8 +395,9 @@ class RequestExchangeState:
         try:
             async with asyncio.timeout(timeout):
                 for producer in producers:
-                    producer_span = observer.start_span(PREPARE_DATA_SPAN, parent=span)
-                    producer_span.set_attribute("plugin", producer.typed_name.name)
+                    producer_span = _plugin_span(
+                        observer, span, PREPARE_DATA_SPAN, producer.typed_name.name
+                    )
                     try:
                         await producer.prepare_request_data(request, candidates)
                     except Exception as exc:
@@ -541,6 +545,17 @@ class RequestExchangeState:
                     admission.done()
             self._scanner = None
             self._response = None
+
+
+_NOOP_SPAN = NoopSpan()
+
+
+def _plugin_span(observer: Observer, parent: Span, name: str, plugin: str) -> Span:
+    """A child span for one plugin call, or a no-op one when ``parent``'s trace is not
+    kept (an unsampled request pays no span calls)."""
+    if not parent.recording:
+        return _NOOP_SPAN
+    return observer.start_span(name, parent=parent, attributes={"plugin": plugin})
 
 
 async def _guarded(name: object, call: Awaitable[T]) -> T:
