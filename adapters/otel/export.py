@@ -396,6 +396,8 @@ class _OtlpSink:
         return self.encoder.fragment(spans)
 
     def export_encoded(self, fragments: Sequence[bytes], count: int) -> bool:
+        if self._closing.is_set():  # shut down: what is left is abandoned (and counted)
+            return False
         request = self.encoder.request(fragments)
         deadline = time.monotonic() + self._timeout
         backoff = 0.5
@@ -411,6 +413,8 @@ class _OtlpSink:
                 self._closing.wait(backoff)
                 backoff *= 2
                 continue
+            if self._closing.is_set():  # abandoned at shutdown, which says so itself
+                return False
             if not self._failing:
                 self._failing = True
                 logger.warning(
@@ -472,6 +476,8 @@ class OtlpGrpcSink(_OtlpSink):
         except grpc.RpcError as exc:
             code = exc.code() if isinstance(exc, grpc.Call) else grpc.StatusCode.UNKNOWN
             return code.name, code in _RETRYABLE
+        except ValueError:  # the channel was closed meanwhile (shutdown)
+            return "channel closed", False
         return None
 
     def shutdown(self) -> None:

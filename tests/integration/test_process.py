@@ -214,3 +214,6 @@ async def test_sigterm_with_the_trace_collector_down_still_exits_promptly(
         assert time.monotonic() - started < 15
     finally:
         process.child.stop()
+    log = process.child.log()
+    assert "spans not all exported within 5s of shutdown" in log
+    assert "Traceback" not in log
