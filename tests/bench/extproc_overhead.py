@@ -16,12 +16,12 @@ import asyncio
 import os
 import random
 import statistics
-import time
 from dataclasses import dataclass
 
 import aiohttp
 import orjson
 
+from tests.bench.load import closed_loop, cpu_seconds
 from tests.simulator import DEFAULT_MODEL
 from tests.support.stack import Stack, StackOptions
 
@@ -46,42 +46,20 @@ class Result:
         return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def _cpu_seconds(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    ticks = os.sysconf("SC_CLK_TCK")
-    return (int(fields[11]) + int(fields[12])) / ticks  # utime + stime
-
-
 async def _load(
     url: str, total: int, concurrency: int, destinations: list[str] | None
 ) -> tuple[float, list[float], int]:
-    latencies: list[float] = []
-    errors = 0
-    remaining = total
     rng = random.Random(7)
+
+    def headers() -> dict[str, str]:
+        sent = {"content-type": "application/json"}
+        if destinations:
+            sent["x-gateway-destination-endpoint"] = rng.choice(destinations)
+        return sent
+
     connector = aiohttp.TCPConnector(limit=concurrency)
     async with aiohttp.ClientSession(connector=connector) as session:
-
-        async def worker() -> None:
-            nonlocal remaining, errors
-            while remaining > 0:
-                remaining -= 1
-                headers = {"content-type": "application/json"}
-                if destinations:
-                    headers["x-gateway-destination-endpoint"] = rng.choice(destinations)
-                started = time.perf_counter()
-                async with session.post(
-                    f"{url}/v1/completions", data=BODY, headers=headers
-                ) as response:
-                    await response.read()
-                    if response.status != 200:
-                        errors += 1
-                latencies.append((time.perf_counter() - started) * 1000)
-
-        started = time.perf_counter()
-        await asyncio.gather(*(worker() for _ in range(concurrency)))
-        return time.perf_counter() - started, latencies, errors
+        return await closed_loop(session, url, BODY, total, concurrency, headers)
 
 
 def _run(
@@ -92,9 +70,9 @@ def _run(
     destinations: list[str] | None,
     epp_pid: int | None,
 ) -> Result:
-    cpu_before = _cpu_seconds(epp_pid) if epp_pid else 0.0
+    cpu_before = cpu_seconds(epp_pid) if epp_pid else 0.0
     seconds, latencies, errors = asyncio.run(_load(url, total, concurrency, destinations))
-    cpu = _cpu_seconds(epp_pid) - cpu_before if epp_pid else None
+    cpu = cpu_seconds(epp_pid) - cpu_before if epp_pid else None
     return Result(name, total, seconds, latencies, errors, cpu)
 
 

@@ -49,6 +49,7 @@ from adapters.otel.tracing import OtelTracing
 from adapters.prometheus.exporter import PrometheusObserver
 from app.observability import EppObserver
 from ports.observer import NoopObserver, Observer
+from tests.bench.load import closed_loop, cpu_seconds
 from tests.integration.observability.otlp_receiver import OtlpReceiver
 from tests.simulator import DEFAULT_MODEL
 from tests.support.extproc import (
@@ -100,39 +101,6 @@ class Mode:
         return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def _cpu_seconds(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-async def _load(
-    session: aiohttp.ClientSession, url: str, total: int, concurrency: int
-) -> tuple[float, list[float], int]:
-    latencies: list[float] = []
-    errors = 0
-    remaining = total
-
-    async def worker() -> None:
-        nonlocal remaining, errors
-        while remaining > 0:
-            remaining -= 1
-            started = time.perf_counter()
-            async with session.post(
-                f"{url}/v1/completions",
-                data=BODY,
-                headers={"content-type": "application/json"},
-            ) as response:
-                await response.read()
-                if response.status != 200:
-                    errors += 1
-            latencies.append((time.perf_counter() - started) * 1000)
-
-    started = time.perf_counter()
-    await asyncio.gather(*(worker() for _ in range(concurrency)))
-    return time.perf_counter() - started, latencies, errors
-
-
 async def _round(
     mode: Mode, session: aiohttp.ClientSession, total: int, concurrency: int, *, record: bool
 ) -> None:
@@ -141,10 +109,10 @@ async def _round(
     assert stack.epp is not None
     assert stack.epp.process is not None
     pid = stack.epp.process.pid
-    cpu_before = _cpu_seconds(pid)
-    seconds, latencies, errors = await _load(session, stack.url, total, concurrency)
+    cpu_before = cpu_seconds(pid)
+    seconds, latencies, errors = await closed_loop(session, stack.url, BODY, total, concurrency)
     if record:
-        cpu = _cpu_seconds(pid) - cpu_before
+        cpu = cpu_seconds(pid) - cpu_before
         mode.round_rps.append(total / seconds)
         mode.round_cpu_per_k.append(cpu / total * 1000)
         mode.round_seconds.append(seconds)

@@ -74,6 +74,7 @@ from domain.datastore.store import Datastore
 from ports.datalayer import MetricsText, PollingDataSource
 from ports.endpoints import EndpointAddress, EndpointEvent, EndpointEventKind, EndpointInfo
 from ports.plugins import TypedName
+from tests.bench.load import cpu_seconds
 
 FIXTURE = Path(__file__).parents[1] / "unit" / "datalayer" / "fixtures" / "vllm.txt"
 HAVE_UVLOOP = importlib.util.find_spec("uvloop") is not None
@@ -543,12 +544,6 @@ def _worker(args: argparse.Namespace) -> None:
 # --- the orchestrator -------------------------------------------------------------------------
 
 
-def _cpu_seconds(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def _py_spy() -> str | None:
     candidate = Path(sys.executable).parent / "py-spy"
     return str(candidate) if candidate.exists() else shutil.which("py-spy")
@@ -627,7 +622,7 @@ def _run_variant(
     server_cpu0 = server_cpu = 0.0
     for line in worker.stdout:
         if line.startswith("steady"):
-            server_cpu0 = _cpu_seconds(server_pid)
+            server_cpu0 = cpu_seconds(server_pid)
             py_spy = _py_spy()
             if profile_to is not None and py_spy is not None:
                 spy = subprocess.Popen(
@@ -650,7 +645,7 @@ def _run_variant(
                     stderr=subprocess.DEVNULL,
                 )
         elif line.startswith("result "):
-            server_cpu = _cpu_seconds(server_pid) - server_cpu0
+            server_cpu = cpu_seconds(server_pid) - server_cpu0
             result = Measurement(**json.loads(line.removeprefix("result ")))
     if worker.wait() != 0 or result is None:
         raise SystemExit(f"variant {variant} failed (exit {worker.returncode})")
