@@ -128,10 +128,13 @@ def _request_control(
     settings: Settings,
     scheduling_observer: SchedulingObserver,
     flow_controller: FlowController | None,
+    observer: Observer,
 ) -> RequestControl:
     admission = None
     if flow_controller is not None:
-        admission = FlowControlAdmission(flow_controller, pool_name=settings.pool_name)
+        admission = FlowControlAdmission(
+            flow_controller, pool_name=settings.pool_name, observer=observer
+        )
     return RequestControl(
         admission=admission,
         parser=loaded.parser,
@@ -219,7 +222,7 @@ class Container(containers.DeclarativeContainer):
     config = providers.Singleton(_loaded_config, settings, registry, handle)
     flow_controller = providers.Singleton(_flow_controller, config, datastore, settings, observer)
     request_control = providers.Singleton(
-        _request_control, config, settings, scheduling_observer, flow_controller
+        _request_control, config, settings, scheduling_observer, flow_controller, observer
     )
     collectors = providers.Singleton(
         _collectors, config, datastore, settings, observer, flow_controller

@@ -3,12 +3,16 @@
 Two controllers, as the reference: legacy admission sheds sheddable requests (priority < 0)
 when the pool is saturated; with the ``flowControl`` gate the request waits in the flow
 controller's queues until it is dispatched, or ends with a rejection or eviction.
+
+Either way admission returns the candidates to schedule on: it asks for them (the
+``CandidateLookup``) at the moment it lets the request go, so a request that waited in a
+queue is scheduled on the endpoints current when it leaves the queue.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable
 from typing import Protocol
 
 from domain.errors import (
@@ -27,23 +31,30 @@ from domain.flowcontrol import (
 )
 from domain.requestcontrol.interfaces import SaturationDetector
 from domain.scheduling.types import Candidate, InferenceRequest
+from ports.observer import NoopObserver, Observer, Span
 
-__all__ = ["Admission", "FlowControlAdmission", "LegacyAdmission"]
+__all__ = ["Admission", "CandidateLookup", "FlowControlAdmission", "LegacyAdmission"]
 
 SLO_TTFT_HEADER = "x-slo-ttft-ms"
+#: The wait for flow control's verdict (attributes ``priority``, ``fairness_id``).
+FLOW_CONTROL_SPAN = "gateway.flow_control"
+
+#: The request's candidate endpoints as of now (after the gateway's subset hint).
+CandidateLookup = Callable[[], list[Candidate]]
 
 
 class Admission(Protocol):
-    """Raises an ``EppError`` (with its HTTP-mapped code) when the request may not go.
+    """Lets a request go and returns the candidates to schedule it on, or raises an
+    ``EppError`` (with its HTTP-mapped code) when it may not go.
 
-    ``candidates`` are the request's candidate endpoints. ``done`` is called once for
-    every admitted request when it completes (capacity may have freed up).
+    ``candidates`` looks the request's candidate endpoints up; ``parent`` is the request's
+    orchestration span, for a span of any wait. ``done`` is called once for every admitted
+    request when it completes (capacity may have freed up).
     """
 
-    #: The request may wait: candidates are looked up again once it is admitted.
-    late_binding: bool
-
-    async def admit(self, request: InferenceRequest, candidates: Sequence[Candidate]) -> None: ...
+    async def admit(
+        self, request: InferenceRequest, candidates: CandidateLookup, parent: Span
+    ) -> list[Candidate]: ...
 
     def done(self) -> None: ...
 
@@ -51,14 +62,16 @@ class Admission(Protocol):
 class LegacyAdmission:
     """Sheddable (priority < 0) requests get 429 when the candidates are saturated."""
 
-    late_binding = False
-
     def __init__(self, detector: SaturationDetector) -> None:
         self._detector = detector
 
-    async def admit(self, request: InferenceRequest, candidates: Sequence[Candidate]) -> None:
-        if request.priority < 0 and self._detector.saturation(candidates) >= 1.0:
+    async def admit(
+        self, request: InferenceRequest, candidates: CandidateLookup, parent: Span
+    ) -> list[Candidate]:
+        found = candidates()
+        if request.priority < 0 and self._detector.saturation(found) >= 1.0:
             raise ResourceExhaustedError("system saturated, sheddable request dropped")
+        return found
 
     def done(self) -> None:
         return None
@@ -69,15 +82,42 @@ class FlowControlAdmission:
 
     Outcomes map to errors as the reference: capacity rejection 429, TTL expiry 503,
     client gone 503, others 500; ours, displacement by higher-priority traffic, is 429.
+    The wait is the span ``gateway.flow_control`` (a child of a recording ``parent`` only),
+    marked as an error when the request is refused.
     """
 
-    late_binding = True
-
-    def __init__(self, controller: FlowController, *, pool_name: str = "") -> None:
+    def __init__(
+        self,
+        controller: FlowController,
+        *,
+        pool_name: str = "",
+        observer: Observer | None = None,
+    ) -> None:
         self._controller = controller
         self._pool_name = pool_name
+        self._observer: Observer = observer if observer is not None else NoopObserver()
 
-    async def admit(self, request: InferenceRequest, candidates: Sequence[Candidate]) -> None:
+    async def admit(
+        self, request: InferenceRequest, candidates: CandidateLookup, parent: Span
+    ) -> list[Candidate]:
+        if not parent.recording:
+            await self._wait(request)
+            return candidates()
+        span = self._observer.start_span(
+            FLOW_CONTROL_SPAN,
+            parent=parent,
+            attributes={"priority": request.priority, "fairness_id": request.fairness_id},
+        )
+        try:
+            await self._wait(request)
+        except EppError as exc:
+            span.record_error(exc.message)
+            raise
+        finally:
+            span.end()
+        return candidates()
+
+    async def _wait(self, request: InferenceRequest) -> None:
         slo: int | None = None
         raw_slo = request.headers.get(SLO_TTFT_HEADER)
         if raw_slo and raw_slo.strip().isdigit():

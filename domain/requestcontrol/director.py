@@ -1,21 +1,21 @@
 """The Director: one request's way from parsed body to routing decision, and back.
 
-Order (as the reference): parse → model rewrite → objective (priority) → admission →
-candidates (subset hint) → snapshot → PrepareData producers → admitters → scheduler →
-PreRequest hooks → the decision. On the response path: ResponseHeader hooks, then
-ResponseBody hooks per chunk in order, the end-of-stream call last, always made once
-(``close`` makes it for a client that went away).
+Routing runs in named steps (as the reference orders them):
 
-Observability (reference names, spec section 9): a routed request counts in
-``inference_objective_request_total`` and ``..._request_sizes`` and is running
-(``..._running_requests``) until its exchange closes; a refused one counts in
-``..._request_error_total`` with its error code, as does a response with a non-2xx status
-(``ModelServerError``). A completed response records the duration, response size, token
-counts and normalized time per output token; a model rewrite counts in
-``inference_extension_model_rewrite_decisions_total``. Routing is the span
-``gateway.request_orchestration`` (child of the gateway's span), with children for the
-data producers, scheduling and the PreRequest hooks; its trace context goes upstream in the
-request headers (``traceparent``, ``tracestate``, ``baggage``).
+1. ``_parse_and_rewrite``: parse the body with the parser plugin, apply the model rewrite
+   (header or InferenceModelRewrite);
+2. ``_build_request``: the ``InferenceRequest`` plugins see (objective, priority, fairness);
+3. ``_admit``: admission (legacy shedding, or flow control's queues) returns the
+   candidates to schedule on (after the gateway's subset hint);
+4. ``_schedule``: PrepareData producers, admitters, then the scheduler's profiles;
+5. ``_decide``: PreRequest hooks, then the ``RoutingDecision`` (endpoints, body, headers).
+
+On the response path: ResponseHeader hooks, then ResponseBody hooks per chunk in order, the
+end-of-stream call last, always made once (``close`` makes it for a client that went
+away). Request metrics are recorded by ``RequestMetrics``. Routing is the span
+``gateway.request_orchestration`` (child of the gateway's span), with children for flow
+control's wait, the data producers, scheduling and the PreRequest hooks; its trace context
+goes upstream in the request headers (``traceparent``, ``tracestate``, ``baggage``).
 """
 
 from __future__ import annotations
@@ -50,12 +50,12 @@ from domain.requestcontrol.interfaces import (
     ResponseOutcome,
     SaturationDetector,
 )
+from domain.requestcontrol.metrics import RequestMetrics
 from domain.requestcontrol.state import RequestStates
 from domain.requesthandling.openai import ParsedRequest, rewrite_model
 from domain.requesthandling.usage import SseUsageScanner, rewrite_model_back, usage_from_body
-from domain.scheduling.profile import EXPLAIN_KEY
 from domain.scheduling.scheduler import Scheduler
-from domain.scheduling.types import Candidate, InferenceRequest
+from domain.scheduling.types import Candidate, InferenceRequest, SchedulingResult
 from ports.codec import JsonCodec
 from ports.endpoints import EndpointInfo
 from ports.errors import ErrorCode
@@ -80,26 +80,11 @@ FAIRNESS_HEADER = "x-gateway-inference-fairness-id"
 PREFILLER_HEADER = "x-prefiller-host-port"
 PREFILL_PROFILE = "prefill"
 DEFAULT_FAIRNESS_ID = "default-flow"
-#: Response headers plugins ask for go in ``InferenceRequest.extra`` under this key.
-RESPONSE_HEADERS_KEY = "response_headers"
 DECISION_HEADER = "x-epp-decision"
 
-REQUEST_TOTAL = "inference_objective_request_total"
-REQUEST_ERROR_TOTAL = "inference_objective_request_error_total"
-REQUEST_DURATION = "inference_objective_request_duration_seconds"
-REQUEST_SIZES = "inference_objective_request_sizes"
-RESPONSE_SIZES = "inference_objective_response_sizes"
-INPUT_TOKENS = "inference_objective_input_tokens"
-OUTPUT_TOKENS = "inference_objective_output_tokens"
-PROMPT_CACHED_TOKENS = "inference_objective_prompt_cached_tokens"
-NORMALIZED_TPOT = "inference_objective_normalized_time_per_output_token_seconds"
-RUNNING_REQUESTS = "inference_objective_running_requests"
-MODEL_REWRITE_DECISIONS = "inference_extension_model_rewrite_decisions_total"
 ORCHESTRATION_SPAN = "gateway.request_orchestration"
 PREPARE_DATA_SPAN = "gateway.prepare_data"
 PRE_REQUEST_SPAN = "gateway.pre_request"
-#: The wait for flow control's verdict (attributes ``priority``, ``fairness_id``).
-FLOW_CONTROL_SPAN = "gateway.flow_control"
 _NO_MODEL = {"model_name": "", "target_model_name": ""}
 
 
@@ -148,8 +133,7 @@ class Director:
         self.states = states if states is not None else RequestStates()
         self.rng = rng if rng is not None else random.Random()
         self.observer: Observer = observer if observer is not None else NoopObserver()
-        self._running: dict[str, int] = {}
-        self._running_labels: dict[str, dict[str, str]] = {}
+        self.metrics = RequestMetrics(self.observer)
 
     def open(self, request: InboundRequest) -> RequestExchangeState:
         return RequestExchangeState(self, request)
@@ -159,19 +143,7 @@ class Director:
 
     def running(self, model: str) -> int:
         """Requests for ``model`` (as the client named it) routed and not yet closed."""
-        return self._running.get(model, 0)
-
-    def _add_running(self, model: str, delta: int) -> None:
-        count = self._running.get(model, 0) + delta
-        labels = self._running_labels.get(model)
-        if labels is None:
-            labels = self._running_labels[model] = {"model_name": model}
-        if count:
-            self._running[model] = count
-        else:  # forget idle models (the gauge keeps its 0)
-            self._running.pop(model, None)
-            self._running_labels.pop(model, None)
-        self.observer.gauge(RUNNING_REQUESTS, labels, count)
+        return self.metrics.running(model)
 
 
 class RequestExchangeState:
@@ -224,34 +196,38 @@ class RequestExchangeState:
         except EppError as exc:
             error = exc.to_request_error()
             span.record_error(error.message)
-            self._count_error(error.code)
+            self._director.metrics.failed(self._labels, error.code)
             return RoutingDecision(error=error)
         finally:
             span.end()
 
-    def _count_error(self, code: ErrorCode) -> None:
-        labels = {**self._labels, "error_code": code.value}
-        self._director.observer.counter(REQUEST_ERROR_TOTAL, labels)
-
     async def _route(self, span: Span) -> RoutingDecision:
-        d = self._director
-        observer = d.observer
-        inbound = self.inbound
-        endpoints = d.datastore.endpoints()
-        if inbound.body is None:
-            if not endpoints:
-                raise InternalError("no pods available in datastore")
-            chosen = d.rng.choice(endpoints)
-            self.target = chosen.info
-            return RoutingDecision(endpoints=(chosen.info.address,))
+        received = self.inbound.body
+        if received is None:
+            return self._route_without_body()
+        parsed, body = self._parse_and_rewrite(received)
+        request = self._build_request(parsed, len(received), span)
+        candidates = await self._admit(request, span)
+        result = await self._schedule(request, candidates, span)
+        return await self._decide(request, result, body, span)
 
-        control = d.control
-        headers = inbound.headers
-        parsed = control.parser.parse(inbound.body, headers)
+    def _route_without_body(self) -> RoutingDecision:
+        """A request with no body (``GET /v1/models``) goes to a random endpoint."""
+        endpoints = self._director.datastore.endpoints()
+        if not endpoints:
+            raise InternalError("no pods available in datastore")
+        chosen = self._director.rng.choice(endpoints)
+        self.target = chosen.info
+        return RoutingDecision(endpoints=(chosen.info.address,))
+
+    def _parse_and_rewrite(self, body: bytes) -> tuple[ParsedRequest, bytes]:
+        """Parses the body and applies the model rewrite; returns the parsed body and the
+        bytes to send on."""
+        d = self._director
+        headers = self.inbound.headers
+        parsed = d.control.parser.parse(body, headers)
         self.parsed = parsed
-        incoming = parsed.model
-        target_model = incoming
-        body = inbound.body
+        incoming = target_model = parsed.model
         if not parsed.opaque:
             if not incoming:
                 raise BadRequestError("model not found in request body")
@@ -259,71 +235,62 @@ class RequestExchangeState:
             rewrite = d.objectives.rewrite(incoming, d.rng)
             if rewrite is not None:
                 target_model = rewrite[1]
-                observer.counter(
-                    MODEL_REWRITE_DECISIONS,
-                    {
-                        "model_rewrite_name": rewrite[0],
-                        "model_name": incoming,
-                        "target_model": target_model,
-                    },
-                )
+                d.metrics.rewritten(rewrite[0], incoming, target_model)
             if target_model != incoming:
                 body = rewrite_model(parsed, target_model, d.codec)
         self._labels = {"model_name": incoming, "target_model_name": target_model}
+        return parsed, body
 
+    def _build_request(self, parsed: ParsedRequest, size: int, span: Span) -> InferenceRequest:
+        d = self._director
+        inbound = self.inbound
+        headers = inbound.headers
         objective = headers.get(OBJECTIVE_HEADER, "")
         request = InferenceRequest(
             request_id=inbound.request_id,
-            target_model=target_model,
-            incoming_model=incoming,
+            target_model=self._labels["target_model_name"],
+            incoming_model=parsed.model,
             body=parsed,
             headers=headers,
             priority=d.objectives.priority_of(objective),
-            request_size_bytes=len(inbound.body),
+            request_size_bytes=size,
             state=d.states.create(inbound.request_id),
             objective=objective,
             fairness_id=headers.get(FAIRNESS_HEADER) or DEFAULT_FAIRNESS_ID,
             received_at=self._received_at,
         )
-        if control.explain_decisions:
-            request.extra[EXPLAIN_KEY] = {}
+        if d.control.explain_decisions:
+            request.explanations = {}
         self.request = request
-        span.set_attribute("target_model", target_model)
+        span.set_attribute("target_model", request.target_model)
         span.set_attribute("request_prio", request.priority)
+        return request
 
-        located = locate(endpoints, inbound.metadata, subset_filter=control.subset_filter)
-        candidates = [Candidate(e) for e in located]
+    async def _admit(self, request: InferenceRequest, span: Span) -> list[Candidate]:
+        """Admission; the candidates it returns are looked up when the request may go."""
+        d = self._director
+        control = d.control
+        metadata = self.inbound.metadata
+
+        def candidates() -> list[Candidate]:
+            located = locate(d.datastore.endpoints(), metadata, subset_filter=control.subset_filter)
+            return [Candidate(e) for e in located]
+
         admission = control.admission
         assert admission is not None
-        if admission.late_binding:  # flow control: the request may wait in a queue
-            wait_span: Span = _NOOP_SPAN
-            if span.recording:
-                wait_span = observer.start_span(
-                    FLOW_CONTROL_SPAN,
-                    parent=span,
-                    attributes={"priority": request.priority, "fairness_id": request.fairness_id},
-                )
-            try:
-                await admission.admit(request, candidates)
-            except EppError as exc:
-                wait_span.record_error(exc.message)
-                raise
-            finally:
-                wait_span.end()
-        else:
-            await admission.admit(request, candidates)
+        found = await admission.admit(request, candidates, span)
         self._admitted = True
-        if admission.late_binding:
-            # The request may have waited in a queue: schedule on what is current now.
-            located = locate(
-                d.datastore.endpoints(), inbound.metadata, subset_filter=control.subset_filter
-            )
-            candidates = [Candidate(e) for e in located]
-        if not candidates:
+        if not found:
             raise ServiceUnavailableError(
                 "failed to find endpoint candidates for serving the request"
             )
+        return found
 
+    async def _schedule(
+        self, request: InferenceRequest, candidates: list[Candidate], span: Span
+    ) -> SchedulingResult:
+        """Data producers, admitters, then the scheduler's profiles."""
+        control = self._director.control
         await self._prepare_data(request, candidates, span)
         for admitter in control.admitters:
             reason = await _guarded(
@@ -334,19 +301,27 @@ class RequestExchangeState:
                     "request %s denied by %s: %s", request.request_id, admitter.typed_name, reason
                 )
                 raise InternalError("request cannot be admitted")
-
         result = control.scheduler.schedule(request, candidates, span=span)
         primary = result.primary
         if primary is None or not primary.target_endpoints:
             raise ResourceExhaustedError("failed to find target endpoint")
         request.scheduling_result = result
-        for hook in control.pre_request:
-            hook_span = _plugin_span(observer, span, PRE_REQUEST_SPAN, hook.typed_name.name)
+        return result
+
+    async def _decide(
+        self, request: InferenceRequest, result: SchedulingResult, body: bytes, span: Span
+    ) -> RoutingDecision:
+        """PreRequest hooks, then the decision: endpoints (primary first), body, headers."""
+        d = self._director
+        for hook in d.control.pre_request:
+            hook_span = _plugin_span(d.observer, span, PRE_REQUEST_SPAN, hook.typed_name.name)
             try:
                 await _guarded(hook.typed_name, hook.pre_request(request, result))
             finally:
                 hook_span.end()
 
+        primary = result.primary
+        assert primary is not None
         targets = primary.target_endpoints
         self.target = targets[0].info
         extra_headers: list[tuple[str, str]] = []
@@ -363,20 +338,10 @@ class RequestExchangeState:
         span.inject(carrier)
         if carrier:
             extra_headers.extend(carrier.items())
-        labels = self._labels
-        observer.counter(
-            REQUEST_TOTAL,
-            {
-                "model_name": incoming,
-                "target_model_name": target_model,
-                "priority": str(request.priority),
-            },
-        )
-        observer.histogram(REQUEST_SIZES, labels, request.request_size_bytes)
+        d.metrics.routed(self._labels, request.priority, request.request_size_bytes)
         self._running = True
-        d._add_running(incoming, 1)
         logger.debug(
-            "request %s model %s -> %s", request.request_id, target_model, self.target.name
+            "request %s model %s -> %s", request.request_id, request.target_model, self.target.name
         )
         return RoutingDecision(
             endpoints=tuple(c.info.address for c in targets),
@@ -443,10 +408,9 @@ class RequestExchangeState:
                 await hook.response_header(request, response, self.target)
             except Exception:
                 logger.exception("response-header hook %s failed", hook.typed_name)
-        extra = request.extra.get(RESPONSE_HEADERS_KEY)
         reply_headers: tuple[tuple[str, str], ...] = ()
-        if isinstance(extra, list):
-            reply_headers = tuple(extra)
+        if request.response_headers:
+            reply_headers = tuple(request.response_headers)
         if self._director.control.explain_decisions and request.scheduling_result:
             reply_headers += ((DECISION_HEADER, _explain(request)),)
         return ResponseHeadersReply(headers=reply_headers, streaming=self.streaming)
@@ -490,22 +454,12 @@ class RequestExchangeState:
         return ResponseBodyReply(body=chunk, dynamic_metadata=metadata)
 
     def _record_completion(self, response: ResponseInfo) -> None:
+        metrics = self._director.metrics
         if response.outcome is not ResponseOutcome.COMPLETED:
-            self._count_error(ErrorCode.MODEL_SERVER_ERROR)
+            metrics.failed(self._labels, ErrorCode.MODEL_SERVER_ERROR)
             return
-        observer = self._director.observer
-        labels = self._labels
         seconds = time.monotonic() - self._received_at
-        observer.histogram(REQUEST_DURATION, labels, seconds)
-        observer.histogram(RESPONSE_SIZES, labels, self._response_bytes)
-        usage = response.usage
-        if usage is None:
-            return
-        observer.histogram(INPUT_TOKENS, labels, usage.prompt_tokens)
-        observer.histogram(OUTPUT_TOKENS, labels, usage.completion_tokens)
-        observer.histogram(PROMPT_CACHED_TOKENS, labels, usage.cached_tokens)
-        if usage.completion_tokens > 0:
-            observer.histogram(NORMALIZED_TPOT, labels, seconds / usage.completion_tokens)
+        metrics.completed(self._labels, seconds, self._response_bytes, response.usage)
 
     async def _run_body_hooks(self, request: InferenceRequest, response: ResponseInfo) -> None:
         for hook in self._director.control.response_body:
@@ -537,7 +491,7 @@ class RequestExchangeState:
                 self._director.states.release(request.state)
             if self._running:
                 self._running = False
-                self._director._add_running(self._labels["model_name"], -1)
+                self._director.metrics.closed(self._labels)
             if self._admitted:
                 self._admitted = False
                 admission = self._director.control.admission
@@ -573,17 +527,19 @@ def _explain(request: InferenceRequest) -> str:
     """``profile: picked a,b; a=4.10 (queue=1.00 kv=0.55 ...), b=...`` for every profile."""
     result = request.scheduling_result
     assert result is not None
-    runs = request.extra.get(EXPLAIN_KEY)
+    explanations = request.explanations or {}
     parts = []
     for name, run in result.profile_results.items():
         if run is None:
             parts.append(f"{name}: failed")
             continue
         text = f"{name}: picked " + ",".join(c.info.name for c in run.target_endpoints)
-        recorded = runs.get(name) if isinstance(runs, dict) else None
+        recorded = explanations.get(name)
         if recorded is not None:
-            candidates, totals, breakdown = recorded
-            scored = sorted(zip(totals, candidates, breakdown, strict=True), key=lambda t: -t[0])
+            scored = sorted(
+                zip(recorded.totals, recorded.candidates, recorded.scores, strict=True),
+                key=lambda t: -t[0],
+            )
             text += "; " + ", ".join(
                 f"{c.info.name}={total:.2f} ({' '.join(detail)})" for total, c, detail in scored
             )

@@ -13,16 +13,13 @@ from domain.scheduling.observer import PLUGIN_SPAN, SchedulingObserver
 from domain.scheduling.types import (
     Candidate,
     InferenceRequest,
+    ProfileExplanation,
     ProfileRunResult,
     ScoredCandidate,
 )
 from ports.observer import Span
 
-__all__ = ["EXPLAIN_KEY", "NoEndpointsError", "SchedulerProfile", "WeightedScorer"]
-
-#: When ``request.extra`` holds a dict under this key, each profile run records there, under
-#: its name, every candidate's total and per-scorer scores (for explaining decisions).
-EXPLAIN_KEY = "explain"
+__all__ = ["NoEndpointsError", "SchedulerProfile", "WeightedScorer"]
 
 
 class NoEndpointsError(ResourceExhaustedError):
@@ -91,11 +88,11 @@ class SchedulerProfile:
                 raise NoEndpointsError("no endpoints available for the given request")
 
         totals = [0.0] * len(candidates)
-        explain = request.extra.get(EXPLAIN_KEY)
+        explanations = request.explanations
         breakdown: list[list[str]] | None = None
-        if isinstance(explain, dict):
+        if explanations is not None:
             breakdown = [[] for _ in candidates]
-            explain[self.name] = (candidates, totals, breakdown)
+            explanations[self.name] = ProfileExplanation(candidates, totals, breakdown)
         for weighted in self.scorers:
             scorer = weighted.scorer
             plugin_span = (

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from domain.datalayer.endpoint import Endpoint, EndpointMetrics
@@ -16,6 +16,7 @@ if TYPE_CHECKING:
 __all__ = [
     "Candidate",
     "InferenceRequest",
+    "ProfileExplanation",
     "ProfileRunResult",
     "SchedulingResult",
     "ScoredCandidate",
@@ -74,6 +75,16 @@ class SchedulingResult:
         return self.profile_results.get(self.primary_profile_name)
 
 
+@dataclass(frozen=True, slots=True)
+class ProfileExplanation:
+    """One profile run's scores, kept when decisions are explained: every candidate that
+    passed the filters, its weighted total, and each scorer's ``name=score``."""
+
+    candidates: Sequence[Candidate]
+    totals: list[float]
+    scores: list[list[str]]
+
+
 @dataclass(slots=True, kw_only=True)
 class InferenceRequest:
     """What plugins see of a request.
@@ -82,6 +93,10 @@ class InferenceRequest:
     the model the request is sent with after any rewrite; ``priority`` comes from the
     InferenceObjective named by ``x-gateway-inference-objective`` (0 when none).
     ``state`` is the request-scoped store shared by the plugins' extension points.
+
+    ``explanations`` is a dict only when decisions are explained (``--explain-decisions``):
+    each profile run adds its ``ProfileExplanation`` under its name. ``response_headers``
+    are the headers plugins asked to add to the response (``add_response_header``).
     """
 
     request_id: str
@@ -97,4 +112,12 @@ class InferenceRequest:
     #: Monotonic time (seconds) the request's body was complete at the EPP.
     received_at: float = 0.0
     scheduling_result: SchedulingResult | None = None
-    extra: dict[str, object] = field(default_factory=dict)
+    explanations: dict[str, ProfileExplanation] | None = None
+    response_headers: list[tuple[str, str]] | None = None
+
+    def add_response_header(self, name: str, value: str) -> None:
+        """Ask for ``name: value`` on the response sent back to the client (response-header
+        hooks call this; the Director adds the headers once those hooks have run)."""
+        if self.response_headers is None:
+            self.response_headers = []
+        self.response_headers.append((name, value))

@@ -6,16 +6,13 @@ metadata, ``envoy.lb`` / ``x-gateway-destination-endpoint-served`` (``ip:port``)
 plugin makes the response carry that value as the header
 ``x-conformance-test-served-endpoint``.
 
-Contract with the Director: response header hooks ask for response headers by appending
-``(name, value)`` tuples to the list ``request.extra["response_headers"]`` (created when
-absent). After the response-header hooks have run, the Director adds every pair in that
-list to the response headers it sends back to Envoy. When the metadata does not carry the
-served endpoint (or it is not a non-empty string), nothing is added.
+It asks for the header with ``request.add_response_header``; once the response-header hooks
+have run, the Director adds every header asked for to the response it sends back to Envoy.
+When the metadata does not carry the served endpoint (or it is not a non-empty string),
+nothing is added.
 """
 
 from __future__ import annotations
-
-from typing import cast
 
 from domain.plugins.base import PluginRegistry, TypedName, class_factory
 from domain.requestcontrol.interfaces import ResponseInfo
@@ -23,7 +20,6 @@ from domain.scheduling.types import InferenceRequest
 from ports.endpoints import EndpointInfo
 
 __all__ = [
-    "RESPONSE_HEADERS",
     "SERVED_ENDPOINT_HEADER",
     "SERVED_ENDPOINT_KEY",
     "TYPE",
@@ -38,8 +34,6 @@ LB_NAMESPACE = "envoy.lb"
 SERVED_ENDPOINT_KEY = "x-gateway-destination-endpoint-served"
 #: The response header the served endpoint is written to.
 SERVED_ENDPOINT_HEADER = "x-conformance-test-served-endpoint"
-#: ``InferenceRequest.extra`` key of the list of ``(name, value)`` response headers to set.
-RESPONSE_HEADERS = "response_headers"
 
 
 class DestinationEndpointServedVerifier:
@@ -61,11 +55,7 @@ class DestinationEndpointServedVerifier:
         served = lb.get(SERVED_ENDPOINT_KEY)
         if not isinstance(served, str) or not served:
             return
-        headers = request.extra.get(RESPONSE_HEADERS)
-        if not isinstance(headers, list):
-            headers = []
-            request.extra[RESPONSE_HEADERS] = headers
-        cast(list[tuple[str, str]], headers).append((SERVED_ENDPOINT_HEADER, served))
+        request.add_response_header(SERVED_ENDPOINT_HEADER, served)
 
 
 def register(registry: PluginRegistry) -> None:

@@ -298,7 +298,9 @@ async def test_the_wait_in_flow_control_is_a_span() -> None:
     pool = {"saturation": 0.0}
     controller = FlowController(FlowControlConfig(), saturation=lambda: pool["saturation"])
     controller.start()
-    director = observed_director(observer, admission=FlowControlAdmission(controller))
+    director = observed_director(
+        observer, admission=FlowControlAdmission(controller, observer=observer)
+    )
     gateway = observer.start_span("gateway.request")
     await director.open(inbound(_body(), span=gateway)).route()
     (orchestration,) = observer.spans_named("gateway.request_orchestration")

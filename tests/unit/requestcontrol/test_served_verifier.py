@@ -39,19 +39,17 @@ async def test_served_endpoint_becomes_a_response_header(
     request = _request()
     metadata = {"envoy.lb": {"x-gateway-destination-endpoint-served": "10.0.0.7:8000"}}
     await verifier.response_header(request, _response(metadata), None)
-    assert request.extra["response_headers"] == [
-        ("x-conformance-test-served-endpoint", "10.0.0.7:8000")
-    ]
+    assert request.response_headers == [("x-conformance-test-served-endpoint", "10.0.0.7:8000")]
 
 
 async def test_headers_asked_for_by_other_plugins_are_kept(
     verifier: ResponseHeaderProcessor,
 ) -> None:
     request = _request()
-    request.extra["response_headers"] = [("x-other", "1")]
+    request.add_response_header("x-other", "1")
     metadata = {"envoy.lb": {"x-gateway-destination-endpoint-served": "[fd00::1]:8000"}}
     await verifier.response_header(request, _response(metadata), None)
-    assert request.extra["response_headers"] == [
+    assert request.response_headers == [
         ("x-other", "1"),
         ("x-conformance-test-served-endpoint", "[fd00::1]:8000"),
     ]
@@ -72,4 +70,4 @@ async def test_nothing_added_without_a_served_endpoint(
 ) -> None:
     request = _request()
     await verifier.response_header(request, _response(metadata), None)
-    assert "response_headers" not in request.extra
+    assert request.response_headers is None

@@ -1,0 +1,105 @@
+"""The per-request metrics, recorded in one place (reference names, spec section 9).
+
+A routed request counts in ``inference_objective_request_total`` and ``..._request_sizes``
+and is running (``..._running_requests``) until its exchange closes; a refused one counts
+in ``..._request_error_total`` with its error code, as does a response with a non-2xx
+status (``ModelServerError``). A completed response records the duration, response size,
+token counts and normalized time per output token; a model rewrite counts in
+``inference_extension_model_rewrite_decisions_total``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from domain.requesthandling.usage import Usage
+from ports.errors import ErrorCode
+from ports.observer import Observer
+
+__all__ = ["RequestMetrics"]
+
+REQUEST_TOTAL = "inference_objective_request_total"
+REQUEST_ERROR_TOTAL = "inference_objective_request_error_total"
+REQUEST_DURATION = "inference_objective_request_duration_seconds"
+REQUEST_SIZES = "inference_objective_request_sizes"
+RESPONSE_SIZES = "inference_objective_response_sizes"
+INPUT_TOKENS = "inference_objective_input_tokens"
+OUTPUT_TOKENS = "inference_objective_output_tokens"
+PROMPT_CACHED_TOKENS = "inference_objective_prompt_cached_tokens"
+NORMALIZED_TPOT = "inference_objective_normalized_time_per_output_token_seconds"
+RUNNING_REQUESTS = "inference_objective_running_requests"
+MODEL_REWRITE_DECISIONS = "inference_extension_model_rewrite_decisions_total"
+
+
+class RequestMetrics:
+    """Records what one request's way through the Director shows in metrics.
+
+    ``labels`` are the request's ``model_name`` and ``target_model_name``. The running count
+    per model (as the client named it) is kept here: ``routed`` adds the request, ``closed``
+    removes it; a model with nothing running is forgotten (its gauge keeps the 0).
+    """
+
+    def __init__(self, observer: Observer) -> None:
+        self._observer = observer
+        self._running: dict[str, int] = {}
+        self._running_labels: dict[str, dict[str, str]] = {}
+
+    def running(self, model: str) -> int:
+        """Requests for ``model`` routed and not yet closed."""
+        return self._running.get(model, 0)
+
+    def rewritten(self, rule: str, model: str, target_model: str) -> None:
+        self._observer.counter(
+            MODEL_REWRITE_DECISIONS,
+            {"model_rewrite_name": rule, "model_name": model, "target_model": target_model},
+        )
+
+    def routed(self, labels: Mapping[str, str], priority: int, size_bytes: int) -> None:
+        model = labels["model_name"]
+        self._observer.counter(
+            REQUEST_TOTAL,
+            {
+                "model_name": model,
+                "target_model_name": labels["target_model_name"],
+                "priority": str(priority),
+            },
+        )
+        self._observer.histogram(REQUEST_SIZES, labels, size_bytes)
+        self._add_running(model, 1)
+
+    def closed(self, labels: Mapping[str, str]) -> None:
+        """A routed request's exchange ended."""
+        self._add_running(labels["model_name"], -1)
+
+    def failed(self, labels: Mapping[str, str], code: ErrorCode) -> None:
+        self._observer.counter(REQUEST_ERROR_TOTAL, {**labels, "error_code": code.value})
+
+    def completed(
+        self,
+        labels: Mapping[str, str],
+        seconds: float,
+        response_bytes: int,
+        usage: Usage | None,
+    ) -> None:
+        observer = self._observer
+        observer.histogram(REQUEST_DURATION, labels, seconds)
+        observer.histogram(RESPONSE_SIZES, labels, response_bytes)
+        if usage is None:
+            return
+        observer.histogram(INPUT_TOKENS, labels, usage.prompt_tokens)
+        observer.histogram(OUTPUT_TOKENS, labels, usage.completion_tokens)
+        observer.histogram(PROMPT_CACHED_TOKENS, labels, usage.cached_tokens)
+        if usage.completion_tokens > 0:
+            observer.histogram(NORMALIZED_TPOT, labels, seconds / usage.completion_tokens)
+
+    def _add_running(self, model: str, delta: int) -> None:
+        count = self._running.get(model, 0) + delta
+        labels = self._running_labels.get(model)
+        if labels is None:
+            labels = self._running_labels[model] = {"model_name": model}
+        if count:
+            self._running[model] = count
+        else:
+            self._running.pop(model, None)
+            self._running_labels.pop(model, None)
+        self._observer.gauge(RUNNING_REQUESTS, labels, count)
