@@ -3,7 +3,7 @@
 Without a ``dataLayer`` section the default source and extractor are used (configured
 plugins of their types are reused), unless the ``enableLegacyMetrics`` gate is on or their
 types are not registered. Every source/extractor pair is checked: the source's own
-``validate_extractor``, a notification source's GVK against its
+``validate_extractor`` (``ValidatingDataSource``), a notification source's GVK against its
 extractors', and the source's output type against what the extractor reads.
 """
 
@@ -16,6 +16,7 @@ from app.config.instances import PluginInstances, describe
 from app.config.schema import DataLayerSection
 from domain.datalayer.interfaces import NotificationExtractor
 from domain.plugins.base import Plugin
+from domain.plugins.hooks import TypedExtractor, TypedSource, ValidatingDataSource
 from ports.datalayer import NotificationSource
 
 __all__ = [
@@ -85,9 +86,8 @@ def _validate_extractor(source: Plugin, extractor: Plugin, path: str) -> None:
     declaring ``expected_input_type`` needs a source whose ``output_type`` is that type
     (or a subclass; ``object`` takes anything)."""
     try:
-        validate = getattr(source, "validate_extractor", None)
-        if callable(validate):
-            validate(extractor)
+        if isinstance(source, ValidatingDataSource):
+            source.validate_extractor(extractor)
         if isinstance(source, NotificationSource):
             if not isinstance(extractor, NotificationExtractor):
                 raise TypeError("it does not take notifications (no extract_notification)")
@@ -96,10 +96,8 @@ def _validate_extractor(source: Plugin, extractor: Plugin, path: str) -> None:
                     f'GVK mismatch: the extractor expects "{extractor.gvk()}", '
                     f'the source watches "{source.gvk()}"'
                 )
-        output_type = getattr(source, "output_type", None)
-        expected_type = getattr(extractor, "expected_input_type", None)
-        if callable(output_type) and callable(expected_type):
-            produced, expected = output_type(), expected_type()
+        if isinstance(source, TypedSource) and isinstance(extractor, TypedExtractor):
+            produced, expected = source.output_type(), extractor.expected_input_type()
             if expected is not object and not issubclass(produced, expected):
                 raise TypeError(
                     f"the extractor reads {expected.__name__}, "

@@ -16,6 +16,7 @@ from app.config.parameters import ParameterError, validate_parameters
 from app.config.schema import PluginEntry, PluginRefSpec
 from domain.plugins.base import Plugin, PluginConfigError, PluginRegistry, parameter_names
 from domain.plugins.handle import Handle
+from domain.plugins.hooks import NamingParameters
 
 __all__ = ["PluginInstances", "describe"]
 
@@ -48,8 +49,12 @@ class PluginInstances:
                 where += exc.path if exc.path.startswith("[") else f".{exc.path}"
             raise ConfigError(f"{where}: {exc.reason}") from None
         # A type may name its unnamed instances after their parameters (e.g. a GVK).
-        default_name = getattr(parameters, "default_name", None)
-        name = entry.name or (default_name() if callable(default_name) else entry.type)
+        if entry.name:
+            name = entry.name
+        elif isinstance(parameters, NamingParameters):
+            name = parameters.default_name()
+        else:
+            name = entry.type
         if name in self.plugins:
             raise ConfigError(f'{path}.name: duplicate plugin name "{name}"')
         self.create(entry.type, name, parameters, path)

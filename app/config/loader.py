@@ -17,7 +17,8 @@ hands over (its ``producer_parameters()``, else its own ``parameters`` when they
 producer's parameters type).
 
 Each concern has its module: ``decoding`` (YAML and schema), ``instances`` (building
-plugins), ``profiles``, ``datalayer``, ``flowcontrol`` and ``producers``.
+plugins), ``profiles``, ``datalayer``, ``flowcontrol`` and ``producers``. The optional
+plugin hooks they call are declared in ``domain.plugins.hooks``.
 """
 
 from __future__ import annotations

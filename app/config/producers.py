@@ -1,6 +1,6 @@
 """Data producers: the default producer of every consumed key, and the order they run in.
 
-A key some plugin consumes (``consumes()``) and none produces (``produces()``) gets
+A key some plugin consumes (``ConsumerPlugin``) and none produces (``ProducerPlugin``) gets
 the plugin type registered as its default producer, built with the parameters the consumer
 hands over (its ``producer_parameters()``, else its own ``parameters`` when they are of the
 producer's parameters type). ``DataProducer`` plugins then run in dependency order.
@@ -15,6 +15,12 @@ from typing import Any
 from app.config.errors import ConfigError
 from app.config.instances import PluginInstances
 from domain.plugins.base import plugins_with
+from domain.plugins.hooks import (
+    ConsumerPlugin,
+    ParameterizedPlugin,
+    ProducerParametersProvider,
+    ProducerPlugin,
+)
 from domain.requestcontrol.interfaces import DataProducer
 
 __all__ = ["add_missing_producers", "sorted_producers"]
@@ -27,9 +33,12 @@ def _keys(declared: Iterable[Any]) -> list[str]:
     return [str(key) for key in declared]
 
 
-def _declared(plugin: object, method: str) -> list[str]:
-    call = getattr(plugin, method, None)
-    return _keys(call()) if callable(call) else []
+def _produced(plugin: object) -> list[str]:
+    return _keys(plugin.produces()) if isinstance(plugin, ProducerPlugin) else []
+
+
+def _consumed(plugin: object) -> list[str]:
+    return _keys(plugin.consumes()) if isinstance(plugin, ConsumerPlugin) else []
 
 
 def add_missing_producers(instances: PluginInstances) -> None:
@@ -37,12 +46,12 @@ def add_missing_producers(instances: PluginInstances) -> None:
     (repeatedly, since a new producer may consume keys of its own)."""
     plugins = instances.plugins
     while True:
-        produced = {key for plugin in plugins.values() for key in _declared(plugin, "produces")}
+        produced = {key for plugin in plugins.values() for key in _produced(plugin)}
         missing = next(
             (
                 (plugin, key)
                 for plugin in plugins.values()
-                for key in _declared(plugin, "consumes")
+                for key in _consumed(plugin)
                 if key not in produced
             ),
             None,
@@ -67,7 +76,7 @@ def add_missing_producers(instances: PluginInstances) -> None:
             )
         parameters = _producer_parameters(instances, consumer, type_name)
         producer = instances.create(type_name, type_name, parameters, path)
-        if key not in _declared(producer, "produces"):
+        if key not in _produced(producer):
             raise ConfigError(
                 f'{path}: the default producer "{type_name}" of "{key}" does not produce it'
             )
@@ -84,8 +93,11 @@ def _producer_parameters(instances: PluginInstances, consumer: object, type_name
     ``producer_parameters()`` method, else its own ``parameters`` attribute, when either
     is an instance of the producer type's parameters class; ``None`` (the defaults)
     otherwise."""
-    method = getattr(consumer, "producer_parameters", None)
-    wanted = method() if callable(method) else getattr(consumer, "parameters", None)
+    wanted: object = None
+    if isinstance(consumer, ProducerParametersProvider):
+        wanted = consumer.producer_parameters()
+    elif isinstance(consumer, ParameterizedPlugin):
+        wanted = consumer.parameters
     return wanted if isinstance(wanted, instances.registry.spec(type_name).parameters) else None
 
 

@@ -3,7 +3,7 @@
 Without ``schedulingProfiles`` the one ``default`` profile holds every filter, scorer
 (weight 1) and picker, in plugin order. A profile without a picker gets the first one. With
 one profile and no configured handler, ``single-profile-handler`` is added; a handler that
-validates its profiles (``validate_profiles``) is asked whether it accepts them.
+validates its profiles (``ValidatingProfileHandler``) is asked whether it accepts them.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from app.config.errors import ConfigError
 from app.config.instances import PluginInstances, describe
 from app.config.schema import SchedulingProfileSpec
 from domain.plugins.base import Plugin, plugins_with
+from domain.plugins.hooks import ValidatingProfileHandler
 from domain.scheduling.interfaces import Filter, Picker, ProfileHandler, Scorer
 from domain.scheduling.profile import SchedulerProfile, WeightedScorer
 
@@ -168,10 +169,9 @@ def choose_profile_handler(
             f'{path}: {DEFAULT_PROFILE_HANDLER} "{handler.typed_name.name}" allows exactly '
             f"one scheduling profile, the config has {len(profiles)}"
         )
-    validate = getattr(handler, "validate_profiles", None)
-    if callable(validate):
+    if isinstance(handler, ValidatingProfileHandler):
         try:
-            validate(list(profiles))
+            handler.validate_profiles(list(profiles))
         except ValueError as exc:
             raise ConfigError(f"{path}: {exc}") from exc
     return handler
