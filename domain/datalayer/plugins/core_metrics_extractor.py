@@ -50,6 +50,7 @@ from domain.datalayer.metric_spec import (
 )
 from domain.datalayer.prometheus_text import MetricFamily, Sample, parse_families
 from domain.plugins.base import PluginRegistry, TypedName, class_factory
+from domain.plugins.hooks import TypedExtractor
 from ports.datalayer import MetricsText
 
 __all__ = [
@@ -235,7 +236,7 @@ class _Engine:
         )
 
 
-class CoreMetricsExtractor:
+class CoreMetricsExtractor(TypedExtractor):
     """Extractor of the model-server protocol metrics; see the module docstring."""
 
     __slots__ = ("_default", "_engines", "_label_key", "typed_name")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from domain.datalayer.interfaces import EndpointExtractor
 from domain.plugins.base import EmptyParameters, PluginRegistry, TypedName, class_factory
+from domain.plugins.hooks import TypedSource, ValidatingDataSource
 from ports.endpoints import EndpointEvent
 
 __all__ = ["TYPE", "EndpointNotificationSource", "register"]
@@ -18,7 +19,7 @@ __all__ = ["TYPE", "EndpointNotificationSource", "register"]
 TYPE = "endpoint-notification-source"
 
 
-class EndpointNotificationSource:
+class EndpointNotificationSource(ValidatingDataSource, TypedSource):
     """Feeds endpoint lifecycle events to the endpoint extractors bound to it."""
 
     def __init__(self, typed_name: TypedName, parameters: EmptyParameters) -> None:

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 from domain.datalayer.attributes import IN_FLIGHT_LOAD, InFlightLoad
 from domain.plugins.base import PluginRegistry, TypedName, class_factory
+from domain.plugins.hooks import ConsumerPlugin
 from domain.scheduling.interfaces import CycleState
 from domain.scheduling.types import Candidate, InferenceRequest
 
@@ -55,7 +56,7 @@ class ConcurrencyDetectorParameters:
             raise ValueError(f"headroom: must be >= 0, got {self.headroom}")
 
 
-class ConcurrencyDetector:
+class ConcurrencyDetector(ConsumerPlugin):
     """SaturationDetector and Filter over the in-flight load this EPP tracks."""
 
     def __init__(self, typed_name: TypedName, parameters: ConcurrencyDetectorParameters) -> None:

@@ -39,6 +39,7 @@ from domain.datalayer.attributes import IN_FLIGHT_LOAD, InFlightLoad
 from domain.datalayer.endpoint import Endpoint
 from domain.plugins.base import EmptyParameters, Plugin, PluginRegistry, TypedName
 from domain.plugins.handle import Handle
+from domain.plugins.hooks import ConsumerPlugin, ProducerPlugin
 from domain.requestcontrol.interfaces import ResponseInfo
 from domain.requestcontrol.state import StateKey
 from domain.requesthandling.openai import ApiKind, ParsedRequest
@@ -115,7 +116,7 @@ def estimate_tokens(request: InferenceRequest, codec: JsonCodec) -> int:
     return input_tokens + _round_half_up(input_tokens * _OUTPUT_FACTOR)
 
 
-class InFlightLoadProducer:
+class InFlightLoadProducer(ProducerPlugin, ConsumerPlugin):
     """Tracks per-endpoint in-flight requests and tokens; see the module docstring."""
 
     def __init__(self, typed_name: TypedName, handle: Handle) -> None:

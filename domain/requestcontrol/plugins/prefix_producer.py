@@ -23,6 +23,7 @@ from domain.datalayer.attributes import PREFIX_CACHE_MATCH_INFO, PrefixCacheMatc
 from domain.datalayer.endpoint import Endpoint
 from domain.plugins.base import Plugin, PluginRegistry, TypedName
 from domain.plugins.handle import Handle
+from domain.plugins.hooks import ConsumerPlugin, ProducerPlugin
 from domain.prefixcache.index import SupportsSyncEndpointRemoval
 from domain.requestcontrol.state import StateKey
 from domain.scheduling.types import Candidate, InferenceRequest, SchedulingResult
@@ -127,7 +128,7 @@ class PrefixMatchStats:
         self.blocks_matched = 0
 
 
-class ApproxPrefixCacheProducer:
+class ApproxPrefixCacheProducer(ProducerPlugin, ConsumerPlugin):
     """DataProducer + PreRequest writing ``PrefixCacheMatchInfo`` on every candidate.
 
     Requests without a body, or whose prefix input is shorter than one block, get

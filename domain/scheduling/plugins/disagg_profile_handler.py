@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from domain.datalayer.attributes import PREFIX_CACHE_MATCH_INFO, PrefixCacheMatchInfo
 from domain.plugins.base import Plugin, PluginConfigError, PluginRegistry, TypedName
 from domain.plugins.handle import Handle
+from domain.plugins.hooks import ValidatingProfileHandler
 from domain.scheduling.profile import SchedulerProfile
 from domain.scheduling.scheduler import SchedulingFailedError
 from domain.scheduling.types import Candidate, InferenceRequest, ProfileRunResult, SchedulingResult
@@ -66,7 +67,7 @@ class DisaggProfileHandlerParameters:
             raise ValueError(f"threshold: must be >= 0, got {self.threshold}")
 
 
-class DisaggProfileHandler:
+class DisaggProfileHandler(ValidatingProfileHandler):
     """Round 1 runs the decode profile. If it succeeded and the uncached prompt tokens on
     its first endpoint exceed ``threshold``, round 2 runs the prefill profile.
 

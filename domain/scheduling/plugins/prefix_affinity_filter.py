@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from domain.datalayer.attributes import PREFIX_CACHE_MATCH_INFO, PrefixCacheMatchInfo
 from domain.plugins.base import Plugin, PluginRegistry, TypedName
 from domain.plugins.handle import Handle
+from domain.plugins.hooks import ConsumerPlugin
 from domain.scheduling.interfaces import CycleState
 from domain.scheduling.types import Candidate, InferenceRequest
 
@@ -46,7 +47,7 @@ class PrefixAffinityFilterParameters:
             raise ValueError("maxTTFTPenaltyMs: must be >= 0")
 
 
-class PrefixAffinityFilter:
+class PrefixAffinityFilter(ConsumerPlugin):
     """Keeps the sticky candidates (prefix ratio ≥ threshold), in order; else all."""
 
     def __init__(

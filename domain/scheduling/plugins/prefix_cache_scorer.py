@@ -12,6 +12,7 @@ from collections.abc import Sequence
 
 from domain.datalayer.attributes import PREFIX_CACHE_MATCH_INFO, PrefixCacheMatchInfo
 from domain.plugins.base import PluginRegistry, TypedName, class_factory
+from domain.plugins.hooks import ConsumerPlugin
 from domain.requestcontrol.plugins.prefix_producer import PrefixCacheParameters
 from domain.scheduling.interfaces import AFFINITY, CycleState
 from domain.scheduling.types import Candidate, InferenceRequest
@@ -35,7 +36,7 @@ def producer_parameters(scorer_params: PrefixCacheScorerParameters) -> PrefixCac
     return scorer_params
 
 
-class PrefixCacheScorer:
+class PrefixCacheScorer(ConsumerPlugin):
     """Score = matched blocks / total blocks; 0 without a match attribute or blocks."""
 
     def __init__(self, typed_name: TypedName, parameters: PrefixCacheScorerParameters) -> None:

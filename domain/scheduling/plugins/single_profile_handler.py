@@ -11,6 +11,7 @@ from domain.plugins.base import (
     TypedName,
     class_factory,
 )
+from domain.plugins.hooks import ValidatingProfileHandler
 from domain.scheduling.profile import SchedulerProfile
 from domain.scheduling.scheduler import SchedulingFailedError
 from domain.scheduling.types import InferenceRequest, ProfileRunResult, SchedulingResult
@@ -22,7 +23,7 @@ TYPE = "single-profile-handler"
 _NO_PROFILES: Mapping[str, SchedulerProfile] = {}
 
 
-class SingleProfileHandler:
+class SingleProfileHandler(ValidatingProfileHandler):
     """Runs every profile once, in the first round, and nothing afterwards.
 
     ``process_results`` requires exactly one result, which must not be a failure; that

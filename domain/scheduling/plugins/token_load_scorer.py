@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from domain.datalayer.attributes import IN_FLIGHT_LOAD, InFlightLoad
 from domain.plugins.base import PluginRegistry, TypedName, class_factory
+from domain.plugins.hooks import ConsumerPlugin
 from domain.scheduling.interfaces import DISTRIBUTION, CycleState
 from domain.scheduling.types import Candidate, InferenceRequest
 
@@ -30,7 +31,7 @@ class TokenLoadScorerParameters:
             raise ValueError(f"queueThresholdTokens: must be > 0, got {value}")
 
 
-class TokenLoadScorer:
+class TokenLoadScorer(ConsumerPlugin):
     """Scores ``1 - min(tokens, threshold) / threshold`` from the ``InFlightLoad``
     attribute; 1.0 for a candidate without one (no known load).
 

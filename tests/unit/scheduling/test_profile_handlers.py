@@ -10,6 +10,7 @@ import pytest
 
 from domain.datalayer.attributes import PREFIX_CACHE_MATCH_INFO, PrefixCacheMatchInfo
 from domain.plugins.base import PluginConfigError, PluginRegistry, TypedName
+from domain.plugins.hooks import ValidatingProfileHandler
 from domain.scheduling.interfaces import CycleState, ProfileHandler
 from domain.scheduling.plugins import disagg_profile_handler, single_profile_handler
 from domain.scheduling.plugins.disagg_profile_handler import (
@@ -104,9 +105,10 @@ def test_single_needs_exactly_one_result(count: int) -> None:
 
 def test_single_validates_one_profile() -> None:
     handler = _handler("single-profile-handler")
-    handler.validate_profiles(["default"])  # type: ignore[attr-defined]
+    assert isinstance(handler, ValidatingProfileHandler)
+    handler.validate_profiles(["default"])
     with pytest.raises(PluginConfigError, match="exactly one"):
-        handler.validate_profiles(["a", "b"])  # type: ignore[attr-defined]
+        handler.validate_profiles(["a", "b"])
 
 
 def test_single_end_to_end_with_scheduler() -> None:
@@ -161,16 +163,18 @@ def test_disagg_alias_builds_the_same_handler() -> None:
 )
 def test_disagg_validate_profiles_names_the_missing_one(names: list[str], missing: str) -> None:
     handler = _handler("disagg-profile-handler")
+    assert isinstance(handler, ValidatingProfileHandler)
     with pytest.raises(PluginConfigError, match=f"'{missing}'"):
-        handler.validate_profiles(names)  # type: ignore[attr-defined]
+        handler.validate_profiles(names)
 
 
 def test_disagg_validate_profiles_uses_configured_names() -> None:
     params = DisaggProfileHandlerParameters(decode_profile="d", prefill_profile="p")
     handler = _handler("disagg-profile-handler", params)
-    handler.validate_profiles(["d", "p"])  # type: ignore[attr-defined]
+    assert isinstance(handler, ValidatingProfileHandler)
+    handler.validate_profiles(["d", "p"])
     with pytest.raises(PluginConfigError, match="prefillProfile"):
-        handler.validate_profiles(["d", "prefill"])  # type: ignore[attr-defined]
+        handler.validate_profiles(["d", "prefill"])
 
 
 # --- disagg-profile-handler: decisions ------------------------------------------------

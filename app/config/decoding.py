@@ -1,0 +1,73 @@
+"""From YAML text to the typed config spec: strict YAML, then strict schema decoding.
+
+A key repeated in one mapping, a document that is not a mapping, an unknown field or a
+value of the wrong type is a ``ConfigError`` naming where it is (a line and column for
+YAML, the config path for the schema).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from app.config.errors import ConfigError
+from app.config.parameters import render_validation_error
+from app.config.schema import EndpointPickerConfigSpec
+
+__all__ = ["decode", "parse_yaml"]
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that refuses a key repeated in one mapping (strict decoding)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node, deep=True)
+            try:
+                repeated = key in seen
+            except TypeError:  # unhashable: the base class reports it
+                continue
+            if repeated:
+                raise yaml.constructor.ConstructorError(
+                    "while constructing a mapping",
+                    node.start_mark,
+                    f"found duplicate key {key!r}",
+                    key_node.start_mark,
+                )
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+def parse_yaml(text: str | None) -> dict[str, Any] | None:
+    """The YAML document as a mapping; ``None`` for no text, blank text or only comments."""
+    if text is None or not text.strip():
+        return None
+    try:
+        raw = yaml.load(text, Loader=_StrictLoader)  # a SafeLoader subclass
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise ConfigError(f"config: invalid YAML{where}: {exc.problem or exc.context}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config: invalid YAML: {exc}") from None
+    if raw is None:
+        return None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"config: must be a mapping, got {type(raw).__name__}")
+    return raw
+
+
+def decode(raw: dict[str, Any]) -> EndpointPickerConfigSpec:
+    """The mapping checked against the schema (unknown keys refused)."""
+    try:
+        return EndpointPickerConfigSpec.model_validate(raw)
+    except ValidationError as exc:
+        path, reason = render_validation_error(exc)
+        if path == "data" and reason == "unknown field":
+            reason = "unknown field (the data-layer section is called dataLayer)"
+        raise ConfigError(f"{path or 'config'}: {reason}") from None
