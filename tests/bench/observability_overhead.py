@@ -2,19 +2,28 @@
 
 Two parts, in one run:
 
-1. Through Envoy: three identical stacks (simulated model servers, the EPP, Envoy from the
+1. Through Envoy: identical stacks (simulated model servers, the EPP, Envoy from the
    shipped config), one per mode, all running at once and loaded in alternating rounds
    with the same closed-loop load: tracing off (``--tracing=false``; metrics are always on,
    as in the reference), and tracing on exporting OTLP/gRPC to a receiver in this script
-   with ``parentbased_traceidratio`` at 0.1 and at 1.0. Prints requests/s, latency, and
-   the EPP's CPU seconds per 1,000 requests, each against tracing off.
+   (one per mode) with ``parentbased_traceidratio`` at 0.1 and at 1.0, each twice: with
+   ours (``adapters.otel``) and with the OpenTelemetry SDK's own spans,
+   ``BatchSpanProcessor`` and ``OTLPSpanExporter`` (``tests.bench.sdk_epp``: the same EPP,
+   spans, sampler and receiver; only the span recording and export differ). Prints
+   requests/s, latency, the EPP's CPU seconds per 1,000 requests, each against tracing off,
+   the spans each mode exported per request, and the SDK against ours at each ratio.
 2. In process, without network (steadier on a busy machine): CPU per request through the
    ext_proc servicer and the Director with no observer, with the Prometheus metrics only,
    and with metrics and tracing at 0 (nothing sampled), 0.1 and 1.0 (finished spans
    encoded into OTLP export requests by the export thread, then dropped instead of
-   sent): what the metrics and the tracing cost the EPP's Python request path.
+   sent), ours and the SDK's: what the metrics and the tracing cost the EPP's Python
+   request path.
 
     .venv/bin/python -m tests.bench.observability_overhead [--rounds 120] [--blocks 4]
+        [--modes off,ours-0.1,sdk-0.1,ours-1.0,sdk-1.0]
+
+The SDK modes need the SDK's OTLP exporter, ``opentelemetry-exporter-otlp-proto-grpc``
+(the ``bench`` extra); without it the script names the command that installs it.
 
 On a small virtual machine the CPU's speed drifts (the same busy loop can take half the
 time a few seconds later), so the modes take turns in short rounds, the order alternating,
@@ -32,6 +41,7 @@ import contextlib
 import os
 import random
 import statistics
+import sys
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -41,6 +51,8 @@ import aiohttp
 import orjson
 from opentelemetry.proto.common.v1.common_pb2 import InstrumentationScope
 from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from adapters.envoy.extproc import ExtProcServicer
 from adapters.otel.export import OtlpEncoder
@@ -50,6 +62,7 @@ from adapters.prometheus.exporter import PrometheusObserver
 from app.observability import EppObserver
 from ports.observer import NoopObserver, Observer
 from tests.bench.load import closed_loop, cpu_seconds
+from tests.bench.sdk_tracing import INSTALL_HINT, SdkTracing, otlp_exporter_available
 from tests.integration.observability.otlp_receiver import OtlpReceiver
 from tests.simulator import DEFAULT_MODEL
 from tests.support.extproc import (
@@ -72,12 +85,20 @@ RESPONSE = orjson.dumps(
 )
 
 
+#: The modes through Envoy, in their order (tracing off first: the base), by key.
+MODE_KEYS = ("off", "ours-0.1", "sdk-0.1", "ours-1.0", "sdk-1.0")
+
+
 @dataclass
 class Mode:
     name: str
     epp_args: list[str]
     epp_env: dict[str, str]
+    key: str = "off"
+    epp_module: str = "app"
+    receiver: OtlpReceiver | None = None
     stack: Stack | None = None
+    sent: int = 0
     seconds: float = 0.0
     requests: int = 0
     errors: int = 0
@@ -111,6 +132,7 @@ async def _round(
     pid = stack.epp.process.pid
     cpu_before = cpu_seconds(pid)
     seconds, latencies, errors = await closed_loop(session, stack.url, BODY, total, concurrency)
+    mode.sent += total
     if record:
         cpu = cpu_seconds(pid) - cpu_before
         mode.round_rps.append(total / seconds)
@@ -143,24 +165,33 @@ async def _cycles(modes: Sequence[Mode], args: argparse.Namespace, cycles: int) 
                 await _round(mode, session, args.requests, args.concurrency, record=True)
 
 
-def _through_envoy(
-    args: argparse.Namespace, receiver: OtlpReceiver, blocks: list[range]
-) -> list[Mode]:
-    """Runs the modes; ``blocks`` receives each block's cycle indices."""
+def _modes(keys: Sequence[str], stack: contextlib.ExitStack) -> list[Mode]:
+    """The modes ``keys`` name, each traced one with an OTLP receiver of its own (started
+    on ``stack``), so that what each exported is counted apart."""
 
-    def traced(ratio: str) -> dict[str, str]:
-        return {
+    def traced(key: str, name: str, ratio: str, module: str) -> Mode:
+        receiver = OtlpReceiver(count_only=True).start()
+        stack.callback(receiver.stop)
+        env = {
             "OTEL_TRACES_EXPORTER": "otlp",
             "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint,
             "OTEL_TRACES_SAMPLER": "parentbased_traceidratio",
             "OTEL_TRACES_SAMPLER_ARG": ratio,
         }
+        return Mode(name, [], env, key=key, epp_module=module, receiver=receiver)
 
-    modes = [
-        Mode("tracing off", ["--tracing=false"], {}),
-        Mode("tracing 0.1 (otlp)", [], traced("0.1")),
-        Mode("tracing 1.0 (otlp)", [], traced("1.0")),
-    ]
+    make = {
+        "off": lambda: Mode("tracing off", ["--tracing=false"], {}),
+        "ours-0.1": lambda: traced("ours-0.1", "ours 0.1 (otlp)", "0.1", "app"),
+        "sdk-0.1": lambda: traced("sdk-0.1", "SDK 0.1 (otlp)", "0.1", "tests.bench.sdk_epp"),
+        "ours-1.0": lambda: traced("ours-1.0", "ours 1.0 (otlp)", "1.0", "app"),
+        "sdk-1.0": lambda: traced("sdk-1.0", "SDK 1.0 (otlp)", "1.0", "tests.bench.sdk_epp"),
+    }
+    return [make[key]() for key in MODE_KEYS if key in keys]
+
+
+def _through_envoy(args: argparse.Namespace, modes: list[Mode], blocks: list[range]) -> None:
+    """Runs the modes; ``blocks`` receives each block's cycle indices."""
     per_block = max(1, args.rounds // args.blocks)
     for block in range(args.blocks):
         # Fresh processes per block, each mode on another address range each time: a
@@ -172,6 +203,7 @@ def _through_envoy(
                     simulator_base_ip=f"127.0.0.{2 + 10 * ((i + block) % len(modes))}",
                     epp_args=mode.epp_args,
                     epp_env=mode.epp_env,
+                    epp_module=mode.epp_module,
                     epp_tls=not args.plaintext,
                 )
                 mode.stack = running.enter_context(Stack.run(options))
@@ -179,7 +211,39 @@ def _through_envoy(
             asyncio.run(_cycles(modes, args, per_block))
             blocks.append(range(first, len(modes[0].round_seconds)))
     # the EPPs flushed their last spans when they stopped
-    return modes
+
+
+def _spans_received(mode: Mode) -> str:
+    """What ``mode``'s receiver got: spans, traces (SERVER spans), per request sent."""
+    receiver = mode.receiver
+    if receiver is None:
+        return "-"
+    traces = receiver.server_spans
+    per_trace = receiver.count / traces if traces else 0.0
+    return (
+        f"{receiver.count} spans in {traces} traces of {mode.sent} requests: "
+        f"{receiver.count / mode.sent:.2f} spans per request, {traces / mode.sent:.1%} "
+        f"traced, {per_trace:.2f} spans per trace"
+    )
+
+
+class _SdkEncodeOnly(SpanExporter):
+    """Encodes spans as the SDK's ``OTLPSpanExporter`` does before sending (the SDK's
+    ``encode_spans`` into one ``ExportTraceServiceRequest``, serialized), and drops them."""
+
+    def __init__(self) -> None:
+        from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+
+        self._encode = encode_spans
+        self.spans = 0
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        self._encode(spans).SerializeToString()
+        self.spans += len(spans)
+        return SpanExportResult.SUCCESS
+
+    def shutdown(self) -> None:
+        return None
 
 
 class _EncodeOnly:
@@ -210,7 +274,9 @@ async def _replay(messages: Sequence[Any]) -> AsyncIterator[Any]:
 def _request_path_cpu(observer: Observer, requests: int, rounds: int) -> list[float]:
     """CPU microseconds per request through the ext_proc servicer and the Director (no
     network): request headers with an ``x-request-id``, the body, response headers and
-    body, as Envoy sends them; one value per round."""
+    body, as Envoy sends them; one value per round, each including the export of its
+    spans (flushed at its end)."""
+    tracing = observer.tracing if isinstance(observer, EppObserver) else None
     servicer = ExtProcServicer(observed_director(observer), observer)
     messages = [
         request_headers(envoy_headers(("x-request-id", "bench"))),
@@ -226,16 +292,24 @@ def _request_path_cpu(observer: Observer, requests: int, rounds: int) -> list[fl
             for _ in range(requests):
                 async for _reply in servicer.Process(_replay(messages), cast(Any, None)):
                     pass
+            if tracing is not None:
+                tracing.force_flush()
             per_round.append((time.process_time() - started) / requests * 1e6)
         return per_round
 
     return asyncio.run(run())
 
 
-def _in_process(requests: int) -> Mapping[str, float]:
+def _in_process(requests: int, *, sdk: bool) -> Mapping[str, float]:
     def traced(ratio: str) -> EppObserver:
         env = {"OTEL_TRACES_SAMPLER_ARG": ratio}
         return EppObserver(PrometheusObserver(), OtelTracing(env, sink=_EncodeOnly()))
+
+    def sdk_traced(ratio: str) -> EppObserver:
+        env = {"OTEL_TRACES_SAMPLER_ARG": ratio}
+        # EppObserver uses only start_span, force_flush and shutdown of its tracing
+        tracing = cast(OtelTracing, SdkTracing(env, exporter=_SdkEncodeOnly()))
+        return EppObserver(PrometheusObserver(), tracing)
 
     observers: dict[str, Observer] = {
         "no observer": NoopObserver(),
@@ -244,6 +318,12 @@ def _in_process(requests: int) -> Mapping[str, float]:
         "metrics + tracing 0.1": traced("0.1"),
         "metrics + tracing 1.0": traced("1.0"),
     }
+    if sdk:
+        observers |= {
+            "metrics + SDK tracing 0": sdk_traced("0"),
+            "metrics + SDK tracing 0.1": sdk_traced("0.1"),
+            "metrics + SDK tracing 1.0": sdk_traced("1.0"),
+        }
     results: dict[str, list[float]] = {name: [] for name in observers}
     for observer in observers.values():  # warm-up
         _request_path_cpu(observer, 300, 1)
@@ -295,15 +375,24 @@ def main() -> None:
     parser.add_argument("--blocks", type=int, default=4, help="fresh processes this often")
     parser.add_argument("--plaintext", action="store_true", help="EPP without TLS")
     parser.add_argument("--in-process-requests", type=int, default=2000)
+    parser.add_argument(
+        "--modes",
+        default=",".join(MODE_KEYS),
+        help=f"the modes through Envoy, comma-separated, 'off' among them (of {MODE_KEYS})",
+    )
     args = parser.parse_args()
+    keys = [key.strip() for key in args.modes.split(",") if key.strip()]
+    if "off" not in keys or not set(keys) <= set(MODE_KEYS):
+        parser.error(f"--modes: 'off' and any of {', '.join(MODE_KEYS[1:])}")
+    sdk = otlp_exporter_available()
+    if not sdk and any(key.startswith("sdk-") for key in keys):
+        sys.exit(f"{INSTALL_HINT}; or leave the SDK out: --modes off,ours-0.1,ours-1.0")
 
-    receiver = OtlpReceiver(count_only=True).start()
     blocks: list[range] = []
-    try:
-        modes = _through_envoy(args, receiver, blocks)
-    finally:
-        spans = receiver.count
-        receiver.stop()
+    with contextlib.ExitStack() as receivers:
+        modes = _modes(keys, receivers)
+        _through_envoy(args, modes, blocks)
+    # the receivers stopped after the EPPs (which flushed their last spans when stopped)
 
     base = modes[0]
     print(
@@ -323,7 +412,9 @@ def main() -> None:
             f"{mode.cpu_per_k:>14.3f}{mode.cpu_per_k / base.cpu_per_k - 1:>+9.1%}"
             f"{mode.errors:>8}"
         )
-    print(f"spans received by the OTLP receiver: {spans}")
+    print("spans each mode's OTLP receiver got (requests sent include the warm-up):")
+    for mode in modes[1:]:
+        print(f"  {mode.name:<22} {_spans_received(mode)}")
     print(
         "change against tracing off over the same cycles: all rounds "
         "[95% bootstrap interval over cycles], median of the per-cycle changes"
@@ -331,15 +422,26 @@ def main() -> None:
     for mode in modes[1:]:
         print(f"  {mode.name:<22} req/s {_summary(mode, base, blocks, cpu=False)}")
         print(f"  {'':<22} EPP CPU per request {_summary(mode, base, blocks, cpu=True)}")
+    by_key = {mode.key: mode for mode in modes}
+    pairs = [
+        (by_key[f"sdk-{ratio}"], by_key[f"ours-{ratio}"])
+        for ratio in ("0.1", "1.0")
+        if f"sdk-{ratio}" in by_key and f"ours-{ratio}" in by_key
+    ]
+    if pairs:
+        print("the SDK against ours at the same ratio, over the same cycles (as above)")
+    for theirs, ours in pairs:
+        print(f"  {theirs.name:<22} req/s {_summary(theirs, ours, blocks, cpu=False)}")
+        print(f"  {'':<22} EPP CPU per request {_summary(theirs, ours, blocks, cpu=True)}")
     print()
-    results = _in_process(args.in_process_requests)
+    results = _in_process(args.in_process_requests, sdk=sdk)
     bare = results["no observer"]
     print(
         "In process: CPU per request through the ext_proc servicer and the Director "
         f"(no network), median of 5 interleaved rounds of {args.in_process_requests}"
     )
     for name, micros in results.items():
-        print(f"  {name:<24}{micros:>8.1f} us  ({micros - bare:+.1f} us)")
+        print(f"  {name:<27}{micros:>8.1f} us  ({micros - bare:+.1f} us)")
 
 
 if __name__ == "__main__":

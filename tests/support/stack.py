@@ -177,6 +177,7 @@ class StackOptions:
     else ``--static-endpoints`` of the simulators followed by ``extra_endpoints``. Start-up
     waits until the EPP reports SERVING unless ``wait_for_serving`` is false. ``envoy=False``
     starts no Envoy. ``epp_env`` is added to the EPP's environment (e.g. ``OTEL_*``).
+    ``epp_module`` is the module run as the EPP (``python -m``; a benchmark's variant of it).
     """
 
     simulators: int = 3
@@ -186,6 +187,7 @@ class StackOptions:
     epp: bool = True
     epp_args: Sequence[str] = ()
     epp_env: Mapping[str, str] = field(default_factory=dict)
+    epp_module: str = "app"
     epp_discovery: Sequence[str] | None = None
     extra_endpoints: Sequence[str] = ()
     wait_for_serving: bool = True
@@ -293,7 +295,7 @@ class Stack:
                 [
                     sys.executable,
                     "-m",
-                    "app",
+                    o.epp_module,
                     "--bind-address",
                     "127.0.0.1",
                     "--grpc-port",

@@ -22,6 +22,8 @@ from adapters.envoy.tls import ServerCertificate
 
 __all__ = ["OtlpReceiver", "ReceivedSpan"]
 
+_SERVER = 2  # Span.SpanKind.SPAN_KIND_SERVER
+
 
 @dataclass(frozen=True, slots=True)
 class ReceivedSpan:
@@ -76,6 +78,8 @@ class OtlpReceiver:
         self._certificate = certificate
         #: Spans received; with ``count_only`` (benchmarks) they are only counted, not kept.
         self.count = 0
+        #: Of those, the SERVER spans (one per traced request from the EPP).
+        self.server_spans = 0
         self._count_only = count_only
         self._spans: list[ReceivedSpan] = []
         self._lock = threading.Lock()
@@ -130,10 +134,15 @@ class OtlpReceiver:
         with self._lock:
             self.metadata.append(metadata)
         if self._count_only:
-            count = sum(len(ss.spans) for rs in request.resource_spans for ss in rs.scope_spans)
+            count = servers = 0
+            for resource_spans in request.resource_spans:
+                for scope_spans in resource_spans.scope_spans:
+                    count += len(scope_spans.spans)
+                    servers += sum(1 for span in scope_spans.spans if span.kind == _SERVER)
             with self._lock:
                 self.requests += 1
                 self.count += count
+                self.server_spans += servers
             return
         received = []
         for resource_spans in request.resource_spans:
@@ -160,6 +169,7 @@ class OtlpReceiver:
         with self._lock:
             self.requests += 1
             self.count += len(received)
+            self.server_spans += sum(1 for span in received if span.kind == _SERVER)
             self._spans.extend(received)
 
     def _run(self) -> None:
