@@ -22,14 +22,14 @@ from adapters.prometheus.exporter import MetricsServer, PrometheusObserver
 from app.settings import Settings
 from domain.datalayer.pool_metrics import PoolMetricsReporter, PrefixIndexSizeReporter
 from domain.datastore.store import Datastore
+from ports.metric_catalogue import EXTENSION_INFO
 from ports.observer import NoopObserver
 from ports.prefix_index import PrefixIndex
 
-__all__ = ["INFO_METRIC", "EppObserver", "Observability", "build_tracing"]
+__all__ = ["EppObserver", "Observability", "build_tracing"]
 
 logger = logging.getLogger(__name__)
 
-INFO_METRIC = "inference_extension_info"
 #: How long shutdown waits for the last spans to be exported.
 TRACE_FLUSH_TIMEOUT = 5.0
 
@@ -104,7 +104,7 @@ class Observability:
     async def start(self) -> None:
         """Serve ``/metrics`` (raises ``OSError`` naming ``--metrics-port``) and start the
         periodic gauges."""
-        self.metrics.gauge(INFO_METRIC, _build_info(), 1.0)
+        self.metrics.gauge(EXTENSION_INFO, _build_info(), 1.0)
         await self.server.start()
         self._tasks = [
             asyncio.create_task(self.pool.run(), name="pool-metrics"),

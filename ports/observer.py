@@ -1,10 +1,13 @@
 """Observability: how the domain and adapters report metrics and spans.
 
 The domain never imports prometheus-client or OpenTelemetry: it reports through an
-``Observer``. Metric names are the reference EPP's Prometheus names (spec section 9), so
-dashboards keep working; label values are plain strings and must have bounded cardinality
-(never a request id or prompt). Implementations must be cheap when nothing consumes the
-data and must never raise into the caller.
+``Observer``, naming each metric by its entry in ``ports.metric_catalogue`` (the one place
+metric names, kinds, labels and buckets are declared), so a misspelt name or a gauge
+reported as a counter does not type-check. A report carries exactly the entry's label names;
+label values are plain strings and must have bounded cardinality (never a request id or
+prompt). Implementations must be cheap when nothing consumes the data and must never raise
+into the caller: a report they cannot take (labels other than the entry's, an entry they do
+not export, an invalid value) is dropped, and may be logged.
 """
 
 from __future__ import annotations
@@ -12,6 +15,8 @@ from __future__ import annotations
 from collections.abc import Mapping, MutableMapping
 from contextvars import ContextVar
 from typing import Protocol
+
+from ports.metric_catalogue import CounterMetric, GaugeMetric, HistogramMetric
 
 __all__ = ["REQUEST_ID", "NoopObserver", "NoopSpan", "Observer", "Span"]
 
@@ -44,11 +49,15 @@ class Span(Protocol):
 class Observer(Protocol):
     """Receives counters, histograms, gauges and spans. Called from the event loop."""
 
-    def counter(self, name: str, labels: Mapping[str, str], value: float = 1.0) -> None: ...
+    def counter(
+        self, metric: CounterMetric, labels: Mapping[str, str], value: float = 1.0
+    ) -> None: ...
 
-    def histogram(self, name: str, labels: Mapping[str, str], value: float) -> None: ...
+    def histogram(
+        self, metric: HistogramMetric, labels: Mapping[str, str], value: float
+    ) -> None: ...
 
-    def gauge(self, name: str, labels: Mapping[str, str], value: float) -> None: ...
+    def gauge(self, metric: GaugeMetric, labels: Mapping[str, str], value: float) -> None: ...
 
     def start_span(
         self,
@@ -85,13 +94,13 @@ _NOOP_SPAN = NoopSpan()
 class NoopObserver:
     """Drops everything: the default when observability is off."""
 
-    def counter(self, name: str, labels: Mapping[str, str], value: float = 1.0) -> None:
+    def counter(self, metric: CounterMetric, labels: Mapping[str, str], value: float = 1.0) -> None:
         return None
 
-    def histogram(self, name: str, labels: Mapping[str, str], value: float) -> None:
+    def histogram(self, metric: HistogramMetric, labels: Mapping[str, str], value: float) -> None:
         return None
 
-    def gauge(self, name: str, labels: Mapping[str, str], value: float) -> None:
+    def gauge(self, metric: GaugeMetric, labels: Mapping[str, str], value: float) -> None:
         return None
 
     def start_span(

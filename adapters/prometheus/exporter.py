@@ -1,17 +1,18 @@
 """The EPP's own Prometheus metrics: the metric part of the ``Observer``, and ``/metrics``.
 
-``PrometheusObserver`` declares every metric of the reference EPP (spec section 9) with
-the reference's name, type, label names and buckets, plus two of this product's own
-(``inference_extension_scrape_errors_total{endpoint}`` and
-``inference_extension_flow_control_displaced_total{priority}``). Values live in plain
-Python counters updated on the event loop (a few hundred nanoseconds per call) and are
-turned into Prometheus families by a collector registered in the observer's own
-``CollectorRegistry`` (never the process-global one) when ``/metrics`` is scraped.
+``PrometheusObserver`` exports every metric of ``ports.metric_catalogue.CATALOGUE`` (the
+reference's names, types, label names and buckets, plus two of this product's own) and
+declares nothing of its own. Values live in plain Python counters updated on the event loop
+(a few hundred nanoseconds per call) and are turned into Prometheus families by a collector
+registered in the observer's own ``CollectorRegistry`` (never the process-global one) when
+``/metrics`` is scraped.
 
-A report naming an undeclared metric, using the wrong kind, or with a label set other than
-the declared one is dropped and logged once per metric; nothing ever raises into the
-caller. A gauge set to NaN removes that labelled series (how a reporter says "this pod is
-gone"). ``MetricsServer`` serves the registry as Prometheus text on ``/metrics``.
+Reports name catalogue entries, so a misspelt name or a wrong kind cannot type-check; at
+run time an entry this observer does not export (one built outside the catalogue), a label
+set other than the entry's, or an invalid value is dropped and logged once per metric;
+nothing ever raises into the caller. A gauge set to NaN removes that labelled series (how a
+reporter says "this pod is gone"). ``MetricsServer`` serves the registry as Prometheus text
+on ``/metrics``.
 """
 
 from __future__ import annotations
@@ -20,8 +21,6 @@ import logging
 import math
 from bisect import bisect_left
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
-from enum import Enum
 from operator import itemgetter
 from typing import Any, cast
 
@@ -32,287 +31,25 @@ from prometheus_client.metrics_core import (
     CounterMetricFamily,
     GaugeMetricFamily,
     HistogramMetricFamily,
-    Metric,
 )
+from prometheus_client.metrics_core import Metric as MetricFamily
 from prometheus_client.utils import floatToGoString
 
+from ports.metric_catalogue import (
+    CATALOGUE,
+    CounterMetric,
+    GaugeMetric,
+    HistogramMetric,
+    Metric,
+    MetricKind,
+)
 from ports.observer import NoopSpan, Span
 
 _go_float = cast(Callable[[float], str], floatToGoString)
 
-__all__ = [
-    "METRICS",
-    "MetricKind",
-    "MetricSpec",
-    "MetricsServer",
-    "PrometheusObserver",
-]
+__all__ = ["MetricsServer", "PrometheusObserver"]
 
 logger = logging.getLogger(__name__)
-
-
-class MetricKind(Enum):
-    COUNTER = "counter"
-    GAUGE = "gauge"
-    HISTOGRAM = "histogram"
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class MetricSpec:
-    """One declared metric. ``buckets`` are the histogram's upper bounds (without +Inf)."""
-
-    name: str
-    kind: MetricKind
-    help: str
-    labels: tuple[str, ...] = ()
-    buckets: tuple[float, ...] = ()
-
-
-def _powers_of_two(low: int, high: int) -> tuple[float, ...]:
-    out: list[float] = []
-    value = low
-    while value <= high:
-        out.append(float(value))
-        value *= 2
-    return tuple(out)
-
-
-_MODEL = ("model_name", "target_model_name")
-_DURATION_BUCKETS = (
-    0.005, 0.025, 0.05, 0.1, 0.2, 0.4, 0.6, 0.8, 1.0, 1.25, 1.5, 2.0, 3.0, 4.0, 5.0, 6.0, 8.0,
-    10.0, 15.0, 20.0, 30.0, 45.0, 60.0, 120.0, 180.0, 240.0, 300.0, 360.0, 480.0, 600.0, 900.0,
-    1200.0, 1800.0, 2700.0, 3600.0,
-)  # fmt: skip
-_REQUEST_SIZE_BUCKETS = _powers_of_two(64, 1 << 30)  # 64 B ... 1 GiB
-_RESPONSE_SIZE_BUCKETS = (1.0, *_powers_of_two(8, 65536))
-_INPUT_TOKEN_BUCKETS = (1.0, *_powers_of_two(8, 1 << 20))
-_OUTPUT_TOKEN_BUCKETS = (1.0, *_powers_of_two(8, 8192))
-_TPOT_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0)
-_SCHEDULER_BUCKETS = (0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1)
-_RATIO_BUCKETS = tuple(round(i * 0.1, 1) for i in range(11))
-_HIT_BYTES_BUCKETS = (0.0, *_powers_of_two(1024, 65536))
-_QUEUE_DURATION_BUCKETS = (
-    0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0,
-)  # fmt: skip
-_FAST_BUCKETS = (0.00001, 0.00005, 0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1)
-_FLOW = ("fairness_id", "priority")
-_FLOW_QUEUE = (*_FLOW, "inference_pool", *_MODEL)
-
-_C, _G, _H = MetricKind.COUNTER, MetricKind.GAUGE, MetricKind.HISTOGRAM
-
-#: Every metric the EPP exposes (spec section 9), in exposition order.
-METRICS: tuple[MetricSpec, ...] = (
-    # per request
-    MetricSpec(
-        name="inference_objective_request_total",
-        kind=_C,
-        help="Counter of inference objective requests broken out for each model and target model.",
-        labels=(*_MODEL, "priority"),
-    ),
-    MetricSpec(
-        name="inference_objective_request_error_total",
-        kind=_C,
-        help="Counter of inference objective requests errors broken out for each model and "
-        "target model.",
-        labels=(*_MODEL, "error_code"),
-    ),
-    MetricSpec(
-        name="inference_objective_request_duration_seconds",
-        kind=_H,
-        help="Inference objective response latency distribution in seconds for each model "
-        "and target model.",
-        labels=_MODEL,
-        buckets=_DURATION_BUCKETS,
-    ),
-    MetricSpec(
-        name="inference_objective_request_sizes",
-        kind=_H,
-        help="Inference objective requests size distribution in bytes for each model and "
-        "target model.",
-        labels=_MODEL,
-        buckets=_REQUEST_SIZE_BUCKETS,
-    ),
-    MetricSpec(
-        name="inference_objective_response_sizes",
-        kind=_H,
-        help="Inference objective responses size distribution in bytes for each model and "
-        "target model.",
-        labels=_MODEL,
-        buckets=_RESPONSE_SIZE_BUCKETS,
-    ),
-    MetricSpec(
-        name="inference_objective_input_tokens",
-        kind=_H,
-        help="Inference objective input token count distribution for requests in each model.",
-        labels=_MODEL,
-        buckets=_INPUT_TOKEN_BUCKETS,
-    ),
-    MetricSpec(
-        name="inference_objective_output_tokens",
-        kind=_H,
-        help="Inference objective output token count distribution for requests in each model.",
-        labels=_MODEL,
-        buckets=_OUTPUT_TOKEN_BUCKETS,
-    ),
-    MetricSpec(
-        name="inference_objective_prompt_cached_tokens",
-        kind=_H,
-        help="Inference objective prompt cached token count distribution for requests in each "
-        "model.",
-        labels=_MODEL,
-        buckets=_INPUT_TOKEN_BUCKETS,
-    ),
-    MetricSpec(
-        name="inference_objective_normalized_time_per_output_token_seconds",
-        kind=_H,
-        help="Inference objective latency divided by number of output tokens in seconds for "
-        "each model and target model.",
-        labels=_MODEL,
-        buckets=_TPOT_BUCKETS,
-    ),
-    MetricSpec(
-        name="inference_objective_running_requests",
-        kind=_G,
-        help="Inference objective number of running requests in each model.",
-        labels=("model_name",),
-    ),
-    # pool
-    MetricSpec(
-        name="inference_pool_average_kv_cache_utilization",
-        kind=_G,
-        help="The average kv cache utilization for an inference server pool.",
-        labels=("name",),
-    ),
-    MetricSpec(
-        name="inference_pool_average_queue_size",
-        kind=_G,
-        help="The average number of requests pending in the model server queue.",
-        labels=("name",),
-    ),
-    MetricSpec(
-        name="inference_pool_average_running_requests",
-        kind=_G,
-        help="The average number of requests currently being processed by the model servers.",
-        labels=("name",),
-    ),
-    MetricSpec(
-        name="inference_pool_ready_pods",
-        kind=_G,
-        help="The number of ready pods in the inference server pool.",
-        labels=("name",),
-    ),
-    MetricSpec(
-        name="inference_pool_per_pod_queue_size",
-        kind=_G,
-        help="The total number of requests pending in the model server queue for each "
-        "underlying pod.",
-        labels=("name", "model_server_pod"),
-    ),
-    # extension
-    MetricSpec(
-        name="inference_extension_scheduler_e2e_duration_seconds",
-        kind=_H,
-        help="End-to-end scheduling latency distribution in seconds.",
-        buckets=_SCHEDULER_BUCKETS,
-    ),
-    MetricSpec(
-        name="inference_extension_scheduler_attempts_total",
-        kind=_C,
-        help="Total number of scheduling attempts.",
-        labels=("status", "target_model_name", "pod_name", "namespace", "port"),
-    ),
-    MetricSpec(
-        name="inference_extension_plugin_duration_seconds",
-        kind=_H,
-        help="Plugin processing latency distribution in seconds for each extension point, "
-        "plugin type and plugin name.",
-        labels=("extension_point", "plugin_type", "plugin_name"),
-        buckets=_SCHEDULER_BUCKETS,
-    ),
-    MetricSpec(
-        name="inference_extension_prefix_indexer_size",
-        kind=_G,
-        help="Size of the prefix indexer.",
-    ),
-    MetricSpec(
-        name="inference_extension_prefix_indexer_hit_ratio",
-        kind=_H,
-        help="Ratio of prefix length matched to total prefix length in the cache lookup.",
-        buckets=_RATIO_BUCKETS,
-    ),
-    MetricSpec(
-        name="inference_extension_prefix_indexer_hit_bytes",
-        kind=_H,
-        help="Length of the prefix match in number of bytes in the cache lookup.",
-        buckets=_HIT_BYTES_BUCKETS,
-    ),
-    MetricSpec(
-        name="inference_extension_info",
-        kind=_G,
-        help="General information of the current build of Inference Extension.",
-        labels=("commit", "build_ref"),
-    ),
-    MetricSpec(
-        name="inference_extension_model_rewrite_decisions_total",
-        kind=_C,
-        help="Total number of model rewrite decisions.",
-        labels=("model_rewrite_name", "model_name", "target_model"),
-    ),
-    # flow control
-    MetricSpec(
-        name="inference_extension_flow_control_request_queue_duration_seconds",
-        kind=_H,
-        help="Distribution of the total time requests spend in the flow control layer, from "
-        "enqueue to final outcome.",
-        labels=(*_FLOW, "outcome", "inference_pool", *_MODEL),
-        buckets=_QUEUE_DURATION_BUCKETS,
-    ),
-    MetricSpec(
-        name="inference_extension_flow_control_dispatch_cycle_duration_seconds",
-        kind=_H,
-        help="Distribution of the time taken for each dispatch cycle of the flow control layer.",
-        buckets=_FAST_BUCKETS,
-    ),
-    MetricSpec(
-        name="inference_extension_flow_control_request_enqueue_duration_seconds",
-        kind=_H,
-        help="Distribution of the time taken to enqueue requests in the flow control layer.",
-        labels=(*_FLOW, "outcome"),
-        buckets=_FAST_BUCKETS,
-    ),
-    MetricSpec(
-        name="inference_extension_flow_control_queue_size",
-        kind=_G,
-        help="Current number of requests held in the flow control queues.",
-        labels=_FLOW_QUEUE,
-    ),
-    MetricSpec(
-        name="inference_extension_flow_control_queue_bytes",
-        kind=_G,
-        help="Current total size in bytes of the requests held in the flow control queues.",
-        labels=_FLOW_QUEUE,
-    ),
-    MetricSpec(
-        name="inference_extension_flow_control_pool_saturation",
-        kind=_G,
-        help="Current saturation of the inference pool as seen by the flow control layer.",
-        labels=("inference_pool",),
-    ),
-    # this product's own
-    MetricSpec(
-        name="inference_extension_scrape_errors_total",
-        kind=_C,
-        help="Failed polls of a model server's metrics, per endpoint.",
-        labels=("endpoint",),
-    ),
-    MetricSpec(
-        name="inference_extension_flow_control_displaced_total",
-        kind=_C,
-        help="Queued requests displaced by higher-priority requests in the flow control "
-        "layer, per priority of the displaced request.",
-        labels=("priority",),
-    ),
-)
 
 LabelKey = tuple[object, ...]
 _NOOP_SPAN = NoopSpan()
@@ -353,23 +90,23 @@ def _key_function(names: Sequence[str]) -> Callable[[Mapping[str, str]], LabelKe
 
 
 class _Family:
-    __slots__ = ("bounds", "children", "key", "le", "spec")
+    __slots__ = ("bounds", "children", "key", "le", "metric")
 
-    def __init__(self, spec: MetricSpec) -> None:
-        self.spec = spec
-        self.key = _key_function(spec.labels)
-        self.bounds = spec.buckets
-        self.le = [_go_float(b) for b in spec.buckets] + ["+Inf"]
+    def __init__(self, metric: Metric) -> None:
+        self.metric = metric
+        self.key = _key_function(metric.labels)
+        self.bounds = metric.buckets if isinstance(metric, HistogramMetric) else ()
+        self.le = [_go_float(b) for b in self.bounds] + ["+Inf"]
         #: label values -> ``[value]`` (counter, gauge) or ``_Histogram``
         self.children: dict[LabelKey, Any] = {}
 
-    def metric(self) -> Metric:
-        spec = self.spec
+    def collect(self) -> MetricFamily:
+        metric = self.metric
         children = list(self.children.items())
-        if not children and not spec.labels:
+        if not children and not metric.labels:
             children = [((), self._zero())]
-        if spec.kind is MetricKind.HISTOGRAM:
-            family = HistogramMetricFamily(spec.name, spec.help, labels=spec.labels)
+        family = _empty_family(metric)
+        if isinstance(family, HistogramMetricFamily):
             for key, child in children:
                 cumulative = 0
                 buckets: list[tuple[str, float]] = []
@@ -377,20 +114,25 @@ class _Family:
                     cumulative += count
                     buckets.append((le, cumulative))
                 family.add_metric(_values(key), buckets, child.sum)
-            return family
-        scalar_family: CounterMetricFamily | GaugeMetricFamily
-        if spec.kind is MetricKind.COUNTER:
-            scalar_family = CounterMetricFamily(spec.name, spec.help, labels=spec.labels)
         else:
-            scalar_family = GaugeMetricFamily(spec.name, spec.help, labels=spec.labels)
-        for key, child in children:
-            scalar_family.add_metric(_values(key), child[0])
-        return scalar_family
+            for key, child in children:
+                family.add_metric(_values(key), child[0])
+        return family
 
     def _zero(self) -> Any:
-        if self.spec.kind is MetricKind.HISTOGRAM:
+        if self.metric.kind is MetricKind.HISTOGRAM:
             return _Histogram(len(self.bounds))
         return [0.0]
+
+
+def _empty_family(
+    metric: Metric,
+) -> CounterMetricFamily | GaugeMetricFamily | HistogramMetricFamily:
+    if metric.kind is MetricKind.HISTOGRAM:
+        return HistogramMetricFamily(metric.name, metric.help, labels=metric.labels)
+    if metric.kind is MetricKind.COUNTER:
+        return CounterMetricFamily(metric.name, metric.help, labels=metric.labels)
+    return GaugeMetricFamily(metric.name, metric.help, labels=metric.labels)
 
 
 def _values(key: LabelKey) -> list[str]:
@@ -403,51 +145,46 @@ class _Collector:
     def __init__(self, families: Iterable[_Family]) -> None:
         self._families = tuple(families)
 
-    def collect(self) -> Iterator[Metric]:
+    def collect(self) -> Iterator[MetricFamily]:
         for family in self._families:
-            yield family.metric()
+            yield family.collect()
 
-    def describe(self) -> Iterator[Metric]:
+    def describe(self) -> Iterator[MetricFamily]:
         for family in self._families:
-            spec = family.spec
-            if spec.kind is MetricKind.HISTOGRAM:
-                yield HistogramMetricFamily(spec.name, spec.help, labels=spec.labels)
-            elif spec.kind is MetricKind.COUNTER:
-                yield CounterMetricFamily(spec.name, spec.help, labels=spec.labels)
-            else:
-                yield GaugeMetricFamily(spec.name, spec.help, labels=spec.labels)
+            yield _empty_family(family.metric)
 
 
 class PrometheusObserver:
     """An ``Observer`` of metrics only (``start_span`` gives a no-op span).
 
-    Call it from the event loop thread only. ``registry`` holds exactly the declared
-    metrics; ``specs`` defaults to ``METRICS``.
+    Call it from the event loop thread only. ``registry`` holds exactly the metrics of
+    ``catalogue`` (default: ``CATALOGUE``, every metric the EPP exports), in its order.
     """
 
-    def __init__(self, specs: Sequence[MetricSpec] = METRICS) -> None:
+    def __init__(self, catalogue: Sequence[Metric] = CATALOGUE) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
-        families = [_Family(spec) for spec in specs]
-        self.specs: Mapping[str, MetricSpec] = {f.spec.name: f.spec for f in families}
-        if len(self.specs) != len(families):
-            raise ValueError("duplicate metric name in specs")
-        self._counters = {f.spec.name: f for f in families if f.spec.kind is MetricKind.COUNTER}
-        self._gauges = {f.spec.name: f for f in families if f.spec.kind is MetricKind.GAUGE}
-        self._histograms = {f.spec.name: f for f in families if f.spec.kind is MetricKind.HISTOGRAM}
+        families = [_Family(metric) for metric in catalogue]
+        if len({metric.name for metric in catalogue}) != len(families):
+            raise ValueError("duplicate metric name in the catalogue")
+        # Keyed by the entry itself: entries hash by identity, as cheaply as a name.
+        self._families: dict[Metric, _Family] = {f.metric: f for f in families}
+        self._counters = {f.metric: f for f in families if f.metric.kind is MetricKind.COUNTER}
+        self._gauges = {f.metric: f for f in families if f.metric.kind is MetricKind.GAUGE}
+        self._histograms = {f.metric: f for f in families if f.metric.kind is MetricKind.HISTOGRAM}
         self._warned: set[str] = set()
         self.registry.register(_Collector(families))
 
-    def counter(self, name: str, labels: Mapping[str, str], value: float = 1.0) -> None:
-        family = self._counters.get(name)
+    def counter(self, metric: CounterMetric, labels: Mapping[str, str], value: float = 1.0) -> None:
+        family = self._counters.get(metric)
         if family is None:
-            self._reject(name, "counter", labels)
+            self._reject(metric, MetricKind.COUNTER, labels)
             return
         key = family.key(labels)
         if key is None:
-            self._reject(name, "counter", labels)
+            self._reject(metric, MetricKind.COUNTER, labels)
             return
         if not value >= 0.0:  # negative or NaN: a counter never goes down
-            self._warn(name, f"counter {name}: dropped the invalid increment {value!r}")
+            self._warn(metric, f"counter {metric.name}: dropped the invalid increment {value!r}")
             return
         child = family.children.get(key)
         if child is None:
@@ -455,14 +192,14 @@ class PrometheusObserver:
         else:
             child[0] += value
 
-    def gauge(self, name: str, labels: Mapping[str, str], value: float) -> None:
-        family = self._gauges.get(name)
+    def gauge(self, metric: GaugeMetric, labels: Mapping[str, str], value: float) -> None:
+        family = self._gauges.get(metric)
         if family is None:
-            self._reject(name, "gauge", labels)
+            self._reject(metric, MetricKind.GAUGE, labels)
             return
         key = family.key(labels)
         if key is None:
-            self._reject(name, "gauge", labels)
+            self._reject(metric, MetricKind.GAUGE, labels)
             return
         if value != value:  # NaN: the series is gone
             family.children.pop(key, None)
@@ -473,17 +210,19 @@ class PrometheusObserver:
         else:
             child[0] = value
 
-    def histogram(self, name: str, labels: Mapping[str, str], value: float) -> None:
-        family = self._histograms.get(name)
+    def histogram(self, metric: HistogramMetric, labels: Mapping[str, str], value: float) -> None:
+        family = self._histograms.get(metric)
         if family is None:
-            self._reject(name, "histogram", labels)
+            self._reject(metric, MetricKind.HISTOGRAM, labels)
             return
         key = family.key(labels)
         if key is None:
-            self._reject(name, "histogram", labels)
+            self._reject(metric, MetricKind.HISTOGRAM, labels)
             return
         if value != value or math.isinf(value):
-            self._warn(name, f"histogram {name}: dropped the invalid observation {value!r}")
+            self._warn(
+                metric, f"histogram {metric.name}: dropped the invalid observation {value!r}"
+            )
             return
         child = family.children.get(key)
         if child is None:
@@ -505,20 +244,21 @@ class PrometheusObserver:
         """The registry in the Prometheus text format (0.0.4)."""
         return generate_latest(self.registry)
 
-    def _reject(self, name: str, kind: str, labels: Mapping[str, str]) -> None:
-        spec = self.specs.get(name)
-        if spec is None:
-            why = f"{kind} {name!r} is not a declared metric; dropped"
-        elif spec.kind.value != kind:
-            why = f"{name} is a {spec.kind.value}, reported as a {kind}; dropped"
+    def _reject(self, metric: Metric, kind: MetricKind, labels: Mapping[str, str]) -> None:
+        name = getattr(metric, "name", repr(metric))
+        if metric not in self._families:
+            why = f"{kind.value} {name!r} is not a metric of this exporter's catalogue; dropped"
+        elif metric.kind is not kind:
+            why = f"{name} is a {metric.kind.value}, reported as a {kind.value}; dropped"
         else:
             why = (
-                f"{kind} {name}: labels {sorted(labels)} are not the declared "
-                f"{list(spec.labels)}; dropped"
+                f"{kind.value} {name}: labels {sorted(labels)} are not the declared "
+                f"{list(metric.labels)}; dropped"
             )
-        self._warn(name, why)
+        self._warn(metric, why)
 
-    def _warn(self, name: str, message: str) -> None:
+    def _warn(self, metric: Metric, message: str) -> None:
+        name = getattr(metric, "name", repr(metric))
         if name in self._warned:
             return
         self._warned.add(name)

@@ -4,8 +4,8 @@ Each tick (``interval``) a collector polls its endpoint's sources one after anot
 poll bounded by ``poll_timeout``, and hands each result to that source's extractors. An
 endpoint's error state is logged when it changes (first failure, a different failure,
 recovery), never on every poll, and every failed poll of a source is counted in
-``inference_extension_scrape_errors_total{endpoint}``. Endpoint add/delete events start and
-stop collectors and reach the endpoint extractors.
+``SCRAPE_ERRORS{endpoint}``. Endpoint add/delete events start and stop collectors and reach
+the endpoint extractors.
 
 Notification sources (``NotificationSource``) each run as one task from ``start`` to
 ``stop``; every change they report reaches their extractors' ``extract_notification`` in
@@ -27,11 +27,10 @@ from domain.datalayer.interfaces import EndpointExtractor, Extractor, Notificati
 from domain.datastore.store import Datastore
 from ports.datalayer import NotificationEvent, NotificationSource, PollingDataSource
 from ports.endpoints import EndpointEvent, EndpointEventKind
+from ports.metric_catalogue import SCRAPE_ERRORS
 from ports.observer import NoopObserver, Observer
 
-__all__ = ["SCRAPE_ERRORS_METRIC", "Collectors", "NotificationBinding", "SourceBinding"]
-
-SCRAPE_ERRORS_METRIC = "inference_extension_scrape_errors_total"
+__all__ = ["Collectors", "NotificationBinding", "SourceBinding"]
 
 logger = logging.getLogger(__name__)
 
@@ -202,7 +201,7 @@ class Collectors:
                 error = f"{binding.source.typed_name}: unexpected {type(exc).__name__}: {exc}"
             if error is not None:
                 failure = error
-                self._observer.counter(SCRAPE_ERRORS_METRIC, {"endpoint": endpoint.name})
+                self._observer.counter(SCRAPE_ERRORS, {"endpoint": endpoint.name})
         self._record(endpoint.name, failure)
 
     def _record(self, name: str, failure: str | None) -> None:

@@ -2,15 +2,15 @@
 
 ``PoolMetricsReporter`` runs every ``--refresh-prometheus-metrics-interval`` (5 s) over the
 endpoints whose metrics are fresher than ``--metrics-staleness-threshold`` (2 s), as the
-reference: ``inference_pool_average_kv_cache_utilization``, ``..._average_queue_size``,
-``..._average_running_requests`` and ``inference_pool_ready_pods`` (the number of fresh
-endpoints), all labelled ``{name=<pool>}``; and ``inference_pool_per_pod_queue_size{name,
-model_server_pod}`` for every endpoint with metrics. When no endpoint is fresh,
-``ready_pods`` is 0 and the averages keep their last values. The queue size of an
+reference: ``POOL_AVERAGE_KV_CACHE``, ``POOL_AVERAGE_QUEUE_SIZE``,
+``POOL_AVERAGE_RUNNING_REQUESTS`` and ``POOL_READY_PODS`` (the number of fresh endpoints),
+all labelled ``{name=<pool>}``; and ``POOL_PER_POD_QUEUE_SIZE{name, model_server_pod}`` for
+every endpoint with metrics (entries of ``ports.metric_catalogue``). When no endpoint is
+fresh, ``ready_pods`` is 0 and the averages keep their last values. The queue size of an
 endpoint that is gone is removed (reported as NaN, which the exporter takes as "gone").
 
-``PrefixIndexSizeReporter`` reports ``inference_extension_prefix_indexer_size`` every
-second (when the index knows its size).
+``PrefixIndexSizeReporter`` reports ``PREFIX_INDEXER_SIZE`` every second (when the index
+knows its size).
 """
 
 from __future__ import annotations
@@ -22,28 +22,20 @@ import time
 from collections.abc import Callable
 
 from domain.datastore.store import Datastore
+from ports.metric_catalogue import (
+    POOL_AVERAGE_KV_CACHE,
+    POOL_AVERAGE_QUEUE_SIZE,
+    POOL_AVERAGE_RUNNING_REQUESTS,
+    POOL_PER_POD_QUEUE_SIZE,
+    POOL_READY_PODS,
+    PREFIX_INDEXER_SIZE,
+)
 from ports.observer import Observer
 from ports.prefix_index import PrefixIndex
 
-__all__ = [
-    "AVERAGE_KV_CACHE",
-    "AVERAGE_QUEUE_SIZE",
-    "AVERAGE_RUNNING_REQUESTS",
-    "PER_POD_QUEUE_SIZE",
-    "PREFIX_INDEXER_SIZE",
-    "READY_PODS",
-    "PoolMetricsReporter",
-    "PrefixIndexSizeReporter",
-]
+__all__ = ["PoolMetricsReporter", "PrefixIndexSizeReporter"]
 
 logger = logging.getLogger(__name__)
-
-AVERAGE_KV_CACHE = "inference_pool_average_kv_cache_utilization"
-AVERAGE_QUEUE_SIZE = "inference_pool_average_queue_size"
-AVERAGE_RUNNING_REQUESTS = "inference_pool_average_running_requests"
-READY_PODS = "inference_pool_ready_pods"
-PER_POD_QUEUE_SIZE = "inference_pool_per_pod_queue_size"
-PREFIX_INDEXER_SIZE = "inference_extension_prefix_indexer_size"
 
 
 class PoolMetricsReporter:
@@ -82,7 +74,7 @@ class PoolMetricsReporter:
                 continue
             pods.add(endpoint.name)
             observer.gauge(
-                PER_POD_QUEUE_SIZE,
+                POOL_PER_POD_QUEUE_SIZE,
                 {"name": pool_name, "model_server_pod": endpoint.name},
                 metrics.waiting_queue_size,
             )
@@ -94,14 +86,14 @@ class PoolMetricsReporter:
             running += metrics.running_requests_size
         for gone in self._pods - pods:
             observer.gauge(
-                PER_POD_QUEUE_SIZE, {"name": pool_name, "model_server_pod": gone}, math.nan
+                POOL_PER_POD_QUEUE_SIZE, {"name": pool_name, "model_server_pod": gone}, math.nan
             )
         self._pods = pods
-        observer.gauge(READY_PODS, self._pool, fresh)
+        observer.gauge(POOL_READY_PODS, self._pool, fresh)
         if fresh:
-            observer.gauge(AVERAGE_KV_CACHE, self._pool, kv_cache / fresh)
-            observer.gauge(AVERAGE_QUEUE_SIZE, self._pool, queued / fresh)
-            observer.gauge(AVERAGE_RUNNING_REQUESTS, self._pool, running / fresh)
+            observer.gauge(POOL_AVERAGE_KV_CACHE, self._pool, kv_cache / fresh)
+            observer.gauge(POOL_AVERAGE_QUEUE_SIZE, self._pool, queued / fresh)
+            observer.gauge(POOL_AVERAGE_RUNNING_REQUESTS, self._pool, running / fresh)
 
     async def run(self) -> None:
         while True:

@@ -79,6 +79,15 @@ from domain.flowcontrol.types import (
     RequestRejectedError,
 )
 from domain.plugins.base import EmptyParameters, TypedName
+from ports.metric_catalogue import (
+    FLOW_CONTROL_DISPATCH_CYCLE_DURATION,
+    FLOW_CONTROL_DISPLACED,
+    FLOW_CONTROL_ENQUEUE_DURATION,
+    FLOW_CONTROL_POOL_SATURATION,
+    FLOW_CONTROL_QUEUE_BYTES,
+    FLOW_CONTROL_QUEUE_DURATION,
+    FLOW_CONTROL_QUEUE_SIZE,
+)
 from ports.observer import NoopObserver, Observer
 
 __all__ = ["BandStats", "FlowControlStats", "FlowController"]
@@ -510,7 +519,7 @@ class FlowController:
                     RequestEvictedError(FlowControlReason.DISPLACED),
                     now,
                 )
-                observer.counter(metrics.DISPLACED_TOTAL, labels)
+                observer.counter(FLOW_CONTROL_DISPLACED, labels)
             if need_bytes <= 0 and need_requests <= 0:
                 break
         return True
@@ -637,7 +646,7 @@ class FlowController:
             value = 1.0
         if value != self._last_saturation:
             self._last_saturation = value
-            self._observer.gauge(metrics.POOL_SATURATION, self._pool_labels, value)
+            self._observer.gauge(FLOW_CONTROL_POOL_SATURATION, self._pool_labels, value)
         return value
 
     def _may_dispatch(self, band: _Band, saturation: float) -> bool:
@@ -665,7 +674,7 @@ class FlowController:
             dispatched = self._dispatch(budget)
         except Exception:
             logger.exception("flow control: dispatch cycle failed")
-        self._observer.histogram(metrics.DISPATCH_CYCLE_DURATION, _NO_LABELS, clock() - start)
+        self._observer.histogram(FLOW_CONTROL_DISPATCH_CYCLE_DURATION, _NO_LABELS, clock() - start)
         if dispatched:
             self._tick_delay = self._interval
         elif from_tick:
@@ -857,7 +866,7 @@ class FlowController:
         self, request: FlowRequest, priority: str, outcome: QueueOutcome, start: float
     ) -> None:
         self._observer.histogram(
-            metrics.ENQUEUE_DURATION,
+            FLOW_CONTROL_ENQUEUE_DURATION,
             {
                 "fairness_id": self._fairness_label(request.flow_key.id),
                 "priority": priority,
@@ -870,7 +879,7 @@ class FlowController:
         priority = request.flow_key.priority
         band = self._bands.get(priority)
         self._observer.histogram(
-            metrics.QUEUE_DURATION,
+            FLOW_CONTROL_QUEUE_DURATION,
             {
                 "fairness_id": self._fairness_label(request.flow_key.id),
                 "priority": band.label if band is not None else str(priority),
@@ -901,8 +910,8 @@ class FlowController:
         series.bytes += item.byte_size
         item.series = series
         observer = self._observer
-        observer.gauge(metrics.QUEUE_SIZE, series.labels, series.count)
-        observer.gauge(metrics.QUEUE_BYTES, series.labels, series.bytes)
+        observer.gauge(FLOW_CONTROL_QUEUE_SIZE, series.labels, series.count)
+        observer.gauge(FLOW_CONTROL_QUEUE_BYTES, series.labels, series.bytes)
 
     def _series_remove(self, item: QueueItem) -> None:
         series: _Series = item.series
@@ -910,7 +919,7 @@ class FlowController:
         series.count -= 1
         series.bytes -= item.byte_size
         observer = self._observer
-        observer.gauge(metrics.QUEUE_SIZE, series.labels, series.count)
-        observer.gauge(metrics.QUEUE_BYTES, series.labels, series.bytes)
+        observer.gauge(FLOW_CONTROL_QUEUE_SIZE, series.labels, series.count)
+        observer.gauge(FLOW_CONTROL_QUEUE_BYTES, series.labels, series.bytes)
         if not series.count:
             del self._series[series.key]

@@ -1,11 +1,11 @@
-"""The per-request metrics, recorded in one place (reference names, spec section 9).
+"""The per-request metrics, recorded in one place (entries of ``ports.metric_catalogue``).
 
-A routed request counts in ``inference_objective_request_total`` and ``..._request_sizes``
-and is running (``..._running_requests``) until its exchange closes; a refused one counts
-in ``..._request_error_total`` with its error code, as does a response with a non-2xx
-status (``ModelServerError``). A completed response records the duration, response size,
-token counts and normalized time per output token; a model rewrite counts in
-``inference_extension_model_rewrite_decisions_total``.
+A routed request counts in ``REQUEST_TOTAL`` and ``REQUEST_SIZES`` and is running
+(``RUNNING_REQUESTS``) until its exchange closes; a refused one counts in
+``REQUEST_ERROR_TOTAL`` with its error code, as does a response with a non-2xx status
+(``ModelServerError``). A completed response records the duration, response size, token
+counts and normalized time per output token; a model rewrite counts in
+``MODEL_REWRITE_DECISIONS``.
 """
 
 from __future__ import annotations
@@ -14,21 +14,22 @@ from collections.abc import Mapping
 
 from domain.requesthandling.usage import Usage
 from ports.errors import ErrorCode
+from ports.metric_catalogue import (
+    INPUT_TOKENS,
+    MODEL_REWRITE_DECISIONS,
+    NORMALIZED_TPOT,
+    OUTPUT_TOKENS,
+    PROMPT_CACHED_TOKENS,
+    REQUEST_DURATION,
+    REQUEST_ERROR_TOTAL,
+    REQUEST_SIZES,
+    REQUEST_TOTAL,
+    RESPONSE_SIZES,
+    RUNNING_REQUESTS,
+)
 from ports.observer import Observer
 
 __all__ = ["RequestMetrics"]
-
-REQUEST_TOTAL = "inference_objective_request_total"
-REQUEST_ERROR_TOTAL = "inference_objective_request_error_total"
-REQUEST_DURATION = "inference_objective_request_duration_seconds"
-REQUEST_SIZES = "inference_objective_request_sizes"
-RESPONSE_SIZES = "inference_objective_response_sizes"
-INPUT_TOKENS = "inference_objective_input_tokens"
-OUTPUT_TOKENS = "inference_objective_output_tokens"
-PROMPT_CACHED_TOKENS = "inference_objective_prompt_cached_tokens"
-NORMALIZED_TPOT = "inference_objective_normalized_time_per_output_token_seconds"
-RUNNING_REQUESTS = "inference_objective_running_requests"
-MODEL_REWRITE_DECISIONS = "inference_extension_model_rewrite_decisions_total"
 
 
 class RequestMetrics:

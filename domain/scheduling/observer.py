@@ -1,6 +1,5 @@
 """Where the scheduler reports timings, outcomes and spans: an ``Observer``, with the
-reference's metric names (``inference_extension_plugin_duration_seconds``,
-``..._scheduler_e2e_duration_seconds``, ``..._scheduler_attempts_total``)."""
+catalogue's ``PLUGIN_DURATION``, ``SCHEDULER_E2E_DURATION`` and ``SCHEDULER_ATTEMPTS``."""
 
 from __future__ import annotations
 
@@ -8,22 +7,17 @@ from collections.abc import Mapping
 
 from domain.plugins.base import TypedName
 from domain.scheduling.types import SchedulingResult
+from ports.metric_catalogue import PLUGIN_DURATION, SCHEDULER_ATTEMPTS, SCHEDULER_E2E_DURATION
 from ports.observer import NoopSpan, Observer, Span
 
 __all__ = [
-    "PLUGIN_DURATION",
     "PLUGIN_SPAN",
     "PROFILE_SPAN",
-    "SCHEDULER_ATTEMPTS",
-    "SCHEDULER_E2E_DURATION",
     "SCHEDULING_SPAN",
     "SchedulingObserver",
     "SchedulingReporter",
 ]
 
-PLUGIN_DURATION = "inference_extension_plugin_duration_seconds"
-SCHEDULER_E2E_DURATION = "inference_extension_scheduler_e2e_duration_seconds"
-SCHEDULER_ATTEMPTS = "inference_extension_scheduler_attempts_total"
 SCHEDULING_SPAN = "gateway.scheduling"
 PROFILE_SPAN = "gateway.scheduling.profile"
 #: One plugin call (attributes ``extension_point``, ``plugin.type``, ``plugin.name``).

@@ -1,7 +1,9 @@
 """An ``Observer`` that records every call, for tests of what the domain reports.
 
 Not a mock: it implements the port, and a test reads what was reported afterwards
-(``total``, ``observations``, ``gauge_value``, ``spans_named``). Spans get W3C-looking
+(``total``, ``observations``, ``gauge_value``, ``spans_named``), naming metrics by their
+``ports.metric_catalogue`` entries. A report whose label names are not its entry's fails
+the test at once (the Prometheus exporter would drop it). Spans get W3C-looking
 ids: a child shares its parent's trace id, a span started from a carrier continues the
 carrier's ``traceparent``, and ``inject`` writes this span's ``traceparent``.
 """
@@ -12,6 +14,8 @@ import itertools
 from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass, field
 
+from ports.metric_catalogue import CounterMetric, GaugeMetric, HistogramMetric, Metric
+
 __all__ = ["RecordedSpan", "RecordingObserver", "Report"]
 
 _ids = itertools.count(1)
@@ -21,9 +25,13 @@ _ids = itertools.count(1)
 class Report:
     """One ``counter``/``histogram``/``gauge`` call."""
 
-    name: str
+    metric: Metric
     labels: Mapping[str, str]
     value: float
+
+    @property
+    def name(self) -> str:
+        return self.metric.name
 
 
 @dataclass(eq=False)
@@ -72,14 +80,14 @@ class RecordingObserver:
 
     # Observer
 
-    def counter(self, name: str, labels: Mapping[str, str], value: float = 1.0) -> None:
-        self.counters.append(Report(name, dict(labels), value))
+    def counter(self, metric: CounterMetric, labels: Mapping[str, str], value: float = 1.0) -> None:
+        self.counters.append(_report(metric, labels, value))
 
-    def histogram(self, name: str, labels: Mapping[str, str], value: float) -> None:
-        self.histograms.append(Report(name, dict(labels), value))
+    def histogram(self, metric: HistogramMetric, labels: Mapping[str, str], value: float) -> None:
+        self.histograms.append(_report(metric, labels, value))
 
-    def gauge(self, name: str, labels: Mapping[str, str], value: float) -> None:
-        self.gauges.append(Report(name, dict(labels), value))
+    def gauge(self, metric: GaugeMetric, labels: Mapping[str, str], value: float) -> None:
+        self.gauges.append(_report(metric, labels, value))
 
     def start_span(
         self,
@@ -108,20 +116,28 @@ class RecordingObserver:
     def reported_names(self) -> set[str]:
         return {r.name for r in (*self.counters, *self.histograms, *self.gauges)}
 
-    def total(self, name: str, /, **labels: str) -> float:
-        """Sum of the counter ``name`` over the reports whose labels include ``labels``."""
-        return sum(r.value for r in self.counters if r.name == name and _has(r, labels))
+    def total(self, metric: CounterMetric, /, **labels: str) -> float:
+        """Sum of the counter ``metric`` over the reports whose labels include ``labels``."""
+        return sum(r.value for r in self.counters if r.metric is metric and _has(r, labels))
 
-    def observations(self, name: str, /, **labels: str) -> list[float]:
-        return [r.value for r in self.histograms if r.name == name and _has(r, labels)]
+    def observations(self, metric: HistogramMetric, /, **labels: str) -> list[float]:
+        return [r.value for r in self.histograms if r.metric is metric and _has(r, labels)]
 
-    def gauge_value(self, name: str, /, **labels: str) -> float | None:
+    def gauge_value(self, metric: GaugeMetric, /, **labels: str) -> float | None:
         """The last value reported for the gauge series that includes ``labels``."""
-        values = [r.value for r in self.gauges if r.name == name and _has(r, labels)]
+        values = [r.value for r in self.gauges if r.metric is metric and _has(r, labels)]
         return values[-1] if values else None
 
     def spans_named(self, name: str) -> list[RecordedSpan]:
         return [s for s in self.spans if s.name == name]
+
+
+def _report(metric: Metric, labels: Mapping[str, str], value: float) -> Report:
+    if sorted(labels) != sorted(metric.labels):
+        raise AssertionError(
+            f"{metric.name} reported with labels {sorted(labels)}, declared {sorted(metric.labels)}"
+        )
+    return Report(metric, dict(labels), value)
 
 
 def _has(report: Report, labels: Mapping[str, str]) -> bool:

@@ -28,13 +28,12 @@ from domain.prefixcache.index import SupportsSyncEndpointRemoval
 from domain.requestcontrol.state import StateKey
 from domain.scheduling.types import Candidate, InferenceRequest, SchedulingResult
 from ports.endpoints import EndpointEvent, EndpointEventKind
+from ports.metric_catalogue import PREFIX_INDEXER_HIT_BYTES, PREFIX_INDEXER_HIT_RATIO
 
 __all__ = [
     "BLOCK_HASHES",
     "CHARS_PER_TOKEN",
     "DEFAULT_BLOCK_SIZE_TOKENS",
-    "HIT_BYTES_METRIC",
-    "HIT_RATIO_METRIC",
     "PREFILL_PROFILE",
     "TYPE",
     "ApproxPrefixCacheProducer",
@@ -53,10 +52,6 @@ DEFAULT_BLOCK_SIZE_TOKENS = 16
 PREFILL_PROFILE = "prefill"
 #: The request's block hashes, from ``prepare_request_data`` to ``pre_request``.
 BLOCK_HASHES: StateKey[list[int]] = StateKey("prefix-block-hashes")
-#: Reported per request with at least one block: the best candidate's matched share of
-#: the blocks, and its matched length in bytes (the reference's metrics).
-HIT_RATIO_METRIC = "inference_extension_prefix_indexer_hit_ratio"
-HIT_BYTES_METRIC = "inference_extension_prefix_indexer_hit_bytes"
 _NO_LABELS: dict[str, str] = {}
 
 
@@ -207,9 +202,12 @@ class ApproxPrefixCacheProducer(ProducerPlugin, ConsumerPlugin):
         if best:
             stats.requests_matched += 1
             stats.blocks_matched += best
+        # The best candidate's matched share of the blocks, and its matched length in bytes.
         observer = self._observer
-        observer.histogram(HIT_RATIO_METRIC, _NO_LABELS, best / total)
-        observer.histogram(HIT_BYTES_METRIC, _NO_LABELS, best * block_tokens * CHARS_PER_TOKEN)
+        observer.histogram(PREFIX_INDEXER_HIT_RATIO, _NO_LABELS, best / total)
+        observer.histogram(
+            PREFIX_INDEXER_HIT_BYTES, _NO_LABELS, best * block_tokens * CHARS_PER_TOKEN
+        )
 
     async def pre_request(self, request: InferenceRequest, result: SchedulingResult) -> None:
         hashes = request.state.get(self._typed_name.name, BLOCK_HASHES)

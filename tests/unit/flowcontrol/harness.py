@@ -17,6 +17,7 @@ from domain.flowcontrol import (
     FlowRequest,
     FlowResult,
 )
+from ports.metric_catalogue import CounterMetric, GaugeMetric, HistogramMetric, Metric
 from ports.observer import NoopSpan, Span
 
 START = 1000.0
@@ -91,32 +92,38 @@ class FakeTimers:
 @dataclass
 class Record:
     kind: str
-    name: str
+    metric: Metric
     labels: dict[str, str]
     value: float
 
 
 @dataclass
 class RecordingObserver:
-    """Keeps every metric call; ``hook`` (if set) sees each record as it arrives."""
+    """Keeps every metric call; ``hook`` (if set) sees each record as it arrives. A report
+    whose label names are not its catalogue entry's fails the test at once."""
 
     records: list[Record] = field(default_factory=list)
     hook: Callable[[Record], None] | None = None
 
-    def _add(self, kind: str, name: str, labels: Mapping[str, str], value: float) -> None:
-        record = Record(kind, name, dict(labels), value)
+    def _add(self, kind: str, metric: Metric, labels: Mapping[str, str], value: float) -> None:
+        if sorted(labels) != sorted(metric.labels):
+            raise AssertionError(
+                f"{metric.name} reported with labels {sorted(labels)}, "
+                f"declared {sorted(metric.labels)}"
+            )
+        record = Record(kind, metric, dict(labels), value)
         self.records.append(record)
         if self.hook is not None:
             self.hook(record)
 
-    def counter(self, name: str, labels: Mapping[str, str], value: float = 1.0) -> None:
-        self._add("counter", name, labels, value)
+    def counter(self, metric: CounterMetric, labels: Mapping[str, str], value: float = 1.0) -> None:
+        self._add("counter", metric, labels, value)
 
-    def histogram(self, name: str, labels: Mapping[str, str], value: float) -> None:
-        self._add("histogram", name, labels, value)
+    def histogram(self, metric: HistogramMetric, labels: Mapping[str, str], value: float) -> None:
+        self._add("histogram", metric, labels, value)
 
-    def gauge(self, name: str, labels: Mapping[str, str], value: float) -> None:
-        self._add("gauge", name, labels, value)
+    def gauge(self, metric: GaugeMetric, labels: Mapping[str, str], value: float) -> None:
+        self._add("gauge", metric, labels, value)
 
     def start_span(
         self,
@@ -128,13 +135,13 @@ class RecordingObserver:
     ) -> Span:
         return NoopSpan()
 
-    def named(self, name: str) -> list[Record]:
-        return [r for r in self.records if r.name == name]
+    def named(self, metric: Metric) -> list[Record]:
+        return [r for r in self.records if r.metric is metric]
 
-    def last_gauges(self, name: str) -> dict[tuple[tuple[str, str], ...], float]:
-        """The last value of each label set of gauge ``name``."""
+    def last_gauges(self, metric: GaugeMetric) -> dict[tuple[tuple[str, str], ...], float]:
+        """The last value of each label set of gauge ``metric``."""
         values: MutableMapping[tuple[tuple[str, str], ...], float] = {}
-        for record in self.named(name):
+        for record in self.named(metric):
             values[tuple(sorted(record.labels.items()))] = record.value
         return dict(values)
 

@@ -32,6 +32,7 @@ from domain.flowcontrol.plugins.static_usage_limit import (
     StaticUsageLimitPolicy,
 )
 from domain.plugins.base import EmptyParameters, TypedName
+from ports import metric_catalogue as catalogue
 from tests.unit.flowcontrol.harness import Harness, settle
 
 Tasks = list[asyncio.Task[FlowResult]]
@@ -60,7 +61,7 @@ def assert_empty(h: Harness) -> None:
         assert internal.newest is None
         assert all(len(flow.queue) == 0 for flow in internal.flows.values())
     assert h.controller._series == {}
-    gauges = h.observer.last_gauges(m.QUEUE_SIZE)
+    gauges = h.observer.last_gauges(catalogue.FLOW_CONTROL_QUEUE_SIZE)
     assert all(value == 0 for value in gauges.values())
 
 
@@ -421,7 +422,7 @@ async def test_displacement_evicts_lowest_priority_newest_first() -> None:
     assert p0_new.done()
     assert not p0_old.done()
     assert outcomes([first, second, third]) == [None, None, None]
-    counts = [r.labels for r in h.observer.named(m.DISPLACED_TOTAL)]
+    counts = [r.labels for r in h.observer.named(catalogue.FLOW_CONTROL_DISPLACED)]
     assert counts == [{"priority": "-1"}, {"priority": "-1"}, {"priority": "0"}]
 
 
@@ -465,7 +466,7 @@ async def test_displacement_off_switch() -> None:
     high = await h.submit(h.request(priority=10))
     assert high.result().outcome is QueueOutcome.REJECTED_CAPACITY
     assert not low.done()
-    assert h.observer.named(m.DISPLACED_TOTAL) == []
+    assert h.observer.named(catalogue.FLOW_CONTROL_DISPLACED) == []
 
 
 # -- TTL -----------------------------------------------------------------------------------
@@ -532,7 +533,7 @@ async def test_cancellation_removes_the_request_at_once() -> None:
     assert stats.queued_requests == 1
     assert stats.queued_bytes == 7
     assert stats.tracked_deadlines == 1
-    finals = [r.labels["outcome"] for r in h.observer.named(m.QUEUE_DURATION)]
+    finals = [r.labels["outcome"] for r in h.observer.named(catalogue.FLOW_CONTROL_QUEUE_DURATION)]
     assert finals == ["EvictedContextCancelled"]
     keep.cancel()
     with pytest.raises(asyncio.CancelledError):
@@ -551,7 +552,7 @@ async def test_a_cancelled_waiter_does_not_consume_a_dispatch() -> None:
     await settle()
     assert gone.cancelled()
     assert waiting.result().outcome is QueueOutcome.DISPATCHED
-    finals = [r.labels["outcome"] for r in h.observer.named(m.QUEUE_DURATION)]
+    finals = [r.labels["outcome"] for r in h.observer.named(catalogue.FLOW_CONTROL_QUEUE_DURATION)]
     assert finals == ["EvictedContextCancelled", "Dispatched"]
     assert_empty(h)
 
@@ -677,7 +678,7 @@ async def test_a_fairness_policy_that_picks_nothing_stalls_only_its_band() -> No
 async def test_metrics_through_the_observer() -> None:
     h = Harness(saturation=1.0, pool_name="pool-a")
     task = await h.submit(h.request(priority=2, flow="tenant", size=30, model="llama"))
-    size = h.observer.last_gauges(m.QUEUE_SIZE)
+    size = h.observer.last_gauges(catalogue.FLOW_CONTROL_QUEUE_SIZE)
     labels = (
         ("fairness_id", "tenant"),
         ("inference_pool", "pool-a"),
@@ -686,15 +687,19 @@ async def test_metrics_through_the_observer() -> None:
         ("target_model_name", "llama"),
     )
     assert size == {labels: 1}
-    assert h.observer.last_gauges(m.QUEUE_BYTES) == {labels: 30}
-    assert h.observer.last_gauges(m.POOL_SATURATION) == {(("inference_pool", "pool-a"),): 1.0}
+    assert h.observer.last_gauges(catalogue.FLOW_CONTROL_QUEUE_BYTES) == {labels: 30}
+    assert h.observer.last_gauges(catalogue.FLOW_CONTROL_POOL_SATURATION) == {
+        (("inference_pool", "pool-a"),): 1.0
+    }
     h.saturation = 0.25
     await h.advance(0.5)  # ticks: the pool saturation gauge follows, the request goes
     assert task.result().outcome is QueueOutcome.DISPATCHED
-    assert h.observer.last_gauges(m.QUEUE_SIZE) == {labels: 0}
-    assert h.observer.last_gauges(m.QUEUE_BYTES) == {labels: 0}
-    assert h.observer.last_gauges(m.POOL_SATURATION) == {(("inference_pool", "pool-a"),): 0.25}
-    (final,) = h.observer.named(m.QUEUE_DURATION)
+    assert h.observer.last_gauges(catalogue.FLOW_CONTROL_QUEUE_SIZE) == {labels: 0}
+    assert h.observer.last_gauges(catalogue.FLOW_CONTROL_QUEUE_BYTES) == {labels: 0}
+    assert h.observer.last_gauges(catalogue.FLOW_CONTROL_POOL_SATURATION) == {
+        (("inference_pool", "pool-a"),): 0.25
+    }
+    (final,) = h.observer.named(catalogue.FLOW_CONTROL_QUEUE_DURATION)
     assert final.labels == {
         "fairness_id": "tenant",
         "priority": "2",
@@ -704,21 +709,23 @@ async def test_metrics_through_the_observer() -> None:
         "target_model_name": "llama",
     }
     assert final.value == pytest.approx(task.result().queue_time)
-    (enqueue,) = h.observer.named(m.ENQUEUE_DURATION)
+    (enqueue,) = h.observer.named(catalogue.FLOW_CONTROL_ENQUEUE_DURATION)
     assert enqueue.labels == {
         "fairness_id": "tenant",
         "priority": "2",
         "outcome": "NotYetFinalized",
     }
-    assert h.observer.named(m.DISPATCH_CYCLE_DURATION)
+    assert h.observer.named(catalogue.FLOW_CONTROL_DISPATCH_CYCLE_DURATION)
 
 
 async def test_fast_path_and_rejections_are_measured_too() -> None:
     h = Harness(FlowControlConfig(max_bytes=5))
     await h.controller.enqueue_and_wait(h.request(size=1))
     await h.controller.enqueue_and_wait(h.request(size=6))
-    finals = [r.labels["outcome"] for r in h.observer.named(m.QUEUE_DURATION)]
-    enqueues = [r.labels["outcome"] for r in h.observer.named(m.ENQUEUE_DURATION)]
+    finals = [r.labels["outcome"] for r in h.observer.named(catalogue.FLOW_CONTROL_QUEUE_DURATION)]
+    enqueues = [
+        r.labels["outcome"] for r in h.observer.named(catalogue.FLOW_CONTROL_ENQUEUE_DURATION)
+    ]
     assert finals == ["Dispatched", "RejectedCapacity"]
     assert enqueues == ["Dispatched", "RejectedCapacity"]
 
@@ -727,7 +734,7 @@ async def test_fairness_label_is_bounded() -> None:
     h = Harness(fairness_label_limit=2)
     for flow in ("a", "b", "c", "d", "a"):
         await h.controller.enqueue_and_wait(h.request(flow=flow))
-    ids = [r.labels["fairness_id"] for r in h.observer.named(m.QUEUE_DURATION)]
+    ids = [r.labels["fairness_id"] for r in h.observer.named(catalogue.FLOW_CONTROL_QUEUE_DURATION)]
     assert ids == ["a", "b", m.OVERFLOW_LABEL, m.OVERFLOW_LABEL, "a"]
 
 

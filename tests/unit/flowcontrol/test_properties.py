@@ -17,7 +17,6 @@ from domain.flowcontrol import (
     PriorityBandConfig,
     QueueOutcome,
 )
-from domain.flowcontrol import metrics as m
 from domain.flowcontrol.plugins.edf_ordering import EdfOrderingPolicy
 from domain.flowcontrol.plugins.round_robin_fairness import RoundRobinFairnessPolicy
 from domain.flowcontrol.plugins.static_usage_limit import (
@@ -25,6 +24,7 @@ from domain.flowcontrol.plugins.static_usage_limit import (
     StaticUsageLimitPolicy,
 )
 from domain.plugins.base import EmptyParameters, TypedName
+from ports import metric_catalogue as catalogue
 from tests.unit.flowcontrol.harness import Harness, Record, settle
 
 PRIORITIES = (-1, 0, 1, 2)
@@ -131,7 +131,10 @@ async def scenario(setup: Setup, ops: list[tuple[object, ...]]) -> None:
     violations: list[str] = []
 
     def on_record(record: Record) -> None:
-        if record.name != m.QUEUE_DURATION or record.labels["outcome"] != "Dispatched":
+        if (
+            record.metric is not catalogue.FLOW_CONTROL_QUEUE_DURATION
+            or record.labels["outcome"] != "Dispatched"
+        ):
             return
         priority = int(record.labels["priority"])
         saturation = h.saturation
@@ -207,7 +210,11 @@ async def scenario(setup: Setup, ops: list[tuple[object, ...]]) -> None:
     await settle()
     check_state()
 
-    finals = Counter(r.labels["outcome"] for r in h.observer.records if r.name == m.QUEUE_DURATION)
+    finals = Counter(
+        r.labels["outcome"]
+        for r in h.observer.records
+        if r.metric is catalogue.FLOW_CONTROL_QUEUE_DURATION
+    )
     expected: Counter[str] = Counter()
     for arrival in arrivals:
         assert arrival.task.done()

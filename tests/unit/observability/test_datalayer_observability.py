@@ -11,12 +11,11 @@ from domain.datalayer.endpoint import EndpointMetrics
 from domain.datalayer.pool_metrics import PoolMetricsReporter, PrefixIndexSizeReporter
 from domain.datastore.store import Datastore
 from domain.prefixcache.index import InMemoryPrefixIndex
+from ports import metric_catalogue as catalogue
 from ports.endpoints import EndpointEvent, EndpointEventKind, EndpointInfo
 from ports.plugins import TypedName
 from tests.fakes.observer import RecordingObserver
 from tests.unit.observability.support import populated_datastore
-
-SCRAPE_ERRORS = "inference_extension_scrape_errors_total"
 
 
 class _Source:
@@ -66,9 +65,9 @@ async def test_every_failed_poll_counts_for_its_endpoint() -> None:
     finally:
         await collectors.stop()
     failed = source.polls[names[0]]
-    assert observer.total(SCRAPE_ERRORS, endpoint=names[0]) in (failed - 1, failed)
-    assert observer.total(SCRAPE_ERRORS, endpoint=names[0]) >= 3
-    assert observer.total(SCRAPE_ERRORS, endpoint=names[1]) == 0
+    assert observer.total(catalogue.SCRAPE_ERRORS, endpoint=names[0]) in (failed - 1, failed)
+    assert observer.total(catalogue.SCRAPE_ERRORS, endpoint=names[0]) >= 3
+    assert observer.total(catalogue.SCRAPE_ERRORS, endpoint=names[1]) == 0
 
 
 def _metrics(queue: int, running: int, kv: float, at: float) -> EndpointMetrics:
@@ -97,13 +96,13 @@ def test_pool_gauges_average_over_fresh_endpoints_only() -> None:
         clock=lambda: now,
     )
     reporter.report()
-    assert observer.gauge_value("inference_pool_ready_pods", name="pool") == 2
-    assert observer.gauge_value("inference_pool_average_queue_size", name="pool") == 3
-    assert observer.gauge_value("inference_pool_average_running_requests", name="pool") == 6
-    kv = observer.gauge_value("inference_pool_average_kv_cache_utilization", name="pool")
+    assert observer.gauge_value(catalogue.POOL_READY_PODS, name="pool") == 2
+    assert observer.gauge_value(catalogue.POOL_AVERAGE_QUEUE_SIZE, name="pool") == 3
+    assert observer.gauge_value(catalogue.POOL_AVERAGE_RUNNING_REQUESTS, name="pool") == 6
+    kv = observer.gauge_value(catalogue.POOL_AVERAGE_KV_CACHE, name="pool")
     assert kv is not None
     assert abs(kv - 0.4) < 1e-9
-    per_pod = "inference_pool_per_pod_queue_size"
+    per_pod = catalogue.POOL_PER_POD_QUEUE_SIZE
     assert observer.gauge_value(per_pod, name="pool", model_server_pod=c.name) == 100
     assert observer.gauge_value(per_pod, name="pool", model_server_pod=a.name) == 2
 
@@ -121,12 +120,12 @@ def test_a_gone_endpoint_loses_its_queue_gauge_and_no_fresh_endpoint_means_zero_
         clock=lambda: 60.0,  # every endpoint is stale
     )
     reporter.report()
-    assert observer.gauge_value("inference_pool_ready_pods") == 0
-    assert observer.gauge_value("inference_pool_average_queue_size") is None
+    assert observer.gauge_value(catalogue.POOL_READY_PODS) == 0
+    assert observer.gauge_value(catalogue.POOL_AVERAGE_QUEUE_SIZE) is None
     store.apply(EndpointEvent(kind=EndpointEventKind.DELETE, endpoint=gone.info))
     reporter.report()
     value = observer.gauge_value(
-        "inference_pool_per_pod_queue_size", name="pool", model_server_pod=gone.name
+        catalogue.POOL_PER_POD_QUEUE_SIZE, name="pool", model_server_pod=gone.name
     )
     assert value is not None
     assert value != value  # NaN: the exporter drops the series
@@ -149,13 +148,13 @@ async def test_the_reporters_run_until_cancelled() -> None:
         await _until(
             lambda: (
                 len(observer.gauges) >= 6
-                and observer.gauge_value("inference_extension_prefix_indexer_size") == 3
+                and observer.gauge_value(catalogue.PREFIX_INDEXER_SIZE) == 3
             )
         )
         await index.add([4], "10.0.0.2:8000", 100)
-        await _until(lambda: observer.gauge_value("inference_extension_prefix_indexer_size") == 4)
+        await _until(lambda: observer.gauge_value(catalogue.PREFIX_INDEXER_SIZE) == 4)
     finally:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-    assert observer.gauge_value("inference_pool_ready_pods", name="p") == 0
+    assert observer.gauge_value(catalogue.POOL_READY_PODS, name="p") == 0

@@ -8,11 +8,11 @@ import time
 import orjson
 import pytest
 
-from adapters.prometheus.exporter import METRICS
 from domain.datastore.objectives import ObjectiveStore
 from domain.flowcontrol import FlowControlConfig, FlowController
 from domain.requestcontrol.admission import FlowControlAdmission
 from domain.requestcontrol.director import Director
+from ports import metric_catalogue as catalogue
 from ports.objectives import ModelRewriteRule, ModelRewriteTarget
 from tests.fakes.observer import RecordingObserver
 from tests.unit.observability.support import inbound, observed_director, populated_datastore
@@ -58,8 +58,8 @@ async def test_a_routed_request_counts_by_model_target_and_priority() -> None:
     body = _body()
     await _complete(director, body)
     labels = {"model_name": "m", "target_model_name": "m"}
-    assert observer.total("inference_objective_request_total", priority="0", **labels) == 1
-    assert observer.observations("inference_objective_request_sizes", **labels) == [len(body)]
+    assert observer.total(catalogue.REQUEST_TOTAL, priority="0", **labels) == 1
+    assert observer.observations(catalogue.REQUEST_SIZES, **labels) == [len(body)]
 
 
 async def test_running_requests_rise_on_routing_and_fall_on_close() -> None:
@@ -69,7 +69,7 @@ async def test_running_requests_rise_on_routing_and_fall_on_close() -> None:
     second = director.open(inbound(_body(), request_id="b"))
     await first.route()
     await second.route()
-    gauge = "inference_objective_running_requests"
+    gauge = catalogue.RUNNING_REQUESTS
     assert observer.gauge_value(gauge, model_name="m") == 2
     await first.close()
     assert observer.gauge_value(gauge, model_name="m") == 1
@@ -85,15 +85,13 @@ async def test_a_completed_response_records_duration_size_tokens_and_tpot() -> N
     response = _usage_body(100, 4, cached=32)
     await _complete(director, _body(), response=response)
     labels = {"model_name": "m", "target_model_name": "m"}
-    (duration,) = observer.observations("inference_objective_request_duration_seconds", **labels)
+    (duration,) = observer.observations(catalogue.REQUEST_DURATION, **labels)
     assert duration >= 0
-    assert observer.observations("inference_objective_response_sizes", **labels) == [len(response)]
-    assert observer.observations("inference_objective_input_tokens", **labels) == [100]
-    assert observer.observations("inference_objective_output_tokens", **labels) == [4]
-    assert observer.observations("inference_objective_prompt_cached_tokens", **labels) == [32]
-    (tpot,) = observer.observations(
-        "inference_objective_normalized_time_per_output_token_seconds", **labels
-    )
+    assert observer.observations(catalogue.RESPONSE_SIZES, **labels) == [len(response)]
+    assert observer.observations(catalogue.INPUT_TOKENS, **labels) == [100]
+    assert observer.observations(catalogue.OUTPUT_TOKENS, **labels) == [4]
+    assert observer.observations(catalogue.PROMPT_CACHED_TOKENS, **labels) == [32]
+    (tpot,) = observer.observations(catalogue.NORMALIZED_TPOT, **labels)
     assert tpot == pytest.approx(duration / 4)
 
 
@@ -111,10 +109,8 @@ async def test_a_streamed_response_counts_every_chunk_and_the_final_usage() -> N
     for i, chunk in enumerate(chunks):
         await exchange.response_body(chunk, i == len(chunks) - 1)
     await exchange.close()
-    assert observer.observations("inference_objective_response_sizes") == [
-        sum(len(c) for c in chunks)
-    ]
-    assert observer.observations("inference_objective_output_tokens") == [2]
+    assert observer.observations(catalogue.RESPONSE_SIZES) == [sum(len(c) for c in chunks)]
+    assert observer.observations(catalogue.OUTPUT_TOKENS) == [2]
 
 
 async def test_a_model_server_error_counts_as_model_server_error() -> None:
@@ -123,14 +119,14 @@ async def test_a_model_server_error_counts_as_model_server_error() -> None:
     await _complete(director, _body(), status=503, response=b'{"error": "overloaded"}')
     assert (
         observer.total(
-            "inference_objective_request_error_total",
+            catalogue.REQUEST_ERROR_TOTAL,
             model_name="m",
             target_model_name="m",
             error_code="ModelServerError",
         )
         == 1
     )
-    assert observer.observations("inference_objective_request_duration_seconds") == []
+    assert observer.observations(catalogue.REQUEST_DURATION) == []
 
 
 async def test_refused_requests_count_errors_by_code() -> None:
@@ -138,7 +134,7 @@ async def test_refused_requests_count_errors_by_code() -> None:
     director = observed_director(observer)
     decision = await director.open(inbound(b"{not json")).route()
     assert decision.error is not None
-    errors = "inference_objective_request_error_total"
+    errors = catalogue.REQUEST_ERROR_TOTAL
     assert observer.total(errors, error_code="BadRequest", model_name="") == 1
 
     empty = observed_director(observer, populated_datastore())
@@ -147,8 +143,8 @@ async def test_refused_requests_count_errors_by_code() -> None:
     decision = await empty.open(inbound(_body(model="x"))).route()
     assert decision.error is not None
     assert observer.total(errors, error_code=decision.error.code.value, model_name="x") == 1
-    assert observer.total("inference_objective_request_total") == 0
-    assert observer.gauge_value("inference_objective_running_requests") is None
+    assert observer.total(catalogue.REQUEST_TOTAL) == 0
+    assert observer.gauge_value(catalogue.RUNNING_REQUESTS) is None
 
 
 async def test_a_model_rewrite_counts_the_rule_and_labels_the_target() -> None:
@@ -165,19 +161,14 @@ async def test_a_model_rewrite_counts_the_rule_and_labels_the_target() -> None:
     await _complete(director, _body(model="public"))
     assert (
         observer.total(
-            "inference_extension_model_rewrite_decisions_total",
+            catalogue.MODEL_REWRITE_DECISIONS,
             model_rewrite_name="canary",
             model_name="public",
             target_model="v2",
         )
         == 1
     )
-    assert (
-        observer.total(
-            "inference_objective_request_total", model_name="public", target_model_name="v2"
-        )
-        == 1
-    )
+    assert observer.total(catalogue.REQUEST_TOTAL, model_name="public", target_model_name="v2") == 1
 
 
 async def test_scheduling_reports_plugin_durations_e2e_and_the_chosen_pod() -> None:
@@ -187,11 +178,9 @@ async def test_scheduling_reports_plugin_durations_e2e_and_the_chosen_pod() -> N
     decision = await exchange.route()
     chosen = decision.endpoints[0]
     assert exchange.target is not None
-    (e2e,) = observer.observations("inference_extension_scheduler_e2e_duration_seconds")
+    (e2e,) = observer.observations(catalogue.SCHEDULER_E2E_DURATION)
     assert 0 <= e2e < 1
-    attempts = [
-        r for r in observer.counters if r.name == "inference_extension_scheduler_attempts_total"
-    ]
+    attempts = [r for r in observer.counters if r.metric is catalogue.SCHEDULER_ATTEMPTS]
     assert [r.labels for r in attempts] == [
         {
             "status": "success",
@@ -204,7 +193,7 @@ async def test_scheduling_reports_plugin_durations_e2e_and_the_chosen_pod() -> N
     points = {
         (r.labels["extension_point"], r.labels["plugin_type"])
         for r in observer.histograms
-        if r.name == "inference_extension_plugin_duration_seconds"
+        if r.metric is catalogue.PLUGIN_DURATION
     }
     # the default config: three scorers, the max-score picker, the single profile handler
     assert {
@@ -236,12 +225,7 @@ schedulingProfiles:
         inbound(_body(), headers={"test-epp-endpoint-selection": "10.9.9.9:1"})
     ).route()
     assert decision.error is not None
-    assert (
-        observer.total(
-            "inference_extension_scheduler_attempts_total", status="failure", pod_name=""
-        )
-        == 1
-    )
+    assert observer.total(catalogue.SCHEDULER_ATTEMPTS, status="failure", pod_name="") == 1
 
 
 async def test_the_prefix_producer_reports_hit_ratio_and_bytes() -> None:
@@ -249,8 +233,8 @@ async def test_the_prefix_producer_reports_hit_ratio_and_bytes() -> None:
     director = observed_director(observer)
     await _complete(director, _body())
     await _complete(director, _body())  # same prompt: now indexed for the chosen endpoint
-    ratios = observer.observations("inference_extension_prefix_indexer_hit_ratio")
-    hit_bytes = observer.observations("inference_extension_prefix_indexer_hit_bytes")
+    ratios = observer.observations(catalogue.PREFIX_INDEXER_HIT_RATIO)
+    hit_bytes = observer.observations(catalogue.PREFIX_INDEXER_HIT_BYTES)
     assert ratios == [0.0, 1.0]
     assert hit_bytes[0] == 0
     assert hit_bytes[1] >= 64
@@ -342,6 +326,6 @@ async def test_every_reported_metric_is_one_the_exporter_declares() -> None:
     director = observed_director(observer)
     await _complete(director, _body())
     await director.open(inbound(b"{not json")).route()
-    declared = {spec.name for spec in METRICS}
+    declared = {metric.name for metric in catalogue.CATALOGUE}
     assert observer.reported_names() <= declared
     assert len(observer.reported_names()) >= 14

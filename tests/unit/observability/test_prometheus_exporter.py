@@ -1,4 +1,8 @@
-"""The EPP's own metrics: declared as the reference's (spec section 9), served on /metrics."""
+"""The EPP's own metrics: the catalogue is the reference's (spec section 9), and every entry
+is served on /metrics with its name, type, labels and buckets.
+
+``EXPECTED`` and ``BUCKETS`` spell the public names out on purpose: they pin the catalogue
+to what the reference exports, so a rename fails here. The other tests name entries."""
 
 from __future__ import annotations
 
@@ -11,7 +15,9 @@ import prometheus_client
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from adapters.prometheus.exporter import METRICS, MetricKind, MetricsServer, PrometheusObserver
+from adapters.prometheus.exporter import MetricsServer, PrometheusObserver
+from ports import metric_catalogue as catalogue
+from ports.metric_catalogue import CATALOGUE, CounterMetric, HistogramMetric, MetricKind
 
 MODEL = {"model_name", "target_model_name"}
 FLOW = {"fairness_id", "priority"}
@@ -68,20 +74,60 @@ EXPECTED: dict[str, tuple[str, set[str]]] = {
 }
 
 
+#: histogram name -> its bucket upper bounds (without +Inf), byte for byte on /metrics.
+BUCKETS: dict[str, tuple[float, ...]] = {
+    "inference_objective_request_duration_seconds": (
+        0.005, 0.025, 0.05, 0.1, 0.2, 0.4, 0.6, 0.8, 1.0, 1.25, 1.5, 2.0, 3.0, 4.0, 5.0, 6.0,
+        8.0, 10.0, 15.0, 20.0, 30.0, 45.0, 60.0, 120.0, 180.0, 240.0, 300.0, 360.0, 480.0,
+        600.0, 900.0, 1200.0, 1800.0, 2700.0, 3600.0,
+    ),
+    "inference_objective_request_sizes": tuple(64.0 * 2**i for i in range(25)),
+    "inference_objective_response_sizes": (1.0, *(8.0 * 2**i for i in range(14))),
+    "inference_objective_input_tokens": (1.0, *(8.0 * 2**i for i in range(18))),
+    "inference_objective_output_tokens": (1.0, *(8.0 * 2**i for i in range(11))),
+    "inference_objective_prompt_cached_tokens": (1.0, *(8.0 * 2**i for i in range(18))),
+    "inference_objective_normalized_time_per_output_token_seconds": (
+        0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0,
+    ),
+    "inference_extension_scheduler_e2e_duration_seconds": (
+        0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1,
+    ),
+    "inference_extension_plugin_duration_seconds": (
+        0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1,
+    ),
+    "inference_extension_prefix_indexer_hit_ratio": (
+        0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0,
+    ),
+    "inference_extension_prefix_indexer_hit_bytes": (0.0, *(1024.0 * 2**i for i in range(7))),
+    "inference_extension_flow_control_request_queue_duration_seconds": (
+        0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0,
+        120.0,
+    ),
+    "inference_extension_flow_control_dispatch_cycle_duration_seconds": (
+        0.00001, 0.00005, 0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1,
+    ),
+    "inference_extension_flow_control_request_enqueue_duration_seconds": (
+        0.00001, 0.00005, 0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1,
+    ),
+}  # fmt: skip
+
+
 def _buckets(name: str) -> tuple[float, ...]:
-    (spec,) = [s for s in METRICS if s.name == name]
-    return spec.buckets
+    (metric,) = [m for m in CATALOGUE if m.name == name]
+    assert isinstance(metric, HistogramMetric), name
+    return metric.buckets
 
 
 def _one_of_each(observer: PrometheusObserver) -> None:
-    for spec in METRICS:
-        labels = {label: f"{label}-value" for label in spec.labels}
-        if spec.kind is MetricKind.COUNTER:
-            observer.counter(spec.name, labels, 2)
-        elif spec.kind is MetricKind.GAUGE:
-            observer.gauge(spec.name, labels, 3)
+    for metric in CATALOGUE:
+        labels = {label: f"{label}-value" for label in metric.labels}
+        if isinstance(metric, CounterMetric):
+            observer.counter(metric, labels, 2)
+        elif isinstance(metric, HistogramMetric):
+            observer.histogram(metric, labels, 0.05)
         else:
-            observer.histogram(spec.name, labels, 0.05)
+            assert isinstance(metric, catalogue.GaugeMetric)
+            observer.gauge(metric, labels, 3)
 
 
 def _families(text: str) -> dict[str, prometheus_client.Metric]:
@@ -93,7 +139,7 @@ def _families(text: str) -> dict[str, prometheus_client.Metric]:
 
 
 def test_every_metric_is_declared_with_the_reference_name_type_and_labels() -> None:
-    declared = {s.name: (s.kind.value, set(s.labels)) for s in METRICS}
+    declared = {m.name: (m.kind.value, set(m.labels)) for m in CATALOGUE}
     assert declared == EXPECTED
 
 
@@ -111,9 +157,11 @@ def test_buckets_are_the_references() -> None:
     assert _buckets("inference_extension_prefix_indexer_hit_ratio") == tuple(
         i / 10 for i in range(11)
     )
-    for spec in METRICS:
-        assert list(spec.buckets) == sorted(set(spec.buckets)), spec.name
-        assert bool(spec.buckets) == (spec.kind is MetricKind.HISTOGRAM), spec.name
+    for metric in CATALOGUE:
+        buckets = metric.buckets if isinstance(metric, HistogramMetric) else ()
+        assert list(buckets) == sorted(set(buckets)), metric.name
+        assert bool(buckets) == (metric.kind is MetricKind.HISTOGRAM), metric.name
+    assert {m.name: m.buckets for m in CATALOGUE if isinstance(m, HistogramMetric)} == BUCKETS
 
 
 def test_the_exposition_has_every_metric_with_its_type_labels_and_buckets() -> None:
@@ -135,7 +183,7 @@ def test_the_exposition_has_every_metric_with_its_type_labels_and_buckets() -> N
 
 def test_the_registry_is_its_own_not_the_global_one() -> None:
     observer = PrometheusObserver()
-    observer.counter("inference_extension_scrape_errors_total", {"endpoint": "e"})
+    observer.counter(catalogue.SCRAPE_ERRORS, {"endpoint": "e"})
     assert observer.registry is not prometheus_client.REGISTRY
     assert b"inference_extension_scrape_errors_total" not in prometheus_client.generate_latest()
 
@@ -143,12 +191,12 @@ def test_the_registry_is_its_own_not_the_global_one() -> None:
 def test_counters_add_gauges_set_and_histograms_bucket_cumulatively() -> None:
     observer = PrometheusObserver()
     labels = {"model_name": "m", "target_model_name": "t", "priority": "0"}
-    observer.counter("inference_objective_request_total", labels)
-    observer.counter("inference_objective_request_total", labels, 2)
-    observer.gauge("inference_pool_ready_pods", {"name": "p"}, 3)
-    observer.gauge("inference_pool_ready_pods", {"name": "p"}, 2)
+    observer.counter(catalogue.REQUEST_TOTAL, labels)
+    observer.counter(catalogue.REQUEST_TOTAL, labels, 2)
+    observer.gauge(catalogue.POOL_READY_PODS, {"name": "p"}, 3)
+    observer.gauge(catalogue.POOL_READY_PODS, {"name": "p"}, 2)
     for value in (0.05, 0.25, 0.3, 1.0):
-        observer.histogram("inference_extension_prefix_indexer_hit_ratio", {}, value)
+        observer.histogram(catalogue.PREFIX_INDEXER_HIT_RATIO, {}, value)
     families = _families(observer.exposition().decode())
     (total,) = families["inference_objective_request_total"].samples
     assert total.value == 3
@@ -176,11 +224,11 @@ def test_unlabelled_metrics_are_exposed_at_zero_before_any_report() -> None:
 
 def test_a_nan_gauge_removes_its_series() -> None:
     observer = PrometheusObserver()
-    name = "inference_pool_per_pod_queue_size"
-    observer.gauge(name, {"name": "p", "model_server_pod": "a"}, 1)
-    observer.gauge(name, {"name": "p", "model_server_pod": "b"}, 2)
-    observer.gauge(name, {"name": "p", "model_server_pod": "a"}, math.nan)
-    samples = _families(observer.exposition().decode())[name].samples
+    gauge = catalogue.POOL_PER_POD_QUEUE_SIZE
+    observer.gauge(gauge, {"name": "p", "model_server_pod": "a"}, 1)
+    observer.gauge(gauge, {"name": "p", "model_server_pod": "b"}, 2)
+    observer.gauge(gauge, {"name": "p", "model_server_pod": "a"}, math.nan)
+    samples = _families(observer.exposition().decode())[gauge.name].samples
     assert [(s.labels["model_server_pod"], s.value) for s in samples] == [("b", 2)]
 
 
@@ -188,14 +236,16 @@ def test_bad_reports_are_dropped_and_logged_once_never_raised(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     observer = PrometheusObserver()
+    # Outside the catalogue: a plugin's own entry, say. Impossible for the EPP's own reports.
+    unknown = CounterMetric(name="no_such_metric_total", help="Not in the catalogue.")
     with caplog.at_level(logging.WARNING, logger="adapters.prometheus.exporter"):
         for _ in range(3):
-            observer.counter("no_such_metric_total", {})
-            observer.counter("inference_pool_ready_pods", {"name": "p"})  # a gauge
-            observer.gauge("inference_objective_running_requests", {"model": "m"}, 1)
-            observer.histogram("inference_objective_request_sizes", {"model_name": "m"}, 1)
-            observer.counter("inference_extension_scrape_errors_total", {"endpoint": "e"}, -1)
-            observer.histogram("inference_extension_prefix_indexer_hit_ratio", {}, math.nan)
+            observer.counter(unknown, {})
+            observer.counter(catalogue.POOL_READY_PODS, {"name": "p"})  # type: ignore[arg-type]
+            observer.gauge(catalogue.RUNNING_REQUESTS, {"model": "m"}, 1)
+            observer.histogram(catalogue.REQUEST_SIZES, {"model_name": "m"}, 1)
+            observer.counter(catalogue.SCRAPE_ERRORS, {"endpoint": "e"}, -1)
+            observer.histogram(catalogue.PREFIX_INDEXER_HIT_RATIO, {}, math.nan)
     assert len(caplog.records) == 6
     assert any("no_such_metric_total" in r.getMessage() for r in caplog.records)
     families = _families(observer.exposition().decode())
@@ -211,7 +261,7 @@ def test_bad_reports_are_dropped_and_logged_once_never_raised(
 
 async def test_the_server_serves_metrics_text_on_a_free_port_until_stopped() -> None:
     observer = PrometheusObserver()
-    observer.counter("inference_extension_scrape_errors_total", {"endpoint": "10.0.0.1:8000"})
+    observer.counter(catalogue.SCRAPE_ERRORS, {"endpoint": "10.0.0.1:8000"})
     server = MetricsServer(observer.registry, host="127.0.0.1", port=0)
     await server.start()
     url = f"http://127.0.0.1:{server.bound_port}/metrics"

@@ -24,6 +24,7 @@ from adapters.prometheus.exporter import PrometheusObserver
 from app.logsetup import JsonFormatter
 from app.observability import EppObserver, build_tracing
 from app.settings import Settings
+from ports import metric_catalogue as catalogue
 from ports.observer import NoopSpan
 
 TRACE_ID = "0af7651916cd43dd8448eb211c80319c"
@@ -231,7 +232,7 @@ def test_the_process_observer_sends_metrics_to_prometheus_and_spans_to_tracing()
     metrics = PrometheusObserver()
     tracing, exporter = _tracing(ALWAYS)
     observer = EppObserver(metrics, tracing)
-    observer.counter("inference_extension_scrape_errors_total", {"endpoint": "e"})
+    observer.counter(catalogue.SCRAPE_ERRORS, {"endpoint": "e"})
     observer.start_span("gateway.request").end()
     assert b'inference_extension_scrape_errors_total{endpoint="e"} 1.0' in metrics.exposition()
     assert list(_finished(tracing, exporter)) == ["gateway.request"]

@@ -1,0 +1,371 @@
+"""Every metric the EPP exports, declared once: name, kind, help text, label names, buckets.
+
+The domain reports through the ``Observer`` port by passing these entries (never a name of
+its own); the Prometheus exporter builds its families from ``CATALOGUE``. Names, types,
+labels and buckets are the reference EPP's (spec section 9), so its dashboards keep
+working, plus two of this product's own: ``inference_extension_scrape_errors_total
+{endpoint}`` and ``inference_extension_flow_control_displaced_total{priority}``.
+
+The kind is the entry's type (``CounterMetric``, ``GaugeMetric``, ``HistogramMetric``), so
+reporting a gauge as a counter is a type error. Entries compare by identity: each metric
+exists once, here, and an entry hashes as cheaply as any object.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+from itertools import pairwise
+from typing import ClassVar
+
+__all__ = [
+    "CATALOGUE",
+    "EXTENSION_INFO",
+    "FLOW_CONTROL_DISPATCH_CYCLE_DURATION",
+    "FLOW_CONTROL_DISPLACED",
+    "FLOW_CONTROL_ENQUEUE_DURATION",
+    "FLOW_CONTROL_POOL_SATURATION",
+    "FLOW_CONTROL_QUEUE_BYTES",
+    "FLOW_CONTROL_QUEUE_DURATION",
+    "FLOW_CONTROL_QUEUE_SIZE",
+    "INPUT_TOKENS",
+    "MODEL_REWRITE_DECISIONS",
+    "NORMALIZED_TPOT",
+    "OUTPUT_TOKENS",
+    "PLUGIN_DURATION",
+    "POOL_AVERAGE_KV_CACHE",
+    "POOL_AVERAGE_QUEUE_SIZE",
+    "POOL_AVERAGE_RUNNING_REQUESTS",
+    "POOL_PER_POD_QUEUE_SIZE",
+    "POOL_READY_PODS",
+    "PREFIX_INDEXER_HIT_BYTES",
+    "PREFIX_INDEXER_HIT_RATIO",
+    "PREFIX_INDEXER_SIZE",
+    "PROMPT_CACHED_TOKENS",
+    "REQUEST_DURATION",
+    "REQUEST_ERROR_TOTAL",
+    "REQUEST_SIZES",
+    "REQUEST_TOTAL",
+    "RESPONSE_SIZES",
+    "RUNNING_REQUESTS",
+    "SCHEDULER_ATTEMPTS",
+    "SCHEDULER_E2E_DURATION",
+    "SCRAPE_ERRORS",
+    "CounterMetric",
+    "GaugeMetric",
+    "HistogramMetric",
+    "Metric",
+    "MetricKind",
+]
+
+
+class MetricKind(Enum):
+    COUNTER = "counter"
+    GAUGE = "gauge"
+    HISTOGRAM = "histogram"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False)
+class Metric:
+    """One exported metric. ``labels`` are the label names in exposition order; every
+    report carries exactly these."""
+
+    kind: ClassVar[MetricKind]
+    name: str
+    help: str
+    labels: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        _check_labels(self)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False)
+class CounterMetric(Metric):
+    """Only goes up; the name ends in ``_total``."""
+
+    kind: ClassVar[MetricKind] = MetricKind.COUNTER
+
+
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False)
+class GaugeMetric(Metric):
+    """Set to the current value; NaN removes the labelled series."""
+
+    kind: ClassVar[MetricKind] = MetricKind.GAUGE
+
+
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False)
+class HistogramMetric(Metric):
+    """``buckets`` are the upper bounds, strictly increasing, without ``+Inf``."""
+
+    kind: ClassVar[MetricKind] = MetricKind.HISTOGRAM
+    buckets: tuple[float, ...]
+
+    def __post_init__(self) -> None:
+        _check_labels(self)
+        bounds = self.buckets
+        if not bounds or any(low >= high for low, high in pairwise(bounds)):
+            raise ValueError(f"{self.name}: buckets must be strictly increasing, not {bounds}")
+
+
+def _check_labels(metric: Metric) -> None:
+    if len(set(metric.labels)) != len(metric.labels):
+        raise ValueError(f"{metric.name}: duplicate label name in {metric.labels}")
+
+
+def _powers_of_two(low: int, high: int) -> tuple[float, ...]:
+    out: list[float] = []
+    value = low
+    while value <= high:
+        out.append(float(value))
+        value *= 2
+    return tuple(out)
+
+
+_MODEL = ("model_name", "target_model_name")
+_DURATION_BUCKETS = (
+    0.005, 0.025, 0.05, 0.1, 0.2, 0.4, 0.6, 0.8, 1.0, 1.25, 1.5, 2.0, 3.0, 4.0, 5.0, 6.0, 8.0,
+    10.0, 15.0, 20.0, 30.0, 45.0, 60.0, 120.0, 180.0, 240.0, 300.0, 360.0, 480.0, 600.0, 900.0,
+    1200.0, 1800.0, 2700.0, 3600.0,
+)  # fmt: skip
+_REQUEST_SIZE_BUCKETS = _powers_of_two(64, 1 << 30)  # 64 B ... 1 GiB
+_RESPONSE_SIZE_BUCKETS = (1.0, *_powers_of_two(8, 65536))
+_INPUT_TOKEN_BUCKETS = (1.0, *_powers_of_two(8, 1 << 20))
+_OUTPUT_TOKEN_BUCKETS = (1.0, *_powers_of_two(8, 8192))
+_TPOT_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0)
+_SCHEDULER_BUCKETS = (0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1)
+_RATIO_BUCKETS = tuple(round(i * 0.1, 1) for i in range(11))
+_HIT_BYTES_BUCKETS = (0.0, *_powers_of_two(1024, 65536))
+_QUEUE_DURATION_BUCKETS = (
+    0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0,
+)  # fmt: skip
+_FAST_BUCKETS = (0.00001, 0.00005, 0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1)
+_FLOW = ("fairness_id", "priority")
+_FLOW_QUEUE = (*_FLOW, "inference_pool", *_MODEL)
+
+# --- per request (the Director) ---
+
+REQUEST_TOTAL = CounterMetric(
+    name="inference_objective_request_total",
+    help="Counter of inference objective requests broken out for each model and target model.",
+    labels=(*_MODEL, "priority"),
+)
+REQUEST_ERROR_TOTAL = CounterMetric(
+    name="inference_objective_request_error_total",
+    help="Counter of inference objective requests errors broken out for each model and "
+    "target model.",
+    labels=(*_MODEL, "error_code"),
+)
+REQUEST_DURATION = HistogramMetric(
+    name="inference_objective_request_duration_seconds",
+    help="Inference objective response latency distribution in seconds for each model "
+    "and target model.",
+    labels=_MODEL,
+    buckets=_DURATION_BUCKETS,
+)
+REQUEST_SIZES = HistogramMetric(
+    name="inference_objective_request_sizes",
+    help="Inference objective requests size distribution in bytes for each model and target model.",
+    labels=_MODEL,
+    buckets=_REQUEST_SIZE_BUCKETS,
+)
+RESPONSE_SIZES = HistogramMetric(
+    name="inference_objective_response_sizes",
+    help="Inference objective responses size distribution in bytes for each model and "
+    "target model.",
+    labels=_MODEL,
+    buckets=_RESPONSE_SIZE_BUCKETS,
+)
+INPUT_TOKENS = HistogramMetric(
+    name="inference_objective_input_tokens",
+    help="Inference objective input token count distribution for requests in each model.",
+    labels=_MODEL,
+    buckets=_INPUT_TOKEN_BUCKETS,
+)
+OUTPUT_TOKENS = HistogramMetric(
+    name="inference_objective_output_tokens",
+    help="Inference objective output token count distribution for requests in each model.",
+    labels=_MODEL,
+    buckets=_OUTPUT_TOKEN_BUCKETS,
+)
+PROMPT_CACHED_TOKENS = HistogramMetric(
+    name="inference_objective_prompt_cached_tokens",
+    help="Inference objective prompt cached token count distribution for requests in each model.",
+    labels=_MODEL,
+    buckets=_INPUT_TOKEN_BUCKETS,
+)
+NORMALIZED_TPOT = HistogramMetric(
+    name="inference_objective_normalized_time_per_output_token_seconds",
+    help="Inference objective latency divided by number of output tokens in seconds for "
+    "each model and target model.",
+    labels=_MODEL,
+    buckets=_TPOT_BUCKETS,
+)
+RUNNING_REQUESTS = GaugeMetric(
+    name="inference_objective_running_requests",
+    help="Inference objective number of running requests in each model.",
+    labels=("model_name",),
+)
+
+# --- pool (every --refresh-prometheus-metrics-interval) ---
+
+POOL_AVERAGE_KV_CACHE = GaugeMetric(
+    name="inference_pool_average_kv_cache_utilization",
+    help="The average kv cache utilization for an inference server pool.",
+    labels=("name",),
+)
+POOL_AVERAGE_QUEUE_SIZE = GaugeMetric(
+    name="inference_pool_average_queue_size",
+    help="The average number of requests pending in the model server queue.",
+    labels=("name",),
+)
+POOL_AVERAGE_RUNNING_REQUESTS = GaugeMetric(
+    name="inference_pool_average_running_requests",
+    help="The average number of requests currently being processed by the model servers.",
+    labels=("name",),
+)
+POOL_READY_PODS = GaugeMetric(
+    name="inference_pool_ready_pods",
+    help="The number of ready pods in the inference server pool.",
+    labels=("name",),
+)
+POOL_PER_POD_QUEUE_SIZE = GaugeMetric(
+    name="inference_pool_per_pod_queue_size",
+    help="The total number of requests pending in the model server queue for each underlying pod.",
+    labels=("name", "model_server_pod"),
+)
+
+# --- extension: scheduler, plugins, prefix indexer, build, model rewrites ---
+
+SCHEDULER_E2E_DURATION = HistogramMetric(
+    name="inference_extension_scheduler_e2e_duration_seconds",
+    help="End-to-end scheduling latency distribution in seconds.",
+    buckets=_SCHEDULER_BUCKETS,
+)
+SCHEDULER_ATTEMPTS = CounterMetric(
+    name="inference_extension_scheduler_attempts_total",
+    help="Total number of scheduling attempts.",
+    labels=("status", "target_model_name", "pod_name", "namespace", "port"),
+)
+PLUGIN_DURATION = HistogramMetric(
+    name="inference_extension_plugin_duration_seconds",
+    help="Plugin processing latency distribution in seconds for each extension point, "
+    "plugin type and plugin name.",
+    labels=("extension_point", "plugin_type", "plugin_name"),
+    buckets=_SCHEDULER_BUCKETS,
+)
+PREFIX_INDEXER_SIZE = GaugeMetric(
+    name="inference_extension_prefix_indexer_size",
+    help="Size of the prefix indexer.",
+)
+PREFIX_INDEXER_HIT_RATIO = HistogramMetric(
+    name="inference_extension_prefix_indexer_hit_ratio",
+    help="Ratio of prefix length matched to total prefix length in the cache lookup.",
+    buckets=_RATIO_BUCKETS,
+)
+PREFIX_INDEXER_HIT_BYTES = HistogramMetric(
+    name="inference_extension_prefix_indexer_hit_bytes",
+    help="Length of the prefix match in number of bytes in the cache lookup.",
+    buckets=_HIT_BYTES_BUCKETS,
+)
+EXTENSION_INFO = GaugeMetric(
+    name="inference_extension_info",
+    help="General information of the current build of Inference Extension.",
+    labels=("commit", "build_ref"),
+)
+MODEL_REWRITE_DECISIONS = CounterMetric(
+    name="inference_extension_model_rewrite_decisions_total",
+    help="Total number of model rewrite decisions.",
+    labels=("model_rewrite_name", "model_name", "target_model"),
+)
+
+# --- flow control ---
+
+#: Seconds from enqueue to the final outcome, every request.
+FLOW_CONTROL_QUEUE_DURATION = HistogramMetric(
+    name="inference_extension_flow_control_request_queue_duration_seconds",
+    help="Distribution of the total time requests spend in the flow control layer, from "
+    "enqueue to final outcome.",
+    labels=(*_FLOW, "outcome", "inference_pool", *_MODEL),
+    buckets=_QUEUE_DURATION_BUCKETS,
+)
+#: Seconds per dispatch cycle.
+FLOW_CONTROL_DISPATCH_CYCLE_DURATION = HistogramMetric(
+    name="inference_extension_flow_control_dispatch_cycle_duration_seconds",
+    help="Distribution of the time taken for each dispatch cycle of the flow control layer.",
+    buckets=_FAST_BUCKETS,
+)
+#: Seconds spent in the enqueue step (capacity checks, displacement, insertion);
+#: ``outcome`` is the state right after it (``NotYetFinalized`` when queued,
+#: ``Dispatched`` on the fast path, ``Rejected*``).
+FLOW_CONTROL_ENQUEUE_DURATION = HistogramMetric(
+    name="inference_extension_flow_control_request_enqueue_duration_seconds",
+    help="Distribution of the time taken to enqueue requests in the flow control layer.",
+    labels=(*_FLOW, "outcome"),
+    buckets=_FAST_BUCKETS,
+)
+FLOW_CONTROL_QUEUE_SIZE = GaugeMetric(
+    name="inference_extension_flow_control_queue_size",
+    help="Current number of requests held in the flow control queues.",
+    labels=_FLOW_QUEUE,
+)
+FLOW_CONTROL_QUEUE_BYTES = GaugeMetric(
+    name="inference_extension_flow_control_queue_bytes",
+    help="Current total size in bytes of the requests held in the flow control queues.",
+    labels=_FLOW_QUEUE,
+)
+#: The saturation last read.
+FLOW_CONTROL_POOL_SATURATION = GaugeMetric(
+    name="inference_extension_flow_control_pool_saturation",
+    help="Current saturation of the inference pool as seen by the flow control layer.",
+    labels=("inference_pool",),
+)
+
+# --- this product's own ---
+
+SCRAPE_ERRORS = CounterMetric(
+    name="inference_extension_scrape_errors_total",
+    help="Failed polls of a model server's metrics, per endpoint.",
+    labels=("endpoint",),
+)
+#: Queued requests displaced by higher-priority arrivals, by the displaced one's priority.
+FLOW_CONTROL_DISPLACED = CounterMetric(
+    name="inference_extension_flow_control_displaced_total",
+    help="Queued requests displaced by higher-priority requests in the flow control "
+    "layer, per priority of the displaced request.",
+    labels=("priority",),
+)
+
+#: Every metric the EPP exports, in exposition order.
+CATALOGUE: tuple[Metric, ...] = (
+    REQUEST_TOTAL,
+    REQUEST_ERROR_TOTAL,
+    REQUEST_DURATION,
+    REQUEST_SIZES,
+    RESPONSE_SIZES,
+    INPUT_TOKENS,
+    OUTPUT_TOKENS,
+    PROMPT_CACHED_TOKENS,
+    NORMALIZED_TPOT,
+    RUNNING_REQUESTS,
+    POOL_AVERAGE_KV_CACHE,
+    POOL_AVERAGE_QUEUE_SIZE,
+    POOL_AVERAGE_RUNNING_REQUESTS,
+    POOL_READY_PODS,
+    POOL_PER_POD_QUEUE_SIZE,
+    SCHEDULER_E2E_DURATION,
+    SCHEDULER_ATTEMPTS,
+    PLUGIN_DURATION,
+    PREFIX_INDEXER_SIZE,
+    PREFIX_INDEXER_HIT_RATIO,
+    PREFIX_INDEXER_HIT_BYTES,
+    EXTENSION_INFO,
+    MODEL_REWRITE_DECISIONS,
+    FLOW_CONTROL_QUEUE_DURATION,
+    FLOW_CONTROL_DISPATCH_CYCLE_DURATION,
+    FLOW_CONTROL_ENQUEUE_DURATION,
+    FLOW_CONTROL_QUEUE_SIZE,
+    FLOW_CONTROL_QUEUE_BYTES,
+    FLOW_CONTROL_POOL_SATURATION,
+    SCRAPE_ERRORS,
+    FLOW_CONTROL_DISPLACED,
+)
