@@ -25,10 +25,10 @@ from domain.datastore.store import Datastore
 from domain.flowcontrol import FlowController
 from domain.plugins.base import PluginRegistry, plugins_with
 from domain.plugins.handle import Handle
+from domain.plugins.state import RequestStates
 from domain.prefixcache.index import InMemoryPrefixIndex
 from domain.requestcontrol.admission import FlowControlAdmission
 from domain.requestcontrol.director import Director, RequestControl
-from domain.requestcontrol.state import RequestStates
 from domain.scheduling.observer import SchedulingObserver, SchedulingReporter
 from domain.scheduling.scheduler import Scheduler
 from domain.scheduling.types import Candidate

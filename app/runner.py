@@ -15,7 +15,7 @@ from app.container import Container, build_container
 from app.logsetup import configure_logging
 from app.plugins import PluginLoadError
 from app.settings import Settings
-from domain.requestcontrol.state import RequestStates
+from domain.plugins.state import RequestStates
 
 __all__ = ["StartupError", "run", "serve"]
 

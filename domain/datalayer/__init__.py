@@ -1,5 +1,2 @@
-"""The data layer: endpoints, their metrics and attributes, and what keeps them current."""
-
-from domain.datalayer.endpoint import Endpoint, EndpointMetrics
-
-__all__ = ["Endpoint", "EndpointMetrics"]
+"""The data layer: what keeps the endpoints' metrics and attributes current (data sources,
+extractors, one collector per endpoint, the pool gauges)."""

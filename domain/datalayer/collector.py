@@ -22,8 +22,8 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from domain.datalayer.endpoint import Endpoint
 from domain.datalayer.interfaces import EndpointExtractor, Extractor, NotificationExtractor
+from domain.datastore.endpoint import Endpoint
 from domain.datastore.store import Datastore
 from ports.datalayer import NotificationEvent, NotificationSource, PollingDataSource
 from ports.endpoints import EndpointEvent, EndpointEventKind

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Protocol, runtime_checkable
 
-from domain.datalayer.endpoint import Endpoint
+from domain.datastore.endpoint import Endpoint
 from ports.datalayer import NotificationEvent
 from ports.endpoints import EndpointEvent
 from ports.plugins import TypedName

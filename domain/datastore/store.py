@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from domain.datalayer.endpoint import Endpoint
+from domain.datastore.endpoint import Endpoint
 from ports.endpoints import EndpointEvent, EndpointEventKind
 
 __all__ = ["Datastore", "EndpointListener"]

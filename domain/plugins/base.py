@@ -12,12 +12,11 @@ from __future__ import annotations
 import builtins
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, NewType, Protocol, runtime_checkable
+from typing import Any, NewType, Protocol
 
+from domain.plugins.handle import Handle
+from domain.plugins.plugin import Plugin, PluginConfigError
 from ports.plugins import TypedName
-
-if TYPE_CHECKING:
-    from domain.plugins.handle import Handle
 
 __all__ = [
     "Duration",
@@ -38,18 +37,6 @@ __all__ = [
 Duration = NewType("Duration", float)
 #: A parameter given as a Kubernetes quantity (``10Gi``, ``500M``); the value is a number.
 Quantity = NewType("Quantity", int)
-
-
-class PluginConfigError(ValueError):
-    """A plugin cannot be built from its configuration. The message names the problem."""
-
-
-@runtime_checkable
-class Plugin(Protocol):
-    """Anything the framework manages. ``typed_name`` never changes."""
-
-    @property
-    def typed_name(self) -> TypedName: ...
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -6,15 +6,13 @@ import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
-from domain.plugins.base import Plugin, PluginConfigError
+from domain.datastore.store import Datastore
+from domain.plugins.plugin import Plugin, PluginConfigError
 from ports.codec import JsonCodec
 from ports.observer import NoopObserver, Observer
 from ports.prefix_index import BlockHasher, PrefixIndex
-
-if TYPE_CHECKING:
-    from domain.datastore.store import Datastore
 
 __all__ = ["Handle"]
 

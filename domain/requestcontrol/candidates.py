@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from domain.datalayer.endpoint import Endpoint
+from domain.datastore.endpoint import Endpoint
 from ports.requests import Metadata
 
 __all__ = ["SUBSET_HINT_KEY", "SUBSET_HINT_NAMESPACE", "locate"]

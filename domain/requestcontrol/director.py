@@ -37,6 +37,7 @@ from domain.errors import (
     ResourceExhaustedError,
     ServiceUnavailableError,
 )
+from domain.plugins.state import RequestStates
 from domain.requestcontrol.admission import Admission, LegacyAdmission
 from domain.requestcontrol.candidates import locate
 from domain.requestcontrol.interfaces import (
@@ -51,7 +52,6 @@ from domain.requestcontrol.interfaces import (
     SaturationDetector,
 )
 from domain.requestcontrol.metrics import RequestMetrics
-from domain.requestcontrol.state import RequestStates
 from domain.requesthandling.openai import ParsedRequest, rewrite_model
 from domain.requesthandling.usage import SseUsageScanner, rewrite_model_back, usage_from_body
 from domain.scheduling.scheduler import Scheduler

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import Protocol, TypeVar, runtime_checkable
 
 from domain.plugins.base import TypedName
-from domain.requestcontrol.state import RequestState
+from domain.plugins.state import RequestState
 from domain.scheduling.types import (
     Candidate,
     InferenceRequest,
@@ -16,8 +16,8 @@ from domain.scheduling.types import (
     ScoredCandidate,
 )
 
-if TYPE_CHECKING:
-    from domain.scheduling.profile import SchedulerProfile
+#: A scheduler profile as a profile handler sees it: something to choose by name.
+ProfileT = TypeVar("ProfileT")
 
 __all__ = [
     "AFFINITY",
@@ -93,7 +93,9 @@ class Picker(Protocol):
 class ProfileHandler(Protocol):
     """Decides which profiles run (called until it returns none) and combines results.
 
-    A profile that failed has ``None`` as its result.
+    ``pick_profiles`` chooses among the configured profiles by name and returns the ones to
+    run next (a sub-mapping of ``profiles``). A profile that failed has ``None`` as its
+    result.
     """
 
     @property
@@ -102,9 +104,9 @@ class ProfileHandler(Protocol):
     def pick_profiles(
         self,
         request: InferenceRequest,
-        profiles: Mapping[str, SchedulerProfile],
+        profiles: Mapping[str, ProfileT],
         results: Mapping[str, ProfileRunResult | None],
-    ) -> Mapping[str, SchedulerProfile]: ...
+    ) -> Mapping[str, ProfileT]: ...
 
     def process_results(
         self, request: InferenceRequest, results: Mapping[str, ProfileRunResult | None]

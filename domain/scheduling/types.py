@@ -6,11 +6,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from domain.datalayer.endpoint import Endpoint, EndpointMetrics
+from domain.datastore.endpoint import Endpoint, EndpointMetrics
 from ports.endpoints import EndpointInfo
 
 if TYPE_CHECKING:
-    from domain.requestcontrol.state import RequestState
+    from domain.plugins.state import RequestState
     from domain.requesthandling.openai import ParsedRequest
 
 __all__ = [

@@ -51,16 +51,16 @@ from typing import Any
 
 import orjson
 
-from domain.datalayer.endpoint import Endpoint, EndpointMetrics
+from domain.datastore.endpoint import Endpoint, EndpointMetrics
 from domain.datastore.store import Datastore
 from domain.plugins.base import TypedName
+from domain.plugins.state import RequestStates
 from domain.prefixcache.index import InMemoryPrefixIndex
 from domain.requestcontrol.director import Director
 from domain.requestcontrol.plugins.prefix_producer import (
     CHARS_PER_TOKEN,
     ApproxPrefixCacheProducer,
 )
-from domain.requestcontrol.state import RequestStates
 from domain.scheduling.interfaces import CycleState
 from domain.scheduling.types import (
     Candidate,

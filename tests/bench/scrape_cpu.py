@@ -62,7 +62,6 @@ from typing import Any, cast
 
 from adapters.prometheus.scrape import MetricsDataSource, MetricsSourceParameters
 from domain.datalayer.collector import Collectors, SourceBinding
-from domain.datalayer.endpoint import Endpoint
 from domain.datalayer.plugins.core_metrics_extractor import (
     TYPE as EXTRACTOR_TYPE,
 )
@@ -70,6 +69,7 @@ from domain.datalayer.plugins.core_metrics_extractor import (
     CoreMetricsExtractor,
     CoreMetricsExtractorParameters,
 )
+from domain.datastore.endpoint import Endpoint
 from domain.datastore.store import Datastore
 from ports.datalayer import MetricsText, PollingDataSource
 from ports.endpoints import EndpointAddress, EndpointEvent, EndpointEventKind, EndpointInfo

@@ -11,9 +11,9 @@ from app.plugins import build_registry
 from domain.datastore.objectives import ObjectiveStore
 from domain.datastore.store import Datastore
 from domain.plugins.handle import Handle
+from domain.plugins.state import RequestStates
 from domain.prefixcache.index import InMemoryPrefixIndex
 from domain.requestcontrol.director import Director, RequestControl
-from domain.requestcontrol.state import RequestStates
 from domain.scheduling.scheduler import Scheduler
 
 __all__ = ["configured_director"]

@@ -6,10 +6,10 @@ import random
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from domain.datalayer.endpoint import Endpoint, EndpointMetrics
+from domain.datastore.endpoint import Endpoint, EndpointMetrics
 from domain.datastore.store import Datastore
 from domain.plugins.handle import Handle
-from domain.requestcontrol.state import RequestStates
+from domain.plugins.state import RequestStates
 from domain.requesthandling.jsoncodec import StdlibJsonCodec
 from domain.requesthandling.openai import OpenAIParser, ParsedRequest
 from domain.scheduling.interfaces import CycleState

@@ -11,13 +11,13 @@ import pytest
 
 from domain.datastore.objectives import ObjectiveStore
 from domain.datastore.store import Datastore
+from domain.plugins.state import RequestStates
 from domain.requestcontrol.candidates import locate
 from domain.requestcontrol.director import Director, RequestControl
 from domain.requestcontrol.interfaces import ResponseInfo
-from domain.requestcontrol.state import RequestStates
 from domain.requesthandling.jsoncodec import StdlibJsonCodec
 from domain.requesthandling.openai import OpenAIParser, ParsedRequest
-from domain.scheduling.interfaces import CycleState
+from domain.scheduling.interfaces import CycleState, ProfileT
 from domain.scheduling.profile import SchedulerProfile, WeightedScorer
 from domain.scheduling.scheduler import Scheduler
 from domain.scheduling.types import (
@@ -88,9 +88,9 @@ class SingleHandler:
     def pick_profiles(
         self,
         request: InferenceRequest,
-        profiles: Mapping[str, SchedulerProfile],
+        profiles: Mapping[str, ProfileT],
         results: Mapping[str, ProfileRunResult | None],
-    ) -> Mapping[str, SchedulerProfile]:
+    ) -> Mapping[str, ProfileT]:
         return {} if results else profiles
 
     def process_results(

@@ -41,7 +41,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Final
 
-from domain.datalayer.endpoint import Endpoint, EndpointMetrics
 from domain.datalayer.metric_spec import (
     MetricSpec,
     latest_by_timestamp,
@@ -49,6 +48,7 @@ from domain.datalayer.metric_spec import (
     parse_metric_spec,
 )
 from domain.datalayer.prometheus_text import MetricFamily, Sample, parse_families
+from domain.datastore.endpoint import Endpoint, EndpointMetrics
 from domain.plugins.base import PluginRegistry, TypedName, class_factory
 from domain.plugins.hooks import TypedExtractor
 from ports.datalayer import MetricsText

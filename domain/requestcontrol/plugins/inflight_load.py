@@ -36,12 +36,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from domain.datalayer.attributes import IN_FLIGHT_LOAD, InFlightLoad
-from domain.datalayer.endpoint import Endpoint
+from domain.datastore.endpoint import Endpoint
 from domain.plugins.base import EmptyParameters, Plugin, PluginRegistry, TypedName
 from domain.plugins.handle import Handle
 from domain.plugins.hooks import ConsumerPlugin, ProducerPlugin
+from domain.plugins.state import StateKey
 from domain.requestcontrol.interfaces import ResponseInfo
-from domain.requestcontrol.state import StateKey
 from domain.requesthandling.openai import ApiKind, ParsedRequest
 from domain.scheduling.types import Candidate, InferenceRequest, SchedulingResult
 from ports.codec import JsonCodec

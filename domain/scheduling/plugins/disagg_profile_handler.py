@@ -12,12 +12,13 @@ from __future__ import annotations
 import logging
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from domain.datalayer.attributes import PREFIX_CACHE_MATCH_INFO, PrefixCacheMatchInfo
 from domain.plugins.base import Plugin, PluginConfigError, PluginRegistry, TypedName
 from domain.plugins.handle import Handle
 from domain.plugins.hooks import ValidatingProfileHandler
-from domain.scheduling.profile import SchedulerProfile
+from domain.scheduling.interfaces import ProfileT
 from domain.scheduling.scheduler import SchedulingFailedError
 from domain.scheduling.types import Candidate, InferenceRequest, ProfileRunResult, SchedulingResult
 from ports.codec import JsonCodec
@@ -39,7 +40,7 @@ ALIAS = "pd-profile-handler"
 #: Prompt characters assumed per token (the same estimate as the prefix-cache producer).
 CHARS_PER_TOKEN = 4
 
-_NO_PROFILES: Mapping[str, SchedulerProfile] = {}
+_NO_PROFILES: Mapping[str, Any] = {}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -120,9 +121,9 @@ class DisaggProfileHandler(ValidatingProfileHandler):
     def pick_profiles(
         self,
         request: InferenceRequest,
-        profiles: Mapping[str, SchedulerProfile],
+        profiles: Mapping[str, ProfileT],
         results: Mapping[str, ProfileRunResult | None],
-    ) -> Mapping[str, SchedulerProfile]:
+    ) -> Mapping[str, ProfileT]:
         if not results:
             decode = profiles.get(self._decode)
             return {self._decode: decode} if decode is not None else _NO_PROFILES

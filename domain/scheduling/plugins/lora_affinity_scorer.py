@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from domain.datalayer.endpoint import EndpointMetrics
+from domain.datastore.endpoint import EndpointMetrics
 from domain.plugins.base import EmptyParameters, PluginRegistry, TypedName, class_factory
 from domain.scheduling.interfaces import AFFINITY, CycleState
 from domain.scheduling.types import Candidate, InferenceRequest

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from domain.datalayer.attributes import PREFIX_CACHE_MATCH_INFO, PrefixCacheMatchInfo
 from domain.plugins.base import PluginRegistry, TypedName, class_factory
 from domain.plugins.hooks import ConsumerPlugin
-from domain.requestcontrol.plugins.prefix_producer import PrefixCacheParameters
+from domain.prefixcache.parameters import PrefixCacheParameters
 from domain.scheduling.interfaces import AFFINITY, CycleState
 from domain.scheduling.types import Candidate, InferenceRequest
 

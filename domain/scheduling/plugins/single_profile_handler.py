@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping
+from typing import Any
 
 from domain.plugins.base import (
     EmptyParameters,
@@ -12,7 +13,7 @@ from domain.plugins.base import (
     class_factory,
 )
 from domain.plugins.hooks import ValidatingProfileHandler
-from domain.scheduling.profile import SchedulerProfile
+from domain.scheduling.interfaces import ProfileT
 from domain.scheduling.scheduler import SchedulingFailedError
 from domain.scheduling.types import InferenceRequest, ProfileRunResult, SchedulingResult
 
@@ -20,7 +21,7 @@ __all__ = ["TYPE", "SingleProfileHandler", "register"]
 
 TYPE = "single-profile-handler"
 
-_NO_PROFILES: Mapping[str, SchedulerProfile] = {}
+_NO_PROFILES: Mapping[str, Any] = {}
 
 
 class SingleProfileHandler(ValidatingProfileHandler):
@@ -47,9 +48,9 @@ class SingleProfileHandler(ValidatingProfileHandler):
     def pick_profiles(
         self,
         request: InferenceRequest,
-        profiles: Mapping[str, SchedulerProfile],
+        profiles: Mapping[str, ProfileT],
         results: Mapping[str, ProfileRunResult | None],
-    ) -> Mapping[str, SchedulerProfile]:
+    ) -> Mapping[str, ProfileT]:
         return profiles if not results else _NO_PROFILES
 
     def process_results(

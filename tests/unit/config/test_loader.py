@@ -12,6 +12,7 @@ from app.config import ConfigError, DataLayerSpec, FlowControlSpec, LoadedConfig
 from app.plugins import build_registry
 from domain.plugins.base import Plugin, PluginRegistry
 from domain.plugins.handle import Handle
+from domain.plugins.hooks import ParameterizedPlugin
 from tests.unit.config import (
     DetectorDouble,
     DisaggHandlerDouble,
@@ -92,7 +93,8 @@ def test_prefix_example_is_completed_with_handler_picker_and_producer() -> None:
     assert loaded.profile_handler.typed_name.name == "single-profile-handler"
     producer = loaded.plugins["approx-prefix-cache-producer"]
     assert loaded.data_producers == [producer]
-    assert producer.parameters == PrefixParameters(  # type: ignore[attr-defined]
+    assert isinstance(producer, ParameterizedPlugin)
+    assert producer.parameters == PrefixParameters(
         block_size_tokens=5, max_prefix_blocks_to_match=256, lru_capacity_per_server=31250
     )
     assert list(loaded.plugins)[:2] == ["prefix-cache-scorer", "max-score-picker"]
@@ -744,7 +746,8 @@ def test_missing_producers_are_created_transitively() -> None:
     ]
     assert list(loaded.plugins)[-2:] == ["inflight-load-producer", "approx-prefix-cache-producer"]
     producer = loaded.plugins["approx-prefix-cache-producer"]
-    assert producer.parameters == PrefixParameters()  # type: ignore[attr-defined]
+    assert isinstance(producer, ParameterizedPlugin)
+    assert producer.parameters == PrefixParameters()
 
 
 def test_a_consumer_sharing_the_producer_parameters_passes_them_on() -> None:
@@ -756,9 +759,8 @@ def test_a_consumer_sharing_the_producer_parameters_passes_them_on() -> None:
         """
     )
     producer = loaded.plugins["approx-prefix-cache-producer"]
-    assert producer.parameters == PrefixParameters(  # type: ignore[attr-defined]
-        block_size_tokens=8, auto_tune=False
-    )
+    assert isinstance(producer, ParameterizedPlugin)
+    assert producer.parameters == PrefixParameters(block_size_tokens=8, auto_tune=False)
 
 
 def test_a_configured_producer_is_not_duplicated() -> None:

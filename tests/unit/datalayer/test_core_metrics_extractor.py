@@ -8,7 +8,6 @@ from typing import Any
 import pytest
 
 from app.config.parameters import ParameterError, validate_parameters
-from domain.datalayer.endpoint import Endpoint, EndpointMetrics
 from domain.datalayer.interfaces import Extractor
 from domain.datalayer.plugins import core_metrics_extractor
 from domain.datalayer.plugins.core_metrics_extractor import (
@@ -18,6 +17,7 @@ from domain.datalayer.plugins.core_metrics_extractor import (
     CoreMetricsExtractorParameters,
     EngineConfig,
 )
+from domain.datastore.endpoint import Endpoint, EndpointMetrics
 from domain.plugins.base import PluginRegistry
 from domain.plugins.intree import IN_TREE_MODULES
 from ports.datalayer import MetricsText

@@ -14,7 +14,7 @@ from app.config.loader import ConfigError, LoadedConfig, load_config
 from app.container import _collectors
 from app.plugins import KubernetesAccess, build_registry
 from app.settings import Settings
-from domain.datalayer.endpoint import Endpoint
+from domain.datastore.endpoint import Endpoint
 from domain.datastore.store import Datastore
 from domain.plugins.base import PluginRegistry, TypedName, class_factory
 from ports.datalayer import MetricsText, NotificationEvent, NotificationKind

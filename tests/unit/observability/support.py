@@ -9,14 +9,14 @@ from adapters.jsoncodec.orjson_codec import OrjsonCodec
 from adapters.xxhash.block_hasher import XxhashBlockHasher
 from app.config.loader import load_config
 from app.plugins import build_registry
-from domain.datalayer.endpoint import EndpointMetrics
+from domain.datastore.endpoint import EndpointMetrics
 from domain.datastore.objectives import ObjectiveStore
 from domain.datastore.store import Datastore
 from domain.plugins.handle import Handle
+from domain.plugins.state import RequestStates
 from domain.prefixcache.index import InMemoryPrefixIndex
 from domain.requestcontrol.admission import Admission
 from domain.requestcontrol.director import Director, RequestControl
-from domain.requestcontrol.state import RequestStates
 from domain.scheduling.observer import SchedulingReporter
 from domain.scheduling.scheduler import Scheduler
 from ports.endpoints import EndpointAddress, EndpointEvent, EndpointEventKind, EndpointInfo

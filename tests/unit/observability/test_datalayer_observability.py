@@ -7,8 +7,8 @@ import time
 from collections.abc import Callable
 
 from domain.datalayer.collector import Collectors, SourceBinding
-from domain.datalayer.endpoint import EndpointMetrics
 from domain.datalayer.pool_metrics import PoolMetricsReporter, PrefixIndexSizeReporter
+from domain.datastore.endpoint import EndpointMetrics
 from domain.datastore.store import Datastore
 from domain.prefixcache.index import InMemoryPrefixIndex
 from ports import metric_catalogue as catalogue

@@ -20,6 +20,7 @@ from domain.scheduling.interfaces import (
     Filter,
     Picker,
     ProfileHandler,
+    ProfileT,
     Scorer,
 )
 from domain.scheduling.observer import SchedulingObserver
@@ -227,9 +228,9 @@ class _TwoRounds:
     def pick_profiles(
         self,
         request: InferenceRequest,
-        profiles: Mapping[str, SchedulerProfile],
+        profiles: Mapping[str, ProfileT],
         results: Mapping[str, ProfileRunResult | None],
-    ) -> Mapping[str, SchedulerProfile]:
+    ) -> Mapping[str, ProfileT]:
         self.seen.append(_names(results))
         if not results:
             return {"first": profiles["first"]}
@@ -290,9 +291,9 @@ class _Scripted:
     def pick_profiles(
         self,
         request: InferenceRequest,
-        profiles: Mapping[str, SchedulerProfile],
+        profiles: Mapping[str, ProfileT],
         results: Mapping[str, ProfileRunResult | None],
-    ) -> Mapping[str, SchedulerProfile]:
+    ) -> Mapping[str, ProfileT]:
         return {} if results else {n: profiles[n] for n in self._names}
 
     def process_results(
@@ -341,9 +342,9 @@ class _Endless(_Scripted):
     def pick_profiles(
         self,
         request: InferenceRequest,
-        profiles: Mapping[str, SchedulerProfile],
+        profiles: Mapping[str, ProfileT],
         results: Mapping[str, ProfileRunResult | None],
-    ) -> Mapping[str, SchedulerProfile]:
+    ) -> Mapping[str, ProfileT]:
         return profiles
 
 
