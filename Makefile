@@ -5,14 +5,18 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# Out-of-tree plugin packages under examples/, installed (editable) beside the project so the
+# tests load them through their entry points; a change to one's pyproject reinstalls.
+EXAMPLE_PROJECTS := $(wildcard examples/*/pyproject.toml)
 
 .PHONY: install check test demo bench clean
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml $(EXAMPLE_PROJECTS)
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[test]'
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[test]' \
+		$(foreach project,$(EXAMPLE_PROJECTS),-e $(dir $(project)))
 	@# xds-protos ships an older copy of the OpenTelemetry protos into the same package
 	@# directory; whichever installs last wins. Reinstall opentelemetry-proto so its own
 	@# (newer, compatible) modules are the ones on disk, whatever the install order was.

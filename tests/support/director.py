@@ -26,8 +26,10 @@ def configured_director(
     seed: int | None = 0,
     objectives: ObjectiveStore | None = None,
     explain_decisions: bool = False,
+    include_entry_points: bool = False,
 ) -> Director:
-    """The in-tree plugins from ``config_text`` (the default config when None)."""
+    """The plugins of ``config_text`` (the default config when None): the in-tree types,
+    and those of installed ``epp.plugins`` entry points with ``include_entry_points``."""
     codec = OrjsonCodec()
     rng = random.Random(seed)
     handle = Handle(
@@ -38,7 +40,9 @@ def configured_director(
         rng=rng,
     )
     loaded = load_config(
-        config_text, registry=build_registry(include_entry_points=False), handle=handle
+        config_text,
+        registry=build_registry(include_entry_points=include_entry_points),
+        handle=handle,
     )
     control = RequestControl(
         parser=loaded.parser,

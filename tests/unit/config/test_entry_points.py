@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import textwrap
 import uuid
+from importlib.metadata import EntryPoint, distributions
 from pathlib import Path
 
 import pytest
 
+import app.plugins
 from app.config import load_config
 from app.plugins import ENTRY_POINT_GROUP, PluginLoadError, load_entry_point_plugins
 from tests.unit.config import make_handle, make_registry
@@ -50,7 +52,19 @@ def install(
 
 @pytest.fixture
 def site(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A directory on ``sys.path`` whose distributions are the only ones installed (the
+    environment's own, such as the example plugin, are not seen)."""
     monkeypatch.syspath_prepend(str(tmp_path))
+
+    def entry_points(*, group: str) -> list[EntryPoint]:
+        return [
+            ep
+            for dist in distributions(path=[str(tmp_path)])
+            for ep in dist.entry_points
+            if ep.group == group
+        ]
+
+    monkeypatch.setattr(app.plugins, "entry_points", entry_points)
     return tmp_path
 
 
@@ -101,6 +115,7 @@ def test_an_entry_point_that_cannot_be_imported_is_an_error(site: Path) -> None:
         load_entry_point_plugins(make_registry())
 
 
+@pytest.mark.usefixtures("site")
 def test_without_installed_plugins_nothing_is_added() -> None:
     registry = make_registry()
     before = registry.types()
