@@ -339,11 +339,6 @@ class OtelTracing:
             )
             self._add = self._queue.add
 
-    @property
-    def dropped_spans(self) -> int:
-        """Spans dropped because the export queue was full."""
-        return self._queue.dropped if self._queue is not None else 0
-
     def start_span(
         self,
         name: str,

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from ports.endpoints import EndpointInfo
@@ -24,7 +23,6 @@ class EndpointMetrics:
     active_models: frozenset[str] = frozenset()
     waiting_models: frozenset[str] = frozenset()
     max_active_models: int = 0
-    kv_cache_max_token_capacity: int = 0
     cache_block_size: int = 0
     cache_num_blocks: int = 0
     update_time: float = 0.0
@@ -47,6 +45,3 @@ class Endpoint:
     @property
     def name(self) -> str:
         return self.info.name
-
-    def attribute_snapshot(self) -> Mapping[str, object]:
-        return dict(self.attributes)

@@ -20,12 +20,6 @@ class ObjectiveStore:
     def set_objectives(self, priorities: Mapping[str, int | None]) -> None:
         self._priorities = dict(priorities)
 
-    def set_objective(self, name: str, priority: int | None) -> None:
-        self._priorities = {**self._priorities, name: priority}
-
-    def delete_objective(self, name: str) -> None:
-        self._priorities = {k: v for k, v in self._priorities.items() if k != name}
-
     def priority_of(self, objective: str) -> int:
         """The objective's priority; 0 when unknown or unset."""
         if not objective:

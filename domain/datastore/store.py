@@ -67,11 +67,6 @@ class Datastore:
             logger.warning("endpoint set no longer known: not ready until it is synced again")
         self._synced = False
 
-    def clear(self) -> None:
-        """Drop every endpoint (the pool was deleted); listeners hear a delete for each."""
-        for endpoint in list(self._by_name.values()):
-            self.apply(EndpointEvent(kind=EndpointEventKind.DELETE, endpoint=endpoint.info))
-
     @property
     def synced(self) -> bool:
         return self._synced

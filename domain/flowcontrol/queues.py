@@ -174,12 +174,6 @@ class ListQueue:
     def peek_tail(self) -> QueueItem | None:
         return self._tail
 
-    def pop_head(self) -> QueueItem | None:
-        item = self._head
-        if item is not None:
-            self.remove(item)
-        return item
-
     def __iter__(self) -> Iterator[QueueItem]:
         """Head to tail. Do not modify the queue while iterating."""
         item = self._head
@@ -244,12 +238,6 @@ class MaxMinHeap:
         if n <= 2:
             return heap[-1] if heap else None
         return heap[1] if heap[1].order >= heap[2].order else heap[2]
-
-    def pop_head(self) -> QueueItem | None:
-        item = self.peek_head()
-        if item is not None:
-            self.remove(item)
-        return item
 
     def __iter__(self) -> Iterator[QueueItem]:
         """In heap (not sorted) order. Do not modify the queue while iterating."""

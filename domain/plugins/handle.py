@@ -6,7 +6,6 @@ import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
 
 from domain.datastore.store import Datastore
 from domain.plugins.plugin import Plugin, PluginConfigError
@@ -16,15 +15,14 @@ from ports.prefix_index import BlockHasher, PrefixIndex
 
 __all__ = ["Handle"]
 
-T = TypeVar("T")
-
 
 @dataclass(slots=True, kw_only=True)
 class Handle:
     """Services shared by all plugins, and the plugins built so far (by name).
 
     Built once at start-up by the app; plugins keep what they need from it. ``observer``
-    receives the plugins' metrics and spans (a no-op unless the app wires one).
+    receives the plugins' metrics and spans (a no-op unless the app wires one). A factory
+    finds the plugins configured before it in ``plugins``.
     """
 
     codec: JsonCodec
@@ -41,12 +39,3 @@ class Handle:
         if name in self.plugins:
             raise PluginConfigError(f"duplicate plugin name {name!r}")
         self.plugins[name] = plugin
-
-    def plugin(self, name: str) -> Plugin | None:
-        return self.plugins.get(name)
-
-    def plugin_of(self, name: str, kind: type[T]) -> T:
-        found: Any = self.plugins.get(name)
-        if not isinstance(found, kind):
-            raise PluginConfigError(f"plugin {name!r} is not a {kind.__name__}")
-        return found

@@ -34,12 +34,9 @@ class SchedulingObserver:
     def plugin_duration(self, extension_point: str, plugin: TypedName, seconds: float) -> None:
         return None
 
-    def scheduled(self, seconds: float, success: bool) -> None:
-        return None
-
     def attempt(self, seconds: float, target_model: str, result: SchedulingResult | None) -> None:
         """One scheduling attempt; ``result`` is ``None`` when it failed."""
-        self.scheduled(seconds, result is not None)
+        return None
 
     def start_span(
         self,

@@ -70,6 +70,8 @@ from domain.scheduling.types import (
 )
 from ports.codec import JsonCodec
 from ports.endpoints import EndpointAddress, EndpointEvent, EndpointEventKind, EndpointInfo
+from ports.metric_catalogue import PREFIX_INDEXER_HIT_RATIO, HistogramMetric
+from ports.observer import NoopObserver
 from ports.prefix_index import BlockHasher
 from ports.requests import InboundRequest
 from tests.support.director import configured_director
@@ -272,7 +274,6 @@ class Pool:
                 waiting_queue_size=waiting,
                 running_requests_size=running,
                 kv_cache_usage_percent=kv,
-                kv_cache_max_token_capacity=self.capacity * CACHE_BLOCK_TOKENS,
                 cache_block_size=CACHE_BLOCK_TOKENS,
                 cache_num_blocks=self.capacity,
                 update_time=now - 0.05 * rng.random(),
@@ -307,6 +308,21 @@ class TimedPreRequest:
         started = time.perf_counter_ns()
         await self.inner.pre_request(request, result)
         self.last_ns = time.perf_counter_ns() - started
+
+
+class PrefixHits(NoopObserver):
+    """The prefix producer's observer here: counts, from its hit-ratio metric, the requests
+    that had a prefix block and those some endpoint held part of. Otherwise a no-op."""
+
+    def __init__(self) -> None:
+        self.requests = 0
+        self.matched = 0
+
+    def histogram(self, metric: HistogramMetric, labels: Mapping[str, str], value: float) -> None:
+        if metric is PREFIX_INDEXER_HIT_RATIO:
+            self.requests += 1
+            if value > 0:
+                self.matched += 1
 
 
 class GcMeter:
@@ -371,6 +387,7 @@ class Bench:
     producer: ApproxPrefixCacheProducer
     index: InMemoryPrefixIndex
     hook: TimedPreRequest
+    hits: PrefixHits
 
 
 def build(count: int, capacity: int, fill: float, seed: int) -> Bench:
@@ -381,6 +398,8 @@ def build(count: int, capacity: int, fill: float, seed: int) -> Bench:
     index = producer._index  # the Handle's index; the bench pre-fills it
     assert isinstance(index, InMemoryPrefixIndex)
     hook = TimedPreRequest(producer)
+    hits = PrefixHits()
+    producer._observer = hits  # the Handle's no-op observer, counting prefix hits
     control.pre_request = [hook if h is producer else h for h in control.pre_request]
     started = time.perf_counter()
     fill_index(index, (e.name for e in pool.endpoints), int(capacity * fill), capacity)
@@ -394,7 +413,7 @@ def build(count: int, capacity: int, fill: float, seed: int) -> Bench:
         f" a full GC collection now takes {1000 * (time.perf_counter() - started):.0f} ms",
         flush=True,
     )
-    return Bench(pool, director, producer, index, hook)
+    return Bench(pool, director, producer, index, hook, hits)
 
 
 async def route_one(bench: Bench, inbound: InboundRequest) -> None:
@@ -417,8 +436,8 @@ async def warm_up(bench: Bench, prompts: Prompts, count: int) -> None:
 
 async def measure(bench: Bench, prompts: Prompts, cell: Cell, iterations: int) -> None:
     director, hook, pool = bench.director, bench.hook, bench.pool
-    stats = bench.producer.stats
-    requests_before, matched_before = stats.requests_total, stats.requests_matched
+    hits = bench.hits
+    requests_before, matched_before = hits.requests, hits.matched
     clock, cpu_clock = time.perf_counter_ns, time.thread_time_ns
     body_bytes = 0
     with cell.gc as meter:
@@ -443,8 +462,8 @@ async def measure(bench: Bench, prompts: Prompts, cell: Cell, iterations: int) -
             cell.cpu_ns.append(cpu1 - cpu0)
             cell.gc_hit.append(meter.count != collections)
     cell.body_bytes = body_bytes / iterations
-    done = stats.requests_total - requests_before
-    cell.matched = (stats.requests_matched - matched_before) / done if done else 0.0
+    done = hits.requests - requests_before
+    cell.matched = (hits.matched - matched_before) / done if done else 0.0
     cell.index_entries = bench.index.size()
 
 

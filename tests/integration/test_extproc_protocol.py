@@ -389,10 +389,9 @@ async def test_headers_only_request_is_routed_at_once(epp: grpc.aio.Channel) -> 
     await stream.finish()
 
 
-async def test_headers_only_request_with_empty_datastore_gets_500(
-    connect: Connect, datastore: Datastore
-) -> None:
-    datastore.clear()
+async def test_headers_only_request_with_empty_datastore_gets_500(connect: Connect) -> None:
+    datastore = Datastore()
+    datastore.mark_synced()
     channel = await connect(configured_director(datastore))
     stream = EnvoyStream(channel)
     await stream.send(

@@ -421,7 +421,8 @@ async def test_headers_only_request() -> None:
     director, store, _ = _director()
     decision = await director.open(_request(None)).route()
     assert decision.endpoints[0] in {i.address for i in INFOS}
-    store.clear()
+    for endpoint in store.endpoints():  # the pool emptied
+        store.apply(EndpointEvent(kind=EndpointEventKind.DELETE, endpoint=endpoint.info))
     decision = await director.open(_request(None)).route()
     assert decision.error is not None
     assert decision.error.code is ErrorCode.INTERNAL

@@ -144,11 +144,6 @@ class InFlightLoadProducer(ProducerPlugin, ConsumerPlugin):
             counter = counters.get(candidate.info.name)
             candidate.attributes[IN_FLIGHT_LOAD] = counter.load if counter else _IDLE
 
-    def load(self, endpoint_name: str) -> InFlightLoad:
-        """The current load of an endpoint (zero when none is tracked)."""
-        counter = self._counters.get(endpoint_name)
-        return counter.load if counter else _IDLE
-
     # PreRequest
     async def pre_request(self, request: InferenceRequest, result: SchedulingResult) -> None:
         owner = self._typed_name.name

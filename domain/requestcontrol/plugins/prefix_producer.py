@@ -42,7 +42,6 @@ __all__ = [
     "TYPE",
     "ApproxPrefixCacheProducer",
     "PrefixCacheParameters",
-    "PrefixMatchStats",
     "register",
 ]
 
@@ -54,22 +53,6 @@ PREFILL_PROFILE = "prefill"
 #: The request's block hashes, from ``prepare_request_data`` to ``pre_request``.
 BLOCK_HASHES: StateKey[list[int]] = StateKey("prefix-block-hashes")
 _NO_LABELS: dict[str, str] = {}
-
-
-class PrefixMatchStats:
-    """Running totals for observability, over requests that had at least one block.
-
-    ``blocks_matched`` adds, per request, the best match among its candidates;
-    ``requests_matched`` counts requests where some candidate matched a block.
-    """
-
-    __slots__ = ("blocks_matched", "blocks_total", "requests_matched", "requests_total")
-
-    def __init__(self) -> None:
-        self.requests_total = 0
-        self.requests_matched = 0
-        self.blocks_total = 0
-        self.blocks_matched = 0
 
 
 class ApproxPrefixCacheProducer(ProducerPlugin, ConsumerPlugin):
@@ -86,7 +69,6 @@ class ApproxPrefixCacheProducer(ProducerPlugin, ConsumerPlugin):
     ) -> None:
         self._typed_name = typed_name
         self.parameters = parameters
-        self.stats = PrefixMatchStats()
         self._codec = handle.codec
         self._hasher = handle.hasher
         self._index = handle.prefix_index
@@ -145,12 +127,6 @@ class ApproxPrefixCacheProducer(ProducerPlugin, ConsumerPlugin):
                 )
             else:
                 candidate.attributes[PREFIX_CACHE_MATCH_INFO] = zero
-        stats = self.stats
-        stats.requests_total += 1
-        stats.blocks_total += total
-        if best:
-            stats.requests_matched += 1
-            stats.blocks_matched += best
         # The best candidate's matched share of the blocks, and its matched length in bytes.
         observer = self._observer
         observer.histogram(PREFIX_INDEXER_HIT_RATIO, _NO_LABELS, best / total)

@@ -244,7 +244,7 @@ def _failing_factory(name: str, parameters: Any, handle: Handle) -> Plugin:
 
 def _peer_factory(name: str, parameters: PeerParameters, handle: Handle) -> Plugin:
     """Finds a plugin configured before it, by name, through the handle."""
-    peer = handle.plugin(parameters.peer)
+    peer = handle.plugins.get(parameters.peer)
     if peer is None:
         raise PluginConfigError(f'peer: no plugin named "{parameters.peer}" before this one')
     return FilterDouble(TypedName("peer-filter", name), peer)

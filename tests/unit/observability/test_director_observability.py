@@ -9,13 +9,14 @@ import orjson
 import pytest
 
 from domain.datastore.objectives import ObjectiveStore
+from domain.datastore.store import Datastore
 from domain.flowcontrol import FlowControlConfig, FlowController
 from domain.requestcontrol.admission import FlowControlAdmission
 from domain.requestcontrol.director import Director
 from ports import metric_catalogue as catalogue
 from ports.objectives import ModelRewriteRule, ModelRewriteTarget
 from tests.fakes.observer import RecordingObserver
-from tests.unit.observability.support import inbound, observed_director, populated_datastore
+from tests.unit.observability.support import inbound, observed_director
 
 PROMPT = "The quick brown fox jumps over the lazy dog. " * 8
 
@@ -137,9 +138,9 @@ async def test_refused_requests_count_errors_by_code() -> None:
     errors = catalogue.REQUEST_ERROR_TOTAL
     assert observer.total(errors, error_code="BadRequest", model_name="") == 1
 
-    empty = observed_director(observer, populated_datastore())
-    empty.datastore.clear()
-    empty.datastore.mark_synced()
+    no_endpoints = Datastore()
+    no_endpoints.mark_synced()
+    empty = observed_director(observer, no_endpoints)
     decision = await empty.open(inbound(_body(model="x"))).route()
     assert decision.error is not None
     assert observer.total(errors, error_code=decision.error.code.value, model_name="x") == 1

@@ -402,13 +402,12 @@ def test_a_full_queue_drops_new_spans_counts_them_and_says_so_once(
     assert exporter.exporting.wait(10)
     for i in range(5):
         tracing.start_span(f"later{i}").end()
-    assert tracing.dropped_spans == 3  # two fit in the queue behind the blocked export
     with caplog.at_level(logging.WARNING, logger="adapters.otel.export"):
         exporter.release.set()
         tracing.shutdown()
     assert exporter.exported == ["first", "later0", "later1"]
     (warning,) = [r for r in caplog.records if "dropped" in r.getMessage()]
-    assert "3 spans dropped" in warning.getMessage()
+    assert "3 spans dropped" in warning.getMessage()  # two fit behind the blocked export
 
 
 def test_fragments_encoded_apart_make_one_otlp_request() -> None:

@@ -25,7 +25,9 @@ from domain.scheduling.plugins import prefix_affinity_filter, prefix_cache_score
 from domain.scheduling.plugins.prefix_affinity_filter import PrefixAffinityFilterParameters
 from domain.scheduling.types import Candidate, InferenceRequest, ProfileRunResult, SchedulingResult
 from ports.endpoints import EndpointEvent, EndpointEventKind
+from ports.metric_catalogue import PREFIX_INDEXER_HIT_BYTES, PREFIX_INDEXER_HIT_RATIO
 from ports.prefix_index import PrefixIndex
+from tests.fakes.observer import RecordingObserver
 from tests.support.scheduling import candidate, cycle, inference_request, plugin_handle
 
 BLOCK_CHARS = 16 * 4  # default blockSizeTokens x 4 characters per token
@@ -319,17 +321,22 @@ async def test_deletion_reaches_an_async_only_index() -> None:
     assert index.size() == 0
 
 
-async def test_hit_counters() -> None:
+async def test_hit_metrics() -> None:
     handle = _handle()
+    handle.observer = observer = RecordingObserver()
     producer = _producer(handle)
     pods = _endpoints(handle, "a", "b")
     await _route(producer, pods, _request())
     await _route(producer, pods, _request())
     await _route(producer, pods, _request(PROMPT[: 4 * BLOCK_CHARS] + "Z" * 64))
-    await _route(producer, pods, _request("short"))  # no blocks: not counted
-    stats = producer.stats
-    assert (stats.requests_total, stats.requests_matched) == (3, 2)
-    assert (stats.blocks_total, stats.blocks_matched) == (10 + 10 + 5, 0 + 10 + 4)
+    await _route(producer, pods, _request("short"))  # no blocks: not observed
+    # Per request, the best match among the candidates: 0 of 10, 10 of 10, 4 of 5 blocks.
+    assert observer.observations(PREFIX_INDEXER_HIT_RATIO) == [0, 1, 4 / 5]
+    assert observer.observations(PREFIX_INDEXER_HIT_BYTES) == [
+        0,
+        10 * BLOCK_CHARS,
+        4 * BLOCK_CHARS,
+    ]
 
 
 async def _hashes(producer: ApproxPrefixCacheProducer, request: InferenceRequest) -> list[int]:

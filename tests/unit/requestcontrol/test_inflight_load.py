@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from domain.datalayer.attributes import IN_FLIGHT_LOAD, InFlightLoad
+from domain.datastore.endpoint import Endpoint
 from domain.plugins.base import PluginRegistry
 from domain.plugins.handle import Handle
 from domain.requestcontrol.interfaces import (
@@ -49,6 +50,15 @@ def _add(handle: Handle, *names: str) -> list[Candidate]:
         assert live is not None
         candidates.append(Candidate(live))
     return candidates
+
+
+async def _load(producer: InFlightLoadProducer, name: str) -> InFlightLoad:
+    """The load a scorer sees for endpoint ``name`` (what PrepareData writes)."""
+    seen = Candidate(Endpoint(info=_info(name)))
+    await producer.prepare_request_data(_request(request_id="probe"), [seen])
+    load = seen.attributes[IN_FLIGHT_LOAD]
+    assert isinstance(load, InFlightLoad)
+    return load
 
 
 def _delete(handle: Handle, name: str) -> None:
@@ -195,7 +205,7 @@ async def test_loads_add_up_across_requests(handle: Handle, producer: InFlightLo
     (a,) = _add(handle, "a")
     await producer.pre_request(_request(400, "r1"), _result(default=[a]))
     await producer.pre_request(_request(40, "r2"), _result(default=[a]))
-    assert producer.load("a") == InFlightLoad(2, 250 + 25)
+    assert await _load(producer, "a") == InFlightLoad(2, 250 + 25)
 
 
 async def test_same_endpoint_for_prefill_and_decode_counts_twice(
@@ -204,13 +214,13 @@ async def test_same_endpoint_for_prefill_and_decode_counts_twice(
     (a,) = _add(handle, "a")
     request = _request(400)
     await producer.pre_request(request, _result(primary="decode", prefill=[a], decode=[a]))
-    assert producer.load("a") == InFlightLoad(2, 500)
+    assert await _load(producer, "a") == InFlightLoad(2, 500)
 
     await producer.response_body(request, _chunk(start=True), None)
-    assert producer.load("a") == InFlightLoad(1, 250)
+    assert await _load(producer, "a") == InFlightLoad(1, 250)
 
     await producer.response_body(request, _chunk(end=True), None)
-    assert producer.load("a") == IDLE
+    assert await _load(producer, "a") == IDLE
 
 
 async def test_repeated_pre_request_does_not_count_twice(
@@ -220,7 +230,7 @@ async def test_repeated_pre_request_does_not_count_twice(
     request = _request(400)
     await producer.pre_request(request, _result(default=[a]))
     await producer.pre_request(request, _result(default=[a]))
-    assert producer.load("a") == InFlightLoad(1, 250)
+    assert await _load(producer, "a") == InFlightLoad(1, 250)
 
 
 async def test_prefill_released_on_first_chunk_others_at_end(
@@ -233,14 +243,14 @@ async def test_prefill_released_on_first_chunk_others_at_end(
     )
 
     await producer.response_body(request, _chunk(start=True), None)
-    assert producer.load("p") == IDLE
-    assert producer.load("d") == InFlightLoad(1, 250)
+    assert await _load(producer, "p") == IDLE
+    assert await _load(producer, "d") == InFlightLoad(1, 250)
 
     await producer.response_body(request, _chunk(), None)
-    assert producer.load("d") == InFlightLoad(1, 250)
+    assert await _load(producer, "d") == InFlightLoad(1, 250)
 
     await producer.response_body(request, _chunk(end=True, outcome=ResponseOutcome.COMPLETED), None)
-    assert producer.load("d") == IDLE
+    assert await _load(producer, "d") == IDLE
 
 
 async def test_single_buffered_body_releases_everything(
@@ -252,8 +262,8 @@ async def test_single_buffered_body_releases_everything(
         request, _result(primary="decode", prefill=[prefill], decode=[decode])
     )
     await producer.response_body(request, _chunk(start=True, end=True), None)
-    assert producer.load("p") == IDLE
-    assert producer.load("d") == IDLE
+    assert await _load(producer, "p") == IDLE
+    assert await _load(producer, "d") == IDLE
 
 
 @pytest.mark.parametrize("outcome", [ResponseOutcome.CLIENT_GONE, ResponseOutcome.FAILED])
@@ -264,7 +274,7 @@ async def test_released_when_the_response_does_not_complete(
     request = _request(400)
     await producer.pre_request(request, _result(default=[a]))
     await producer.response_body(request, _chunk(end=True, outcome=outcome), None)
-    assert producer.load("a") == IDLE
+    assert await _load(producer, "a") == IDLE
 
 
 async def test_double_end_of_stream_releases_once(
@@ -279,7 +289,7 @@ async def test_double_end_of_stream_releases_once(
     await producer.response_body(first, _chunk(end=True), None)
     await producer.response_body(first, _chunk(start=True, end=True), None)
 
-    assert producer.load("a") == InFlightLoad(1, 25)
+    assert await _load(producer, "a") == InFlightLoad(1, 25)
 
 
 async def test_response_without_pre_request_changes_nothing(
@@ -288,7 +298,7 @@ async def test_response_without_pre_request_changes_nothing(
     (a,) = _add(handle, "a")
     await producer.pre_request(_request(400, "r1"), _result(default=[a]))
     await producer.response_body(_request(400, "r2"), _chunk(end=True), None)
-    assert producer.load("a") == InFlightLoad(1, 250)
+    assert await _load(producer, "a") == InFlightLoad(1, 250)
 
 
 async def test_load_is_kept_on_the_live_endpoint(
@@ -318,12 +328,12 @@ async def test_deleted_endpoint_counters_are_dropped(
     await producer.pre_request(request, _result(primary="decode", prefill=[a], decode=[b]))
 
     _delete(handle, "b")
-    assert producer.load("b") == IDLE
-    assert producer.load("a") == InFlightLoad(1, 250)
+    assert await _load(producer, "b") == IDLE
+    assert await _load(producer, "a") == InFlightLoad(1, 250)
 
     await producer.response_body(request, _chunk(start=True, end=True), None)
-    assert producer.load("a") == IDLE
-    assert producer.load("b") == IDLE
+    assert await _load(producer, "a") == IDLE
+    assert await _load(producer, "b") == IDLE
 
 
 async def test_late_release_does_not_touch_a_re_added_endpoint(
@@ -337,10 +347,10 @@ async def test_late_release_does_not_touch_a_re_added_endpoint(
     (new,) = _add(handle, "a")
     after = _request(40, "r2")
     await producer.pre_request(after, _result(default=[new]))
-    assert producer.load("a") == InFlightLoad(1, 25)
+    assert await _load(producer, "a") == InFlightLoad(1, 25)
 
     await producer.response_body(before, _chunk(end=True), None)
-    assert producer.load("a") == InFlightLoad(1, 25)
+    assert await _load(producer, "a") == InFlightLoad(1, 25)
 
     await producer.response_body(after, _chunk(end=True), None)
-    assert producer.load("a") == IDLE
+    assert await _load(producer, "a") == IDLE

@@ -112,8 +112,8 @@ class _Observer(SchedulingObserver):
         assert seconds >= 0
         self.points.append((extension_point, plugin.name))
 
-    def scheduled(self, seconds: float, success: bool) -> None:
-        self.outcomes.append(success)
+    def attempt(self, seconds: float, target_model: str, result: SchedulingResult | None) -> None:
+        self.outcomes.append(result is not None)
 
 
 def _candidates(*names: str) -> list[Candidate]:
