@@ -1,6 +1,6 @@
-"""The example out-of-tree plugin (``examples/session-affinity``) routing through a real Envoy.
+"""The example out-of-tree plugin (``examples/sticky-sessions``) routing through a real Envoy.
 
-The EPP process finds ``session-affinity-scorer`` through its ``epp.plugins`` entry point (it
+The EPP process finds ``sticky-session-scorer`` through its ``epp.plugins`` entry point (it
 is installed into the environment by ``make install``), as a user's EPP would.
 """
 
@@ -19,12 +19,12 @@ pytestmark = pytest.mark.e2e
 
 CONFIG = """
 plugins:
-- type: session-affinity-scorer
+- type: sticky-session-scorer
 - type: queue-scorer
 - type: max-score-picker
 schedulingProfiles:
 - name: default
-  plugins: [{pluginRef: session-affinity-scorer, weight: 3}, {pluginRef: queue-scorer},
+  plugins: [{pluginRef: sticky-session-scorer, weight: 3}, {pluginRef: queue-scorer},
             {pluginRef: max-score-picker}]
 """
 

@@ -1,4 +1,4 @@
-"""The example out-of-tree plugin (``examples/session-affinity``), installed as a user would.
+"""The example out-of-tree plugin (``examples/sticky-sessions``), installed as a user would.
 
 ``make install`` installs it into the environment; these tests find it through its
 ``epp.plugins`` entry point, load it from an EndpointPickerConfig and route with it. Its
@@ -24,9 +24,9 @@ from tests.support.director import configured_director
 from tests.support.scheduling import plugin_handle
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGE_DIR = ROOT / "examples" / "session-affinity" / "src" / "epp_session_affinity"
-DISTRIBUTION = "epp-session-affinity"
-TYPE = "session-affinity-scorer"
+PACKAGE_DIR = ROOT / "examples" / "sticky-sessions" / "src" / "epp_sticky_sessions"
+DISTRIBUTION = "epp-sticky-sessions"
+TYPE = "sticky-session-scorer"
 
 #: What the example may import of the EPP: its public plugin surface (see its README).
 PUBLIC_PLUGIN_SURFACE = {"domain.plugins", "domain.scheduling", "domain.scheduling.interfaces"}
@@ -50,9 +50,9 @@ def test_the_example_is_found_through_its_entry_point() -> None:
         for ep in entry_points(group=ENTRY_POINT_GROUP)
         if ep.dist is not None and ep.dist.name == DISTRIBUTION
     ]
-    assert found.value == "epp_session_affinity:register"
+    assert found.value == "epp_sticky_sessions:register"
     register = found.load()
-    assert register.__module__ == "epp_session_affinity.scorer"
+    assert register.__module__ == "epp_sticky_sessions.scorer"
     assert distribution(DISTRIBUTION).version == "0.1.0"
 
     registry = build_registry()
@@ -146,7 +146,7 @@ def test_the_example_imports_only_the_public_plugin_surface() -> None:
         for path in modules
         for module in _imports(path)
         if module.split(".")[0] not in sys.stdlib_module_names
-        and module.split(".")[0] != "epp_session_affinity"
+        and module.split(".")[0] != "epp_sticky_sessions"
         and module not in PUBLIC_PLUGIN_SURFACE
     }
     assert outside == set()

@@ -1,4 +1,4 @@
-"""``session-affinity-scorer``: the requests of one session go back to the same endpoint.
+"""``sticky-session-scorer``: the requests of one session go back to the same endpoint.
 
 A client that names its session in a request header (``x-session-id`` by default) has its
 later requests scored towards the endpoint that served the session's previous request,
@@ -20,7 +20,7 @@ from domain.scheduling.interfaces import AFFINITY
 
 __all__ = ["TYPE", "SessionAffinityParameters", "SessionAffinityScorer", "register"]
 
-TYPE = "session-affinity-scorer"
+TYPE = "sticky-session-scorer"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -86,7 +86,7 @@ def _factory(name: str, parameters: SessionAffinityParameters, handle: Handle) -
 
 
 def register(registry: PluginRegistry) -> None:
-    """The ``epp.plugins`` entry point: adds ``session-affinity-scorer``."""
+    """The ``epp.plugins`` entry point: adds ``sticky-session-scorer``."""
     registry.register(
         TYPE,
         _factory,
