@@ -25,7 +25,7 @@ import logging
 import random
 import time
 from collections.abc import Awaitable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TypeVar
 
 from domain.datastore.objectives import ObjectiveStore
@@ -105,7 +105,6 @@ class RequestControl:
     explain_decisions: bool = False
     #: Legacy admission (shed sheddable requests when saturated) unless flow control is on.
     admission: Admission | None = None
-    extra_plugins: Mapping[str, object] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.admission is None:

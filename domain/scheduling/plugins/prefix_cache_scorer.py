@@ -3,7 +3,7 @@
 The score is the fraction of the request's prefix blocks the endpoint holds, read from the
 ``PrefixCacheMatchInfo`` attribute written by ``approx-prefix-cache-producer``. The
 scorer's parameters are the producer's: configuring the scorer creates that producer
-automatically, built with ``producer_parameters(scorer.parameters)``.
+automatically, built with the scorer's own parameters.
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ __all__ = [
     "TYPE",
     "PrefixCacheScorer",
     "PrefixCacheScorerParameters",
-    "producer_parameters",
     "register",
 ]
 
@@ -29,11 +28,6 @@ TYPE = "prefix-cache-scorer"
 
 #: The scorer takes the producer's parameters (the reference's configs put them here).
 PrefixCacheScorerParameters = PrefixCacheParameters
-
-
-def producer_parameters(scorer_params: PrefixCacheScorerParameters) -> PrefixCacheParameters:
-    """The parameters for the auto-created ``approx-prefix-cache-producer``."""
-    return scorer_params
 
 
 class PrefixCacheScorer(ConsumerPlugin):

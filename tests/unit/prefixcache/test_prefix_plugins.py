@@ -9,6 +9,8 @@ from typing import Any
 
 import pytest
 
+from app.config import load_config
+from app.plugins import build_registry
 from domain.datalayer.attributes import PREFIX_CACHE_MATCH_INFO, PrefixCacheMatchInfo
 from domain.datastore.store import Datastore
 from domain.plugins.base import PluginRegistry, parameter_names
@@ -438,13 +440,20 @@ def test_scorer_scores_the_matched_fraction() -> None:
 
 
 def test_scorer_parameters_become_the_producer_parameters() -> None:
-    params = PrefixCacheParameters(block_size_tokens=5, max_prefix_blocks_to_match=100)
-    scorer = _registry().create(prefix_cache_scorer.TYPE, "s", params, _handle())
-    assert isinstance(scorer, prefix_cache_scorer.PrefixCacheScorer)
-    produced = prefix_cache_scorer.producer_parameters(scorer.parameters)
-    assert produced == params
-    producer = _producer(_handle(), **{"block_size_tokens": 5, "max_prefix_blocks_to_match": 100})
-    assert producer.parameters == produced
+    loaded = load_config(
+        """
+        plugins:
+        - type: prefix-cache-scorer
+          parameters: {blockSizeTokens: 5, maxPrefixBlocksToMatch: 100}
+        """,
+        registry=build_registry(),
+        handle=_handle(),
+    )
+    (producer,) = [p for p in loaded.data_producers if p.typed_name.type == prefix_producer.TYPE]
+    assert isinstance(producer, prefix_producer.ApproxPrefixCacheProducer)
+    assert producer.parameters == PrefixCacheParameters(
+        block_size_tokens=5, max_prefix_blocks_to_match=100
+    )
 
 
 async def test_scorer_prefers_the_endpoint_that_was_sent_the_prefix() -> None:
