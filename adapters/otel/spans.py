@@ -2,7 +2,8 @@
 
 A sampled request records a ``RecordingSpan`` per timed operation: a slotted object holding
 ids, name, kind, nanosecond timestamps, attributes and an error, and nothing else. Ending
-it hands it to ``sink`` (the batch exporter's queue); encoding waits for the export thread.
+it hands it to ``sink`` (the batch exporter's queue), where the event loop later encodes it
+in a batch and a thread only sends the bytes.
 This keeps a sampled span at about a microsecond on the request path, where an SDK span
 (context objects, locks, bounded attributes, span processors) costs ten times that.
 
