@@ -5,6 +5,12 @@ reply is held until the body's end of stream, then the routing decision goes bac
 header mutation (``x-gateway-destination-endpoint``, ``Content-Length``, the re-set request
 headers), ``envoy.lb`` dynamic metadata, and the body as ``streamed_response`` chunks.
 
+A stream carries exactly one request: a message out of that protocol (a second
+``request_headers``, a body before the headers, a response message before the request was
+routed, response headers twice) ends the stream with ``FAILED_PRECONDITION``, and a header
+name or value holding CR, LF or NUL with ``INVALID_ARGUMENT``; the details say which. The
+exchange opened for the request is closed exactly once, however the stream ends.
+
 Each stream is one ``gateway.request`` server span, continuing the trace of the request
 headers' ``traceparent`` and handed to the domain as the parent of its spans; the stream's
 request id is set in ``REQUEST_ID`` so every log record of the request carries it.
@@ -13,6 +19,7 @@ request id is set in ``REQUEST_ID`` so every log record of the request carries i
 from __future__ import annotations
 
 import logging
+import re
 import uuid
 from collections.abc import AsyncIterator, Iterable, Mapping
 from typing import Any, cast
@@ -68,6 +75,24 @@ class StreamAbortedError(Exception):
     """An error with no HTTP mapping: the stream is aborted with a gRPC error."""
 
 
+class StreamProtocolError(Exception):
+    """The gateway broke the ext_proc protocol: the stream ends with ``code``."""
+
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+def _out_of_order(message: str) -> StreamProtocolError:
+    return StreamProtocolError(grpc.StatusCode.FAILED_PRECONDITION, message)
+
+
+#: Characters that would split or truncate a header on the way upstream.
+_FORBIDDEN_IN_NAME = re.compile(r"[\r\n\x00]")
+_FORBIDDEN_IN_VALUE = re.compile(rb"[\r\n\x00]")
+
+
 def _set_headers(mutation: Any, headers: Iterable[tuple[str, str]]) -> None:
     """Adds ``headers`` to ``mutation.set_headers`` (overwrite or add), filling the
     repeated field in place: a third of the cost of building each option apart."""
@@ -79,10 +104,32 @@ def _set_headers(mutation: Any, headers: Iterable[tuple[str, str]]) -> None:
 
 
 def _headers_of(header_map: Any) -> dict[str, str]:
+    """Lower-case name → value; ``StreamProtocolError`` (INVALID_ARGUMENT) for a name or
+    value holding CR, LF or NUL."""
     headers: dict[str, str] = {}
     for h in header_map.headers:
+        key = h.key
+        if _FORBIDDEN_IN_NAME.search(key) is not None:
+            raise StreamProtocolError(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"header name {key[:64]!r} contains CR, LF or NUL",
+            )
         raw = h.raw_value
-        headers[h.key.lower()] = raw.decode("utf-8", "replace") if raw else h.value
+        if raw:
+            if _FORBIDDEN_IN_VALUE.search(raw) is not None:
+                raise StreamProtocolError(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    f"value of header {key[:64]!r} contains CR, LF or NUL",
+                )
+            value = raw.decode("utf-8", "replace")
+        else:
+            value = h.value
+            if _FORBIDDEN_IN_NAME.search(value) is not None:
+                raise StreamProtocolError(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    f"value of header {key[:64]!r} contains CR, LF or NUL",
+                )
+        headers[key.lower()] = value
     return headers
 
 
@@ -180,12 +227,14 @@ class _Stream:
         "_exchange",
         "_finished",
         "_headers",
+        "_headers_seen",
         "_metadata",
         "_observer",
         "_processor",
         "_request_id",
         "_response_chunks",
         "_response_done",
+        "_response_started",
         "_span",
         "_streaming",
     )
@@ -195,6 +244,8 @@ class _Stream:
         self._observer = observer
         self._span: Span | None = None
         self._headers: dict[str, str] = {}
+        self._headers_seen = False
+        self._response_started = False
         self._metadata: dict[str, dict[str, object]] = {}
         self._body_chunks: list[bytes] = []
         self._body_done = False
@@ -211,6 +262,7 @@ class _Stream:
         return self._finished
 
     async def handle(self, request: Any) -> list[Any]:
+        """The replies to one message; ``StreamProtocolError`` when it breaks the protocol."""
         kind = request.WhichOneof("request")
         if request.HasField("metadata_context"):
             # A new dict each time: a request handed to the domain keeps what it was given.
@@ -219,12 +271,21 @@ class _Stream:
             return await self._on_request_headers(request.request_headers)
         if kind == "request_body":
             return await self._on_request_body(request.request_body)
-        if kind == "response_headers":
-            return await self._on_response_headers(request.response_headers)
-        if kind == "response_body":
-            return await self._on_response_body(request.response_body)
-        if kind == "response_trailers":
+        if kind is not None and kind.startswith("response_"):
+            if self._exchange is None:
+                raise _out_of_order(f"{kind} before the request was routed")
+            if kind == "response_headers":
+                if self._response_started:
+                    raise _out_of_order("response_headers twice")
+                self._response_started = True
+                return await self._on_response_headers(request.response_headers)
+            if not self._response_started:
+                raise _out_of_order(f"{kind} before response_headers")
+            if kind == "response_body":
+                return await self._on_response_body(request.response_body)
             return await self._on_response_trailers()
+        if kind == "request_trailers" and not self._headers_seen:
+            raise _out_of_order("request_trailers before request_headers")
         return []  # request trailers (and anything unknown) get no reply
 
     async def close(self) -> None:
@@ -240,6 +301,12 @@ class _Stream:
     # request path
 
     async def _on_request_headers(self, message: Any) -> list[Any]:
+        if self._headers_seen:
+            raise _out_of_order(
+                "a second request_headers message: one request per stream (the first "
+                "request's exchange stays with this stream and is closed with it)"
+            )
+        self._headers_seen = True
         headers = _headers_of(message.headers)
         request_id = headers.get(REQUEST_ID_HEADER)
         if not request_id:
@@ -257,8 +324,10 @@ class _Stream:
         return []
 
     async def _on_request_body(self, message: Any) -> list[Any]:
-        if self._body_done:
-            return []  # a duplicate end-of-stream chunk
+        if not self._headers_seen:
+            raise _out_of_order("request_body before request_headers")
+        if self._body_done or self._exchange is not None:
+            return []  # a duplicate end-of-stream chunk, or a body after the request ended
         if message.body:
             self._body_chunks.append(message.body)
         if not message.end_of_stream:
@@ -269,6 +338,8 @@ class _Stream:
         return await self._route(body)
 
     async def _route(self, body: bytes | None) -> list[Any]:
+        if self._exchange is not None:  # never two exchanges on one stream
+            raise _out_of_order("one request per stream")
         inbound = InboundRequest(
             request_id=self._request_id,
             headers=self._headers,
@@ -406,6 +477,10 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
                     replies = await stream.handle(request)
                 except StreamAbortedError as exc:
                     await context.abort(grpc.StatusCode.UNKNOWN, str(exc))
+                    return
+                except StreamProtocolError as exc:
+                    logger.info("ext_proc stream refused: %s", exc.message)
+                    await context.abort(exc.code, exc.message)
                     return
                 for reply in replies:
                     yield reply
