@@ -1,7 +1,12 @@
 """The collectors: one task per endpoint polls every data source in turn.
 
 Each tick (``interval``) a collector polls its endpoint's sources one after another, each
-poll bounded by ``poll_timeout``, and hands each result to that source's extractors. An
+poll bounded by ``poll_timeout``, and hands each result to that source's extractors. A
+source whose poll keeps failing is retried with exponential backoff and jitter (the
+time from one attempt's start to the next doubles from ``interval`` after each failure,
+up to ``max_backoff``, default 1 s: each delay is drawn between half and all of that), and
+is polled every tick again once a poll succeeds; an extractor's error does not slow the
+polls down. An
 endpoint's error state is logged when it changes (first failure, a different failure,
 recovery), never on every poll, and every failed poll of a source is counted in
 ``inference_extension_scrape_errors_total{endpoint}``. Endpoint add/delete events start and
@@ -18,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import random
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -44,6 +50,15 @@ class SourceBinding:
     extractors: tuple[Extractor, ...]
 
 
+@dataclass(slots=True)
+class _Backoff:
+    """One source's retry state in one collector."""
+
+    failures: int = 0
+    retry_at: float = 0.0
+    error: str | None = None
+
+
 @dataclass(frozen=True, slots=True)
 class NotificationBinding:
     """A notification source and the extractors fed with its events, in order."""
@@ -67,8 +82,12 @@ class Collectors:
         clock: Callable[[], float] = time.monotonic,
         observer: Observer | None = None,
         on_update: Callable[[], None] | None = None,
+        max_backoff: float = 1.0,
+        rng: random.Random | None = None,
     ) -> None:
         self._datastore = datastore
+        self._max_backoff = max(max_backoff, interval)
+        self._rng = rng if rng is not None else random.Random()
         self._on_update = on_update
         self._observer: Observer = observer if observer is not None else NoopObserver()
         self._bindings = tuple(bindings)
@@ -170,23 +189,36 @@ class Collectors:
         )
 
     async def _collect(self, endpoint: Endpoint) -> None:
+        states = [_Backoff() for _ in self._bindings]
         next_tick = self._clock()
         while True:
-            await self._poll_once(endpoint)
+            await self._poll_once(endpoint, states)
             next_tick += self._interval
-            delay = next_tick - self._clock()
-            if delay < 0:  # fell behind: skip missed ticks instead of bursting
-                next_tick = self._clock()
-                delay = 0.0
-            await asyncio.sleep(delay)
+            now = self._clock()
+            if next_tick < now:  # fell behind: skip missed ticks instead of bursting
+                next_tick = now
+            wake = next_tick
+            if all(state.failures for state in states):  # nothing to poll before a retry
+                wake = max(wake, min(state.retry_at for state in states))
+            await asyncio.sleep(max(0.0, wake - now))
 
-    async def _poll_once(self, endpoint: Endpoint) -> None:
-        failure: str | None = None
-        for binding in self._bindings:
+    def backoff_delay(self, failures: int) -> float:
+        """The wait before the next poll of a source that failed ``failures`` times in a
+        row: between half and all of ``min(max_backoff, interval * 2**failures)``."""
+        ceiling = min(self._max_backoff, self._interval * 2.0 ** min(failures, 32))
+        return ceiling * (0.5 + 0.5 * self._rng.random())
+
+    async def _poll_once(self, endpoint: Endpoint, states: Sequence[_Backoff]) -> None:
+        for binding, state in zip(self._bindings, states, strict=True):
+            if state.failures and self._clock() < state.retry_at:
+                continue  # backing off: its last error stands
             error: str | None = None
+            polled = False
+            started = self._clock()
             try:
                 async with asyncio.timeout(self._poll_timeout):
                     data = await binding.source.poll(endpoint.info)
+                polled = True
                 now = self._clock()
                 for extractor in binding.extractors:
                     extractor.extract(data, endpoint, now)
@@ -200,9 +232,15 @@ class Collectors:
                 raise
             except Exception as exc:  # a plugin bug must not kill the collector
                 error = f"{binding.source.typed_name}: unexpected {type(exc).__name__}: {exc}"
+            state.error = error
+            if polled:
+                state.failures = 0
+            else:
+                state.failures += 1
+                state.retry_at = started + self.backoff_delay(state.failures)
             if error is not None:
-                failure = error
                 self._observer.counter(SCRAPE_ERRORS_METRIC, {"endpoint": endpoint.name})
+        failure = next((state.error for state in states if state.error is not None), None)
         self._record(endpoint.name, failure)
 
     def _record(self, name: str, failure: str | None) -> None:
