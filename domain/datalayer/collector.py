@@ -29,7 +29,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from domain.datalayer.endpoint import Endpoint
-from domain.datalayer.interfaces import EndpointExtractor, Extractor, NotificationExtractor
+from domain.datalayer.interfaces import (
+    EndpointExtractor,
+    Extractor,
+    IncompleteDataError,
+    NotificationExtractor,
+)
 from domain.datastore.store import Datastore
 from ports.datalayer import NotificationEvent, NotificationSource, PollingDataSource
 from ports.endpoints import EndpointEvent, EndpointEventKind
@@ -57,6 +62,7 @@ class _Backoff:
     failures: int = 0
     retry_at: float = 0.0
     error: str | None = None
+    incomplete: bool = False  # the error is what an extractor could not read
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,6 +105,7 @@ class Collectors:
         self._clock = clock
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._errors: dict[str, str] = {}
+        self._incomplete: set[str] = set()
         self._started = False
         datastore.subscribe(self._on_event)
 
@@ -147,6 +154,7 @@ class Collectors:
             if task is not None:
                 task.cancel()
             self._errors.pop(endpoint.name, None)
+            self._incomplete.discard(endpoint.name)
         elif self._started:
             self._ensure(endpoint)
 
@@ -213,6 +221,7 @@ class Collectors:
             if state.failures and self._clock() < state.retry_at:
                 continue  # backing off: its last error stands
             error: str | None = None
+            incomplete = False
             polled = False
             started = self._clock()
             try:
@@ -226,6 +235,11 @@ class Collectors:
                     self._on_update()
             except TimeoutError:
                 error = f"{binding.source.typed_name}: timed out after {self._poll_timeout}s"
+            except IncompleteDataError as exc:
+                if self._on_update is not None:
+                    self._on_update()
+                error = f"{binding.source.typed_name}: {exc}"
+                incomplete = True
             except (OSError, ValueError) as exc:
                 error = f"{binding.source.typed_name}: {exc or type(exc).__name__}"
             except asyncio.CancelledError:
@@ -233,23 +247,39 @@ class Collectors:
             except Exception as exc:  # a plugin bug must not kill the collector
                 error = f"{binding.source.typed_name}: unexpected {type(exc).__name__}: {exc}"
             state.error = error
+            state.incomplete = incomplete
             if polled:
                 state.failures = 0
             else:
                 state.failures += 1
                 state.retry_at = started + self.backoff_delay(state.failures)
-            if error is not None:
+            if error is not None and not incomplete:
                 self._observer.counter(SCRAPE_ERRORS_METRIC, {"endpoint": endpoint.name})
-        failure = next((state.error for state in states if state.error is not None), None)
-        self._record(endpoint.name, failure)
+        failing = next((s for s in states if s.error is not None), None)
+        if failing is None:
+            self._record(endpoint.name, None, incomplete=False)
+        else:
+            self._record(endpoint.name, failing.error, incomplete=failing.incomplete)
 
-    def _record(self, name: str, failure: str | None) -> None:
+    def _record(self, name: str, failure: str | None, *, incomplete: bool) -> None:
         previous = self._errors.get(name)
         if failure == previous:
             return
+        was_incomplete = name in self._incomplete
         if failure is None:
             self._errors.pop(name, None)
-            logger.info("endpoint %s: metrics collection recovered", name)
+            self._incomplete.discard(name)
+            if was_incomplete:
+                logger.info("endpoint %s: metrics complete again", name)
+            else:
+                logger.info("endpoint %s: metrics collection recovered", name)
+            return
+        self._errors[name] = failure
+        if incomplete:
+            self._incomplete.add(name)
+            logger.warning(
+                "endpoint %s: metrics incomplete (what was found is applied): %s", name, failure
+            )
         else:
-            self._errors[name] = failure
+            self._incomplete.discard(name)
             logger.warning("endpoint %s: metrics collection failing: %s", name, failure)
