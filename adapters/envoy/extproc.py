@@ -93,19 +93,22 @@ _FORBIDDEN_IN_NAME = re.compile(r"[\r\n\x00]")
 _FORBIDDEN_IN_VALUE = re.compile(rb"[\r\n\x00]")
 
 
-def _set_headers(mutation: Any, headers: Iterable[tuple[str, str]]) -> None:
+def _set_headers(mutation: Any, headers: Iterable[tuple[str, str | bytes]]) -> None:
     """Adds ``headers`` to ``mutation.set_headers`` (overwrite or add), filling the
-    repeated field in place: a third of the cost of building each option apart."""
+    repeated field in place: a third of the cost of building each option apart. A bytes
+    value (a client's value that is not UTF-8) is set as it is."""
     add = mutation.set_headers.add
     for key, value in headers:
         header = add(append_action=_OVERWRITE).header
         header.key = key
-        header.raw_value = value.encode()
+        header.raw_value = value if isinstance(value, bytes) else value.encode()
 
 
-def _headers_of(header_map: Any) -> dict[str, str]:
+def _headers_of(header_map: Any, raw_values: dict[str, bytes] | None = None) -> dict[str, str]:
     """Lower-case name → value; ``StreamProtocolError`` (INVALID_ARGUMENT) for a name or
-    value holding CR, LF or NUL."""
+    value holding CR, LF or NUL. A value that is not UTF-8 is given to the domain with
+    U+FFFD for the bad bytes, and its original bytes are put in ``raw_values``, so that it
+    is forwarded unchanged."""
     headers: dict[str, str] = {}
     for h in header_map.headers:
         key = h.key
@@ -121,7 +124,12 @@ def _headers_of(header_map: Any) -> dict[str, str]:
                     grpc.StatusCode.INVALID_ARGUMENT,
                     f"value of header {key[:64]!r} contains CR, LF or NUL",
                 )
-            value = raw.decode("utf-8", "replace")
+            try:
+                value = raw.decode()
+            except UnicodeDecodeError:
+                value = raw.decode("utf-8", "replace")
+                if raw_values is not None:
+                    raw_values[key.lower()] = raw
         else:
             value = h.value
             if _FORBIDDEN_IN_NAME.search(value) is not None:
@@ -231,6 +239,7 @@ class _Stream:
         "_metadata",
         "_observer",
         "_processor",
+        "_raw_headers",
         "_request_id",
         "_response_chunks",
         "_response_done",
@@ -245,6 +254,7 @@ class _Stream:
         self._span: Span | None = None
         self._headers: dict[str, str] = {}
         self._headers_seen = False
+        self._raw_headers: dict[str, bytes] = {}  # request header values that are not UTF-8
         self._response_started = False
         self._metadata: dict[str, dict[str, object]] = {}
         self._body_chunks: list[bytes] = []
@@ -307,7 +317,7 @@ class _Stream:
                 "request's exchange stays with this stream and is closed with it)"
             )
         self._headers_seen = True
-        headers = _headers_of(message.headers)
+        headers = _headers_of(message.headers, self._raw_headers)
         request_id = headers.get(REQUEST_ID_HEADER)
         if not request_id:
             request_id = str(uuid.uuid4())
@@ -369,12 +379,13 @@ class _Stream:
 
     def _header_reply(self, decision: RoutingDecision) -> Any:
         destination = ",".join(e.host_port() for e in decision.endpoints)
-        set_headers = [(DESTINATION_ENDPOINT_HEADER, destination)]
+        set_headers: list[tuple[str, str | bytes]] = [(DESTINATION_ENDPOINT_HEADER, destination)]
         if decision.body:
             set_headers.append(("Content-Length", str(len(decision.body))))
         own = {k.lower() for k, _ in decision.headers}
+        raw = self._raw_headers
         set_headers.extend(
-            (k, v)
+            (k, raw.get(k, v) if raw else v)  # a value that was not UTF-8 goes on unchanged
             for k, v in self._headers.items()
             if k not in SYSTEM_REQUEST_HEADERS
             and not k.startswith(":")
@@ -398,14 +409,15 @@ class _Stream:
     # response path
 
     async def _on_response_headers(self, message: Any) -> list[Any]:
-        headers = _headers_of(message.headers)
-        set_headers = [("x-went-into-resp-headers", "true")]
+        raw_values: dict[str, bytes] = {}
+        headers = _headers_of(message.headers, raw_values)
+        set_headers: list[tuple[str, str | bytes]] = [("x-went-into-resp-headers", "true")]
         if self._exchange is not None:
             reply = await self._exchange.response_headers(headers, self._metadata)
             self._streaming = reply.streaming
             set_headers.extend(reply.headers)
         set_headers.extend(
-            (k, v)
+            (k, raw_values.get(k, v) if raw_values else v)
             for k, v in headers.items()
             if not k.startswith(":") and k not in SYSTEM_REQUEST_HEADERS
         )
