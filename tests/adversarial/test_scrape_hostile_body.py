@@ -28,8 +28,9 @@ from tests.adversarial.support import RawServer, loop_lag, peak_memory, raw_serv
 MiB = 1024 * 1024
 #: a bounded time for a hostile scrape to fail (the collector's poll timeout is 1 s)
 FAIL_WITHIN = 2.0
-#: the longest the event loop may be blocked by one scrape (shared CI cores: generous)
-MAX_LAG = 0.25
+#: the longest the event loop may be blocked while hostile scrapes run (measured at about
+#: 10-120 ms on shared cores; before the fix, 4 s to minutes)
+MAX_LAG = 0.5
 HEALTHY_BODY = (
     b"vllm:num_requests_waiting 2\nvllm:num_requests_running 3\nvllm:kv_cache_usage_perc 0.5\n"
 )
@@ -189,6 +190,7 @@ async def test_a_healthy_endpoint_keeps_being_updated_beside_a_hostile_one() -> 
             finally:
                 await collectors.stop()
     gaps = [b - a for a, b in itertools.pairwise(updates)]
-    assert max(gaps) < 0.5, f"the healthy endpoint went {max(gaps):.2f}s without an update"
+    # every 50 ms when healthy (measured up to 0.25 s on shared cores); before, seconds
+    assert max(gaps) < 1.0, f"the healthy endpoint went {max(gaps):.2f}s without an update"
     assert lag.worst < MAX_LAG, f"the event loop was blocked {lag.worst:.3f}s"
     assert collectors.error_of(f"e-{good.port}") is None
