@@ -5,6 +5,12 @@ reply is held until the body's end of stream, then the routing decision goes bac
 header mutation (``x-gateway-destination-endpoint``, ``Content-Length``, the re-set request
 headers), ``envoy.lb`` dynamic metadata, and the body as ``streamed_response`` chunks.
 
+A stream carries exactly one request: a message out of that protocol (a second
+``request_headers``, a body before the headers, a response message before the request was
+routed, response headers twice) ends the stream with ``FAILED_PRECONDITION``, and a header
+name or value holding CR, LF or NUL with ``INVALID_ARGUMENT``; the details say which. The
+exchange opened for the request is closed exactly once, however the stream ends.
+
 Each stream is one ``gateway.request`` server span, continuing the trace of the request
 headers' ``traceparent`` and handed to the domain as the parent of its spans; the stream's
 request id is set in ``REQUEST_ID`` so every log record of the request carries it.
@@ -13,6 +19,7 @@ request id is set in ``REQUEST_ID`` so every log record of the request carries i
 from __future__ import annotations
 
 import logging
+import re
 import uuid
 from collections.abc import AsyncIterator, Iterable, Mapping
 from typing import Any, cast
@@ -68,21 +75,69 @@ class StreamAbortedError(Exception):
     """An error with no HTTP mapping: the stream is aborted with a gRPC error."""
 
 
-def _set_headers(mutation: Any, headers: Iterable[tuple[str, str]]) -> None:
+class StreamProtocolError(Exception):
+    """The gateway broke the ext_proc protocol: the stream ends with ``code``."""
+
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+def _out_of_order(message: str) -> StreamProtocolError:
+    return StreamProtocolError(grpc.StatusCode.FAILED_PRECONDITION, message)
+
+
+#: Characters that would split or truncate a header on the way upstream.
+_FORBIDDEN_IN_NAME = re.compile(r"[\r\n\x00]")
+_FORBIDDEN_IN_VALUE = re.compile(rb"[\r\n\x00]")
+
+
+def _set_headers(mutation: Any, headers: Iterable[tuple[str, str | bytes]]) -> None:
     """Adds ``headers`` to ``mutation.set_headers`` (overwrite or add), filling the
-    repeated field in place: a third of the cost of building each option apart."""
+    repeated field in place: a third of the cost of building each option apart. A bytes
+    value (a client's value that is not UTF-8) is set as it is."""
     add = mutation.set_headers.add
     for key, value in headers:
         header = add(append_action=_OVERWRITE).header
         header.key = key
-        header.raw_value = value.encode()
+        header.raw_value = value if isinstance(value, bytes) else value.encode()
 
 
-def _headers_of(header_map: Any) -> dict[str, str]:
+def _headers_of(header_map: Any, raw_values: dict[str, bytes] | None = None) -> dict[str, str]:
+    """Lower-case name → value; ``StreamProtocolError`` (INVALID_ARGUMENT) for a name or
+    value holding CR, LF or NUL. A value that is not UTF-8 is given to the domain with
+    U+FFFD for the bad bytes, and its original bytes are put in ``raw_values``, so that it
+    is forwarded unchanged."""
     headers: dict[str, str] = {}
     for h in header_map.headers:
+        key = h.key
+        if _FORBIDDEN_IN_NAME.search(key) is not None:
+            raise StreamProtocolError(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"header name {key[:64]!r} contains CR, LF or NUL",
+            )
         raw = h.raw_value
-        headers[h.key.lower()] = raw.decode("utf-8", "replace") if raw else h.value
+        if raw:
+            if _FORBIDDEN_IN_VALUE.search(raw) is not None:
+                raise StreamProtocolError(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    f"value of header {key[:64]!r} contains CR, LF or NUL",
+                )
+            try:
+                value = raw.decode()
+            except UnicodeDecodeError:
+                value = raw.decode("utf-8", "replace")
+                if raw_values is not None:
+                    raw_values[key.lower()] = raw
+        else:
+            value = h.value
+            if _FORBIDDEN_IN_NAME.search(value) is not None:
+                raise StreamProtocolError(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    f"value of header {key[:64]!r} contains CR, LF or NUL",
+                )
+        headers[key.lower()] = value
     return headers
 
 
@@ -180,12 +235,15 @@ class _Stream:
         "_exchange",
         "_finished",
         "_headers",
+        "_headers_seen",
         "_metadata",
         "_observer",
         "_processor",
+        "_raw_headers",
         "_request_id",
         "_response_chunks",
         "_response_done",
+        "_response_started",
         "_span",
         "_streaming",
     )
@@ -195,6 +253,9 @@ class _Stream:
         self._observer = observer
         self._span: Span | None = None
         self._headers: dict[str, str] = {}
+        self._headers_seen = False
+        self._raw_headers: dict[str, bytes] = {}  # request header values that are not UTF-8
+        self._response_started = False
         self._metadata: dict[str, dict[str, object]] = {}
         self._body_chunks: list[bytes] = []
         self._body_done = False
@@ -211,6 +272,7 @@ class _Stream:
         return self._finished
 
     async def handle(self, request: Any) -> list[Any]:
+        """The replies to one message; ``StreamProtocolError`` when it breaks the protocol."""
         kind = request.WhichOneof("request")
         if request.HasField("metadata_context"):
             # A new dict each time: a request handed to the domain keeps what it was given.
@@ -219,12 +281,21 @@ class _Stream:
             return await self._on_request_headers(request.request_headers)
         if kind == "request_body":
             return await self._on_request_body(request.request_body)
-        if kind == "response_headers":
-            return await self._on_response_headers(request.response_headers)
-        if kind == "response_body":
-            return await self._on_response_body(request.response_body)
-        if kind == "response_trailers":
+        if kind is not None and kind.startswith("response_"):
+            if self._exchange is None:
+                raise _out_of_order(f"{kind} before the request was routed")
+            if kind == "response_headers":
+                if self._response_started:
+                    raise _out_of_order("response_headers twice")
+                self._response_started = True
+                return await self._on_response_headers(request.response_headers)
+            if not self._response_started:
+                raise _out_of_order(f"{kind} before response_headers")
+            if kind == "response_body":
+                return await self._on_response_body(request.response_body)
             return await self._on_response_trailers()
+        if kind == "request_trailers" and not self._headers_seen:
+            raise _out_of_order("request_trailers before request_headers")
         return []  # request trailers (and anything unknown) get no reply
 
     async def close(self) -> None:
@@ -240,7 +311,13 @@ class _Stream:
     # request path
 
     async def _on_request_headers(self, message: Any) -> list[Any]:
-        headers = _headers_of(message.headers)
+        if self._headers_seen:
+            raise _out_of_order(
+                "a second request_headers message: one request per stream (the first "
+                "request's exchange stays with this stream and is closed with it)"
+            )
+        self._headers_seen = True
+        headers = _headers_of(message.headers, self._raw_headers)
         request_id = headers.get(REQUEST_ID_HEADER)
         if not request_id:
             request_id = str(uuid.uuid4())
@@ -257,8 +334,10 @@ class _Stream:
         return []
 
     async def _on_request_body(self, message: Any) -> list[Any]:
-        if self._body_done:
-            return []  # a duplicate end-of-stream chunk
+        if not self._headers_seen:
+            raise _out_of_order("request_body before request_headers")
+        if self._body_done or self._exchange is not None:
+            return []  # a duplicate end-of-stream chunk, or a body after the request ended
         if message.body:
             self._body_chunks.append(message.body)
         if not message.end_of_stream:
@@ -269,6 +348,8 @@ class _Stream:
         return await self._route(body)
 
     async def _route(self, body: bytes | None) -> list[Any]:
+        if self._exchange is not None:  # never two exchanges on one stream
+            raise _out_of_order("one request per stream")
         inbound = InboundRequest(
             request_id=self._request_id,
             headers=self._headers,
@@ -298,12 +379,13 @@ class _Stream:
 
     def _header_reply(self, decision: RoutingDecision) -> Any:
         destination = ",".join(e.host_port() for e in decision.endpoints)
-        set_headers = [(DESTINATION_ENDPOINT_HEADER, destination)]
+        set_headers: list[tuple[str, str | bytes]] = [(DESTINATION_ENDPOINT_HEADER, destination)]
         if decision.body:
             set_headers.append(("Content-Length", str(len(decision.body))))
         own = {k.lower() for k, _ in decision.headers}
+        raw = self._raw_headers
         set_headers.extend(
-            (k, v)
+            (k, raw.get(k, v) if raw else v)  # a value that was not UTF-8 goes on unchanged
             for k, v in self._headers.items()
             if k not in SYSTEM_REQUEST_HEADERS
             and not k.startswith(":")
@@ -327,14 +409,15 @@ class _Stream:
     # response path
 
     async def _on_response_headers(self, message: Any) -> list[Any]:
-        headers = _headers_of(message.headers)
-        set_headers = [("x-went-into-resp-headers", "true")]
+        raw_values: dict[str, bytes] = {}
+        headers = _headers_of(message.headers, raw_values)
+        set_headers: list[tuple[str, str | bytes]] = [("x-went-into-resp-headers", "true")]
         if self._exchange is not None:
             reply = await self._exchange.response_headers(headers, self._metadata)
             self._streaming = reply.streaming
             set_headers.extend(reply.headers)
         set_headers.extend(
-            (k, v)
+            (k, raw_values.get(k, v) if raw_values else v)
             for k, v in headers.items()
             if not k.startswith(":") and k not in SYSTEM_REQUEST_HEADERS
         )
@@ -406,6 +489,10 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
                     replies = await stream.handle(request)
                 except StreamAbortedError as exc:
                     await context.abort(grpc.StatusCode.UNKNOWN, str(exc))
+                    return
+                except StreamProtocolError as exc:
+                    logger.info("ext_proc stream refused: %s", exc.message)
+                    await context.abort(exc.code, exc.message)
                     return
                 for reply in replies:
                     yield reply

@@ -22,8 +22,8 @@
 The sampling decision is made once, for the request's first span: an unsampled request
 costs that decision and an ``UnsampledSpan`` that passes the trace context on; a sampled
 one records light ``RecordingSpan`` objects that the event loop encodes in batches and a
-thread sends (see ``adapters.otel.spans`` and ``adapters.otel.export``). Nothing here touches the OpenTelemetry globals: several
-``OtelTracing`` may coexist.
+thread sends (see ``adapters.otel.spans`` and ``adapters.otel.export``). Nothing here
+touches the OpenTelemetry globals: several ``OtelTracing`` may coexist.
 """
 
 from __future__ import annotations

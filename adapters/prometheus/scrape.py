@@ -7,7 +7,7 @@ import time
 from dataclasses import dataclass
 from typing import Literal
 
-from adapters.prometheus.http_client import HttpGetConnection
+from adapters.prometheus.http_client import MAX_BODY_BYTES, HttpGetConnection
 from ports.datalayer import MetricsText
 from ports.endpoints import EndpointInfo
 from ports.plugins import TypedName
@@ -36,11 +36,20 @@ class MetricsDataSource:
     One keep-alive connection per endpoint (an endpoint's polls are sequential), opened on
     first use and again after any failure; a non-200 answer is an error. The collector
     bounds each poll with its timeout (the reference's 10 s client timeout is never reached).
+    A body larger than ``max_body_bytes`` (or a malformed one) fails the poll with an
+    ``HttpProtocolError`` (a ``ValueError``) saying why, as soon as it is seen.
     """
 
-    def __init__(self, typed_name: TypedName, parameters: MetricsSourceParameters) -> None:
+    def __init__(
+        self,
+        typed_name: TypedName,
+        parameters: MetricsSourceParameters,
+        *,
+        max_body_bytes: int = MAX_BODY_BYTES,
+    ) -> None:
         self._typed_name = typed_name
         self._parameters = parameters
+        self._max_body_bytes = max_body_bytes
         self._connections: dict[str, HttpGetConnection] = {}
         self._requests: dict[str, bytes] = {}
         self._tls: ssl.SSLContext | None = None
@@ -64,7 +73,7 @@ class MetricsDataSource:
             name, _, port = host.rpartition(":")
             try:
                 connection = await HttpGetConnection.open(
-                    name.strip("[]"), int(port), tls=self._tls
+                    name.strip("[]"), int(port), tls=self._tls, max_body_bytes=self._max_body_bytes
                 )
             except ValueError as exc:
                 raise OSError(f"{host}: {exc}") from exc

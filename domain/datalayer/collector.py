@@ -1,7 +1,12 @@
 """The collectors: one task per endpoint polls every data source in turn.
 
 Each tick (``interval``) a collector polls its endpoint's sources one after another, each
-poll bounded by ``poll_timeout``, and hands each result to that source's extractors. An
+poll bounded by ``poll_timeout``, and hands each result to that source's extractors. A
+source whose poll keeps failing is retried with exponential backoff and jitter (the
+time from one attempt's start to the next doubles from ``interval`` after each failure,
+up to ``max_backoff``, default 1 s: each delay is drawn between half and all of that), and
+is polled every tick again once a poll succeeds; an extractor's error does not slow the
+polls down. An
 endpoint's error state is logged when it changes (first failure, a different failure,
 recovery), never on every poll, and every failed poll of a source is counted in
 ``SCRAPE_ERRORS{endpoint}``. Endpoint add/delete events start and stop collectors and reach
@@ -18,11 +23,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import random
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from domain.datalayer.interfaces import EndpointExtractor, Extractor, NotificationExtractor
+from domain.datalayer.interfaces import (
+    EndpointExtractor,
+    Extractor,
+    IncompleteDataError,
+    NotificationExtractor,
+)
 from domain.datastore.endpoint import Endpoint
 from domain.datastore.store import Datastore
 from ports.datalayer import NotificationEvent, NotificationSource, PollingDataSource
@@ -41,6 +52,16 @@ class SourceBinding:
 
     source: PollingDataSource
     extractors: tuple[Extractor, ...]
+
+
+@dataclass(slots=True)
+class _Backoff:
+    """One source's retry state in one collector."""
+
+    failures: int = 0
+    retry_at: float = 0.0
+    error: str | None = None
+    incomplete: bool = False  # the error is what an extractor could not read
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,8 +87,12 @@ class Collectors:
         clock: Callable[[], float] = time.monotonic,
         observer: Observer | None = None,
         on_update: Callable[[], None] | None = None,
+        max_backoff: float = 1.0,
+        rng: random.Random | None = None,
     ) -> None:
         self._datastore = datastore
+        self._max_backoff = max(max_backoff, interval)
+        self._rng = rng if rng is not None else random.Random()
         self._on_update = on_update
         self._observer: Observer = observer if observer is not None else NoopObserver()
         self._bindings = tuple(bindings)
@@ -79,6 +104,7 @@ class Collectors:
         self._clock = clock
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._errors: dict[str, str] = {}
+        self._incomplete: set[str] = set()
         self._started = False
         datastore.subscribe(self._on_event)
 
@@ -127,6 +153,7 @@ class Collectors:
             if task is not None:
                 task.cancel()
             self._errors.pop(endpoint.name, None)
+            self._incomplete.discard(endpoint.name)
         elif self._started:
             self._ensure(endpoint)
 
@@ -169,23 +196,37 @@ class Collectors:
         )
 
     async def _collect(self, endpoint: Endpoint) -> None:
+        states = [_Backoff() for _ in self._bindings]
         next_tick = self._clock()
         while True:
-            await self._poll_once(endpoint)
+            await self._poll_once(endpoint, states)
             next_tick += self._interval
-            delay = next_tick - self._clock()
-            if delay < 0:  # fell behind: skip missed ticks instead of bursting
-                next_tick = self._clock()
-                delay = 0.0
-            await asyncio.sleep(delay)
+            now = self._clock()
+            if next_tick < now:  # fell behind: skip missed ticks instead of bursting
+                next_tick = now
+            wake = next_tick
+            if all(state.failures for state in states):  # nothing to poll before a retry
+                wake = max(wake, min(state.retry_at for state in states))
+            await asyncio.sleep(max(0.0, wake - now))
 
-    async def _poll_once(self, endpoint: Endpoint) -> None:
-        failure: str | None = None
-        for binding in self._bindings:
+    def backoff_delay(self, failures: int) -> float:
+        """The wait before the next poll of a source that failed ``failures`` times in a
+        row: between half and all of ``min(max_backoff, interval * 2**failures)``."""
+        ceiling = min(self._max_backoff, self._interval * 2.0 ** min(failures, 32))
+        return ceiling * (0.5 + 0.5 * self._rng.random())
+
+    async def _poll_once(self, endpoint: Endpoint, states: Sequence[_Backoff]) -> None:
+        for binding, state in zip(self._bindings, states, strict=True):
+            if state.failures and self._clock() < state.retry_at:
+                continue  # backing off: its last error stands
             error: str | None = None
+            incomplete = False
+            polled = False
+            started = self._clock()
             try:
                 async with asyncio.timeout(self._poll_timeout):
                     data = await binding.source.poll(endpoint.info)
+                polled = True
                 now = self._clock()
                 for extractor in binding.extractors:
                     extractor.extract(data, endpoint, now)
@@ -193,24 +234,51 @@ class Collectors:
                     self._on_update()
             except TimeoutError:
                 error = f"{binding.source.typed_name}: timed out after {self._poll_timeout}s"
+            except IncompleteDataError as exc:
+                if self._on_update is not None:
+                    self._on_update()
+                error = f"{binding.source.typed_name}: {exc}"
+                incomplete = True
             except (OSError, ValueError) as exc:
                 error = f"{binding.source.typed_name}: {exc or type(exc).__name__}"
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # a plugin bug must not kill the collector
                 error = f"{binding.source.typed_name}: unexpected {type(exc).__name__}: {exc}"
-            if error is not None:
-                failure = error
+            state.error = error
+            state.incomplete = incomplete
+            if polled:
+                state.failures = 0
+            else:
+                state.failures += 1
+                state.retry_at = started + self.backoff_delay(state.failures)
+            if error is not None and not incomplete:
                 self._observer.counter(SCRAPE_ERRORS, {"endpoint": endpoint.name})
-        self._record(endpoint.name, failure)
+        failing = next((s for s in states if s.error is not None), None)
+        if failing is None:
+            self._record(endpoint.name, None, incomplete=False)
+        else:
+            self._record(endpoint.name, failing.error, incomplete=failing.incomplete)
 
-    def _record(self, name: str, failure: str | None) -> None:
+    def _record(self, name: str, failure: str | None, *, incomplete: bool) -> None:
         previous = self._errors.get(name)
         if failure == previous:
             return
+        was_incomplete = name in self._incomplete
         if failure is None:
             self._errors.pop(name, None)
-            logger.info("endpoint %s: metrics collection recovered", name)
+            self._incomplete.discard(name)
+            if was_incomplete:
+                logger.info("endpoint %s: metrics complete again", name)
+            else:
+                logger.info("endpoint %s: metrics collection recovered", name)
+            return
+        self._errors[name] = failure
+        if incomplete:
+            self._incomplete.add(name)
+            logger.warning(
+                "endpoint %s: metrics incomplete (what was found is applied): %s", name, failure
+            )
         else:
-            self._errors[name] = failure
+            self._incomplete.discard(name)
             logger.warning("endpoint %s: metrics collection failing: %s", name, failure)

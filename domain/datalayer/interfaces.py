@@ -9,7 +9,13 @@ from ports.datalayer import NotificationEvent
 from ports.endpoints import EndpointEvent
 from ports.plugins import TypedName
 
-__all__ = ["EndpointExtractor", "Extractor", "NotificationExtractor"]
+__all__ = ["EndpointExtractor", "Extractor", "IncompleteDataError", "NotificationExtractor"]
+
+
+class IncompleteDataError(ValueError):
+    """An extractor applied what it found and reports what it could not read (a metric
+    family the server does not expose, a malformed optional value). The poll worked: the
+    collector logs it when the message changes, and does not count it as a scrape error."""
 
 
 @runtime_checkable
@@ -17,7 +23,8 @@ class Extractor(Protocol):
     """Reads one poll result of a source whose output type matches ``expected_input_type``
     (or is a subclass of it) and updates the endpoint: its ``metrics`` snapshot is replaced
     whole, attributes are put. Raises ``ValueError`` naming what is missing or malformed;
-    the collector logs it when the endpoint's error state changes."""
+    the collector logs it when the endpoint's error state changes. ``IncompleteDataError``
+    (a ``ValueError``) says the endpoint was updated with what was there."""
 
     @property
     def typed_name(self) -> TypedName: ...

@@ -146,7 +146,7 @@ class OpenAIParser:
         try:
             decoded = self._codec.loads(body)
         except JsonDecodeError as exc:
-            raise BadRequestError(f"request body is not valid JSON: {exc}") from exc
+            raise BadRequestError(_decode_failure(body, exc)) from exc
         if not isinstance(decoded, dict):
             raise BadRequestError("request body must be a JSON object")
         payload: dict[str, Any] = decoded
@@ -160,6 +160,7 @@ class OpenAIParser:
                 _validate_prompt(payload.get("prompt"))
             case ApiKind.CHAT_COMPLETIONS:
                 _validate_messages(payload.get("messages"))
+                _validate_chat_fields(payload)
             case ApiKind.RESPONSES:
                 if payload.get("input") is None:
                     raise BadRequestError("input is required for the responses API")
@@ -242,6 +243,40 @@ def _validate_prompt(prompt: Any) -> None:
     ):
         return
     raise BadRequestError(_PROMPT_SHAPE)
+
+
+def _decode_failure(body: bytes, exc: JsonDecodeError) -> str:
+    """The 400 text of a body the codec could not decode, naming the real cause: JSON is
+    UTF-8, so bytes that are not UTF-8 are reported as such (with the first bad byte)."""
+    try:
+        body.decode("utf-8")
+    except UnicodeDecodeError as bad:
+        byte = body[bad.start]
+        return (
+            f"request body is not valid JSON: it is not UTF-8 "
+            f"(byte 0x{byte:02x} at offset {bad.start})"
+        )
+    return f"request body is not valid JSON: {exc}"
+
+
+#: Chat fields the reference decodes into typed fields (a wrong type is a 400 there);
+#: ``null`` means absent.
+_CHAT_FIELD_TYPES: tuple[tuple[str, type, str], ...] = (
+    ("chat_template_kwargs", dict, "an object"),
+    ("chat_template", str, "a string"),
+    ("tools", list, "a list"),
+    ("documents", list, "a list"),
+    ("add_generation_prompt", bool, "a boolean"),
+    ("continue_final_message", bool, "a boolean"),
+    ("return_assistant_tokens_mask", bool, "a boolean"),
+)
+
+
+def _validate_chat_fields(payload: dict[str, Any]) -> None:
+    for name, kind, what in _CHAT_FIELD_TYPES:
+        value = payload.get(name)
+        if value is not None and not isinstance(value, kind):
+            raise BadRequestError(f"{name} must be {what}")
 
 
 def _validate_messages(messages: Any) -> None:

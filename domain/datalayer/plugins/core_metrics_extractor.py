@@ -24,13 +24,15 @@ Built-in engines: ``vllm``, ``sglang``, ``trtllm-serve`` and ``triton-tensorrt-l
 configured engine with a built-in name replaces that engine's whole config. ``default`` is
 reserved.
 
-``extract`` parses only the families the endpoint's engine reads. A missing required
-family (``metric family "x" not found``), a required series that no longer matches, a NaN
-or infinite count, a NaN KV usage, or a malformed body raises ``ValueError`` and leaves the
+``extract`` parses only the families the endpoint's engine reads. A NaN or infinite
+count, a NaN KV usage, a malformed body, or a body holding none of the engine's required
+families (an error page, another engine's metrics) raises ``ValueError`` and leaves the
 old snapshot in place (it then goes stale). Otherwise a new snapshot with
-``update_time = now`` replaces the old one, even if no value changed; a malformed optional
-value (``max_lora="x"``) is read as 0 and reported by a ``ValueError`` raised after the
-replacement.
+``update_time = now`` replaces the old one, even if no value changed, as the reference
+does: a required family that is missing (``metric family "x" not found``; an older or
+newer engine version) or whose series no longer match keeps its previous value (0 when
+there is none), a malformed optional value (``max_lora="x"``) is read as 0, and all of
+them are reported by an ``IncompleteDataError`` raised after the replacement.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Final
 
+from domain.datalayer.interfaces import IncompleteDataError
 from domain.datalayer.metric_spec import (
     MetricSpec,
     latest_by_timestamp,
@@ -271,21 +274,37 @@ class CoreMetricsExtractor(TypedExtractor):
             raise ValueError(f"expected MetricsText, got {type(data).__name__}")
         engine = self._engine(endpoint)
         families = parse_families(data.body, engine.wanted)
+        previous = endpoint.metrics or _NO_METRICS
 
-        waiting = running = 0
-        kv_usage = 0.0
+        # A required metric that is missing keeps its previous value and is reported.
+        missing: list[str] = []
+        found = 0
+        waiting = previous.waiting_queue_size
+        running = previous.running_requests_size
+        kv_usage = previous.kv_cache_usage_percent
         if engine.queued is not None:
-            waiting = _count(_required(families, engine.queued), engine.queued)
+            sample = _required(families, engine.queued, missing)
+            if sample is not None:
+                waiting = _count(sample, engine.queued)
+                found += 1
         if engine.running is not None:
-            running = _count(_required(families, engine.running), engine.running)
+            sample = _required(families, engine.running, missing)
+            if sample is not None:
+                running = _count(sample, engine.running)
+                found += 1
         if engine.kv_usage is not None:
             kv_spec = engine.kv_usage
             fallback = engine.kv_usage_fallback
             if kv_spec.name not in families and fallback is not None and fallback.name in families:
                 kv_spec = fallback
-            kv_usage = _fraction(_required(families, kv_spec), kv_spec)
+            sample = _required(families, kv_spec, missing)
+            if sample is not None:
+                kv_usage = _fraction(sample, kv_spec)
+                found += 1
+        if missing and not found:  # nothing of this engine's: not its metrics at all
+            raise ValueError("; ".join(missing))
 
-        problems: list[str] = []
+        problems: list[str] = missing
         active: frozenset[str] = frozenset()
         queued_models: frozenset[str] = frozenset()
         max_active = 0
@@ -323,16 +342,23 @@ class CoreMetricsExtractor(TypedExtractor):
             update_time=now,
         )
         if problems:
-            raise ValueError("; ".join(problems))
+            raise IncompleteDataError("; ".join(problems))
 
 
-def _required(families: Mapping[str, MetricFamily], spec: MetricSpec) -> Sample:
+_NO_METRICS = EndpointMetrics()
+
+
+def _required(
+    families: Mapping[str, MetricFamily], spec: MetricSpec, missing: list[str]
+) -> Sample | None:
+    """The sample ``spec`` reads, or None with the reason added to ``missing``."""
     family = families.get(spec.name)
     if family is None:
-        raise ValueError(f'metric family "{spec.name}" not found')
+        missing.append(f'metric family "{spec.name}" not found')
+        return None
     sample = latest_by_timestamp(spec, family.samples)
     if sample is None:
-        raise ValueError(f"no series of metric family {spec.name!r} matches {spec}")
+        missing.append(f"no series of metric family {spec.name!r} matches {spec}")
     return sample
 
 

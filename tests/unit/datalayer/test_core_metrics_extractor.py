@@ -309,15 +309,23 @@ def test_unset_cache_info_labels_read_as_zero() -> None:
 # --- failures and freshness ------------------------------------------------------------
 
 
-def test_missing_required_family_leaves_the_old_snapshot() -> None:
+def test_missing_required_family_keeps_its_old_value_and_updates_the_rest() -> None:
+    # Was: the old snapshot stayed whole (finding 10 of the hardening issue: the reference
+    # applies the metrics it finds and reports the missing ones).
     plugin = extractor()
     ep = pod()
     plugin.extract(text(fixture("vllm")), ep, 1.0)
     old = ep.metrics
+    assert old is not None
     body = VLLM_MINIMAL.replace("vllm:num_requests_waiting 2\n", "")
     with pytest.raises(ValueError, match=r'^metric family "vllm:num_requests_waiting" not found$'):
         plugin.extract(text(body), ep, 2.0)
-    assert ep.metrics is old
+    assert ep.metrics == EndpointMetrics(
+        waiting_queue_size=old.waiting_queue_size,
+        running_requests_size=5,
+        kv_cache_usage_percent=0.5,
+        update_time=2.0,
+    )
 
 
 VLLM_BODY = fixture("vllm")

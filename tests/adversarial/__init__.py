@@ -1,0 +1,1 @@
+"""Adversarial probes: hostile peers and message sequences, one module per finding."""
