@@ -24,10 +24,13 @@ class PrefixIndex(Protocol):
     """Maps block hashes to the endpoints (by name) that were sent them.
 
     Each endpoint keeps at most ``capacity`` hashes, least recently used evicted first.
-    Implementations: in-memory (per process) and shared (several EPP replicas). Methods
-    may be called concurrently from many request tasks; an implementation backed by a
-    remote store must not raise on a store failure: ``match`` then returns what it can
-    (possibly nothing) and ``add`` drops the update, so routing degrades, never stops.
+    Implementations: in-memory (per process) and shared (several EPP processes, on a
+    remote store). Methods may be called concurrently from many request tasks.
+
+    Errors: the in-memory implementation never raises. A remote implementation raises
+    ``ports.shared_state.SharedStateError`` when its store fails; the domain wraps it (a
+    deadline, the in-memory index as fallback), so what plugins see never raises: ``match``
+    then returns what the local index knows and ``add`` still records locally.
     """
 
     async def match(self, hashes: Sequence[int]) -> Mapping[str, int]:
