@@ -8,6 +8,7 @@ import gc
 import logging
 import signal
 import sys
+from collections.abc import Callable
 
 from adapters.otel.tracing import TracingConfigError
 from app.config.loader import ConfigError
@@ -121,8 +122,10 @@ async def serve(container: Container, stop: asyncio.Event) -> None:
     logger.info("stopped")
 
 
-async def _main(settings: Settings) -> int:
+async def _main(settings: Settings, customize: Callable[[Container], None] | None) -> int:
     container = build_container(settings)
+    if customize is not None:
+        customize(container)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -135,7 +138,9 @@ async def _main(settings: Settings) -> int:
     return 0
 
 
-def run(settings: Settings) -> int:
+def run(settings: Settings, customize: Callable[[Container], None] | None = None) -> int:
+    """The EPP process: logging, the event loop, the container, until SIGTERM or SIGINT.
+    ``customize`` may override the container's providers before anything starts."""
     configure_logging(settings.verbosity, settings.log_format)
     if settings.uvloop and sys.platform != "win32":
         try:
@@ -143,5 +148,5 @@ def run(settings: Settings) -> int:
         except ImportError:
             pass
         else:
-            return uvloop.run(_main(settings))
-    return asyncio.run(_main(settings))
+            return uvloop.run(_main(settings, customize))
+    return asyncio.run(_main(settings, customize))
