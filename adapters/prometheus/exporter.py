@@ -33,6 +33,7 @@ import logging
 import math
 from bisect import bisect_left
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from operator import itemgetter
 from typing import Any, cast
 
@@ -370,7 +371,8 @@ class PrometheusObserver:
 
 class MetricsServer:
     """Serves a registry as Prometheus text on ``GET /metrics`` (aiohttp on the event loop;
-    the text is rendered in a worker thread, so the loop keeps routing meanwhile).
+    the text is rendered in the server's own worker thread, so the loop keeps routing
+    meanwhile; concurrent scrapes are rendered one after the other).
 
     ``start`` binds ``host:port`` (port 0: any free port, see ``bound_port``) and raises
     ``OSError`` naming ``--metrics-port`` when it cannot; ``stop`` closes it (idempotent).
@@ -381,6 +383,7 @@ class MetricsServer:
         self._host = host
         self._port = port
         self._runner: web.AppRunner | None = None
+        self._render: ThreadPoolExecutor | None = None
         self.bound_port = 0
 
     async def start(self) -> None:
@@ -397,6 +400,7 @@ class MetricsServer:
                 f"--metrics-port: cannot listen on {self._host}:{self._port}: {exc}"
             ) from exc
         self._runner = runner
+        self._render = ThreadPoolExecutor(max_workers=1, thread_name_prefix="epp-metrics-render")
         address = runner.addresses[0]
         self.bound_port = int(address[1])
         logger.info("metrics serving on %s:%d (/metrics)", self._host, self.bound_port)
@@ -405,9 +409,16 @@ class MetricsServer:
         runner, self._runner = self._runner, None
         if runner is not None:
             await runner.cleanup()
+        render, self._render = self._render, None
+        if render is not None:
+            render.shutdown(wait=False, cancel_futures=True)
 
     async def _metrics(self, request: web.Request) -> web.Response:
         # The collectors snapshot each family's children with one ``list(dict.items())``
         # (atomic under the GIL), so the loop may keep updating values meanwhile.
-        body = await asyncio.to_thread(generate_latest, self._registry)
+        render = self._render
+        if render is None:
+            raise web.HTTPServiceUnavailable()
+        loop = asyncio.get_running_loop()
+        body = await loop.run_in_executor(render, generate_latest, self._registry)
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_PLAIN_0_0_4})
