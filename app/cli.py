@@ -78,6 +78,25 @@ def _ports(text: str) -> tuple[int, ...]:
     return ports
 
 
+def _bytes(text: str) -> int:
+    """A size in bytes: ``16777216``, or with a binary suffix ``16Mi``, ``512Ki``, ``1Gi``."""
+    units = {"Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30}
+    number, factor = text.strip(), 1
+    for suffix, size in units.items():
+        if number.endswith(suffix):
+            number, factor = number.removesuffix(suffix), size
+            break
+    if not number.isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size in bytes (e.g. 16Mi)")
+    return int(number) * factor
+
+
+def _count(text: str) -> int:
+    if not text.strip().isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r} is not a non-negative integer")
+    return int(text)
+
+
 def _selector(text: str) -> str:
     if not text:
         return text
@@ -203,6 +222,35 @@ def build_parser() -> argparse.ArgumentParser:
         _duration,
         "30s",
         "how long in-flight streams may finish after SIGTERM",
+    )
+    _add(
+        parser,
+        "--max-request-body-bytes",
+        _bytes,
+        "16Mi",
+        "request bodies larger than this are answered 413 (0: no limit)",
+    )
+    _add(
+        parser,
+        "--max-response-buffer-bytes",
+        _bytes,
+        "16Mi",
+        "a non-streamed response larger than this is passed through unbuffered, without "
+        "reading its token usage (0: no limit)",
+    )
+    _add(
+        parser,
+        "--stream-idle-timeout",
+        _duration,
+        "10m",
+        "close an ext_proc stream after this long without a message from Envoy (0: never)",
+    )
+    _add(
+        parser,
+        "--max-concurrent-streams",
+        _count,
+        10000,
+        "ext_proc streams served at once; more are refused (0: no limit)",
     )
     parser.add_argument(
         "-v",

@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING
 
 from dependency_injector import containers, providers
 
+from adapters.envoy.extproc import StreamLimits
 from adapters.envoy.server import GrpcServers
 from adapters.envoy.tls import ServerCertificate, load_certificate, self_signed_certificate
 from adapters.jsoncodec.orjson_codec import OrjsonCodec
@@ -247,6 +248,13 @@ class Container(containers.DeclarativeContainer):
         certificate=certificate,
         health_on_extproc_port=settings.provided.health_checking,
         observer=observer,
+        limits=providers.Factory(
+            StreamLimits,
+            max_request_body_bytes=settings.provided.max_request_body_bytes,
+            max_response_buffer_bytes=settings.provided.max_response_buffer_bytes,
+            idle_timeout=settings.provided.stream_idle_timeout,
+        ),
+        max_concurrent_streams=settings.provided.max_concurrent_streams,
     )
 
 

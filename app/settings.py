@@ -41,6 +41,10 @@ class Settings(BaseModel):
     refresh_prometheus_metrics_interval: float = Field(default=5.0, gt=0)
     metrics_staleness_threshold: float = Field(default=2.0, gt=0)
     shutdown_grace_period: float = Field(default=30.0, ge=0)
+    max_request_body_bytes: int = Field(default=16 * 1024 * 1024, ge=0)
+    max_response_buffer_bytes: int = Field(default=16 * 1024 * 1024, ge=0)
+    stream_idle_timeout: float = Field(default=600.0, ge=0)
+    max_concurrent_streams: int = Field(default=10_000, ge=0)
     verbosity: int = Field(default=0, ge=0)
     log_format: Literal["text", "json"] = "text"
     tracing: bool = True

@@ -14,14 +14,25 @@ exchange opened for the request is closed exactly once, however the stream ends.
 Each stream is one ``gateway.request`` server span, continuing the trace of the request
 headers' ``traceparent`` and handed to the domain as the parent of its spans; the stream's
 request id is set in ``REQUEST_ID`` so every log record of the request carries it.
+
+``StreamLimits`` bound what one stream may hold: a request body beyond
+``max_request_body_bytes`` is answered 413 as soon as the limit is crossed (or at once when
+its ``Content-Length`` says so), without buffering more; a non-streamed response beyond
+``max_response_buffer_bytes`` stops being buffered and goes on chunk by chunk as it comes
+(the exchange still sees every byte, but token usage is not read from that response and the
+model name is rewritten back only where it lies within one chunk); a stream with no message
+from Envoy for ``idle_timeout`` seconds, while the EPP is waiting for one, is ended with
+``DEADLINE_EXCEEDED``.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
 import uuid
 from collections.abc import AsyncIterator, Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any, cast
 
 import grpc
@@ -47,6 +58,7 @@ __all__ = [
     "HTTP_STATUS_BY_CODE",
     "MAX_BODY_CHUNK_BYTES",
     "ExtProcServicer",
+    "StreamLimits",
 ]
 
 logger = logging.getLogger(__name__)
@@ -69,6 +81,27 @@ HTTP_STATUS_BY_CODE: Mapping[ErrorCode, int] = {
 }
 
 _OVERWRITE = base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StreamLimits:
+    """What one ext_proc stream may hold (``--max-request-body-bytes``,
+    ``--max-response-buffer-bytes``, ``--stream-idle-timeout``; 0 means no limit)."""
+
+    max_request_body_bytes: int = 16 * 1024 * 1024
+    max_response_buffer_bytes: int = 16 * 1024 * 1024
+    idle_timeout: float = 600.0
+
+
+def _payload_too_large(limit: int) -> Any:
+    return pb.ProcessingResponse(
+        immediate_response=pb.ImmediateResponse(
+            status=http_status_pb2.HttpStatus(code=413),
+            body=(
+                f"inference error: PayloadTooLarge - the request body exceeds {limit} bytes"
+            ).encode(),
+        )
+    )
 
 
 class StreamAbortedError(Exception):
@@ -230,27 +263,37 @@ class _Stream:
     """The state of one ext_proc stream (one HTTP request and its response)."""
 
     __slots__ = (
+        "_body_bytes",
         "_body_chunks",
         "_body_done",
         "_exchange",
         "_finished",
         "_headers",
         "_headers_seen",
+        "_limits",
         "_metadata",
         "_observer",
         "_processor",
         "_raw_headers",
         "_request_id",
+        "_response_buffered",
         "_response_chunks",
         "_response_done",
+        "_response_passthrough",
         "_response_started",
         "_span",
         "_streaming",
     )
 
-    def __init__(self, processor: RequestProcessor, observer: Observer) -> None:
+    def __init__(
+        self, processor: RequestProcessor, observer: Observer, limits: StreamLimits
+    ) -> None:
         self._processor = processor
         self._observer = observer
+        self._limits = limits
+        self._body_bytes = 0
+        self._response_buffered = 0
+        self._response_passthrough = False
         self._span: Span | None = None
         self._headers: dict[str, str] = {}
         self._headers_seen = False
@@ -331,7 +374,19 @@ class _Stream:
             self._span = span
         if message.end_of_stream:
             return await self._route(None)
+        limit = self._limits.max_request_body_bytes
+        declared = headers.get("content-length", "")
+        if limit and declared.isdigit() and int(declared) > limit:
+            return self._too_large(limit)
         return []
+
+    def _too_large(self, limit: int) -> list[Any]:
+        self._finished = True
+        self._body_chunks.clear()
+        logger.info("request %s refused: its body exceeds %d bytes", self._request_id, limit)
+        if self._span is not None:
+            self._span.record_error(f"PayloadTooLarge: the request body exceeds {limit} bytes")
+        return [_payload_too_large(limit)]
 
     async def _on_request_body(self, message: Any) -> list[Any]:
         if not self._headers_seen:
@@ -339,6 +394,10 @@ class _Stream:
         if self._body_done or self._exchange is not None:
             return []  # a duplicate end-of-stream chunk, or a body after the request ended
         if message.body:
+            self._body_bytes += len(message.body)
+            limit = self._limits.max_request_body_bytes
+            if limit and self._body_bytes > limit:
+                return self._too_large(limit)
             self._body_chunks.append(message.body)
         if not message.end_of_stream:
             return []
@@ -435,15 +494,35 @@ class _Stream:
         end_of_stream = bool(message.end_of_stream)
         if self._exchange is None:
             return [_response_body_response(message.body, end_of_stream)]
-        if self._streaming:
+        if self._streaming or self._response_passthrough:
             self._response_done = end_of_stream
             reply = await self._exchange.response_body(message.body, end_of_stream)
             return [_response_body_response(reply.body, end_of_stream, reply.dynamic_metadata)]
         if message.body:
             self._response_chunks.append(message.body)
+            self._response_buffered += len(message.body)
+            limit = self._limits.max_response_buffer_bytes
+            if limit and self._response_buffered > limit and not end_of_stream:
+                return await self._start_passthrough(limit)
         if not end_of_stream:
             return []
         return await self._flush_buffered_response(end_of_stream=True)
+
+    async def _start_passthrough(self, limit: int) -> list[Any]:
+        """The buffered response outgrew ``limit``: what is buffered goes on now, and the
+        rest chunk by chunk as it comes."""
+        assert self._exchange is not None
+        self._response_passthrough = True
+        logger.info(
+            "request %s: response larger than %d bytes passed through unbuffered (no token "
+            "usage read from it)",
+            self._request_id,
+            limit,
+        )
+        body = b"".join(self._response_chunks)
+        self._response_chunks.clear()
+        reply = await self._exchange.response_body(body, False)
+        return [_response_body_response(c, False) for c in _chunks(reply.body)]
 
     async def _flush_buffered_response(self, *, end_of_stream: bool) -> list[Any]:
         assert self._exchange is not None
@@ -463,7 +542,7 @@ class _Stream:
     async def _on_response_trailers(self) -> list[Any]:
         replies: list[Any] = []
         if not self._response_done and self._exchange is not None:
-            if self._streaming:
+            if self._streaming or self._response_passthrough:
                 self._response_done = True
                 await self._exchange.response_body(b"", True)
             else:
@@ -475,16 +554,37 @@ class _Stream:
 class ExtProcServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
     """The ``envoy.service.ext_proc.v3.ExternalProcessor`` service."""
 
-    def __init__(self, processor: RequestProcessor, observer: Observer | None = None) -> None:
+    def __init__(
+        self,
+        processor: RequestProcessor,
+        observer: Observer | None = None,
+        limits: StreamLimits | None = None,
+    ) -> None:
         self._processor = processor
         self._observer: Observer = observer if observer is not None else NoopObserver()
+        self._limits = limits if limits is not None else StreamLimits()
 
     async def Process(  # noqa: N802 - the gRPC method name
         self, request_iterator: AsyncIterator[Any], context: grpc.aio.ServicerContext[Any, Any]
     ) -> AsyncIterator[Any]:
-        stream = _Stream(self._processor, self._observer)
+        stream = _Stream(self._processor, self._observer, self._limits)
+        idle = self._limits.idle_timeout
+        messages = request_iterator.__aiter__()
         try:
-            async for request in request_iterator:
+            while True:
+                # Only the wait for Envoy's next message counts as idle, never routing.
+                try:
+                    async with asyncio.timeout(idle or None):
+                        request = await anext(messages)
+                except StopAsyncIteration:
+                    return
+                except TimeoutError:
+                    logger.info("ext_proc stream closed: no message from Envoy for %gs", idle)
+                    await context.abort(
+                        grpc.StatusCode.DEADLINE_EXCEEDED,
+                        f"no message from Envoy for {idle:g}s (--stream-idle-timeout)",
+                    )
+                    return
                 try:
                     replies = await stream.handle(request)
                 except StreamAbortedError as exc:

@@ -9,7 +9,7 @@ import grpc
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from grpc_health.v1 import health_pb2_grpc
 
-from adapters.envoy.extproc import ExtProcServicer
+from adapters.envoy.extproc import ExtProcServicer, StreamLimits
 from adapters.envoy.health import HealthServicer
 from adapters.envoy.tls import ServerCertificate
 from ports.observer import Observer
@@ -33,7 +33,9 @@ class GrpcServers:
 
     ``start`` binds both (raising ``OSError`` naming the port if it cannot);
     ``drain`` turns readiness to NOT_SERVING, refuses new streams and waits up to
-    ``grace`` seconds for in-flight streams before cancelling them.
+    ``grace`` seconds for in-flight streams before cancelling them. ``limits`` bound each
+    stream; past ``max_concurrent_streams`` ext_proc streams (0: no limit) a new one is
+    refused with ``RESOURCE_EXHAUSTED``.
     """
 
     def __init__(
@@ -46,20 +48,25 @@ class GrpcServers:
         certificate: ServerCertificate | None,
         health_on_extproc_port: bool = False,
         observer: Observer | None = None,
+        limits: StreamLimits | None = None,
+        max_concurrent_streams: int = 0,
     ) -> None:
         self._host = host
         self._grpc_port = grpc_port
         self._health_port = health_port
         self._certificate = certificate
         self.health = HealthServicer(processor.ready)
-        self._extproc = ExtProcServicer(processor, observer)
+        self._extproc = ExtProcServicer(processor, observer, limits)
+        self._max_concurrent_streams = max_concurrent_streams or None
         self._health_on_extproc_port = health_on_extproc_port
         self._servers: list[Any] = []
         self.bound_grpc_port = 0
         self.bound_health_port = 0
 
     async def start(self) -> None:
-        extproc_server = grpc.aio.server(options=_OPTIONS)
+        extproc_server = grpc.aio.server(
+            options=_OPTIONS, maximum_concurrent_rpcs=self._max_concurrent_streams
+        )
         pb_grpc.add_ExternalProcessorServicer_to_server(self._extproc, extproc_server)
         if self._health_on_extproc_port:
             health_pb2_grpc.add_HealthServicer_to_server(self.health, extproc_server)

@@ -11,16 +11,29 @@ Reports name catalogue entries, so a misspelt name or a wrong kind cannot type-c
 run time an entry this observer does not export (one built outside the catalogue), a label
 set other than the entry's, or an invalid value is dropped and logged once per metric;
 nothing ever raises into the caller. A gauge set to NaN removes that labelled series (how a
-reporter says "this pod is gone"). ``MetricsServer`` serves the registry as Prometheus text
-on ``/metrics``.
+reporter says "this pod is gone").
+
+Labels whose values come from requests (``REQUEST_DERIVED_LABELS``: the body's model, the
+rewritten model, the fairness id) are bounded here, once for every metric that carries them:
+a value longer than ``max_label_length`` characters, and every new value once
+``max_label_values`` distinct ones of that label were seen, is exported as ``OTHER_LABEL``
+(the reference caps at 1,000 values then ``other`` the same way). Without it one request with
+a 1 MB model name made ``/metrics`` 337 MB and 20,000 names made 620k series that never
+expire. The distinct values are counted per label name, so a model is ``other`` in every
+metric or in none.
+
+``MetricsServer`` serves the registry as Prometheus text on ``/metrics``, rendered in a
+worker thread so that a large exposition never holds up routing on the event loop.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 from bisect import bisect_left
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from operator import itemgetter
 from typing import Any, cast
 
@@ -47,12 +60,55 @@ from ports.observer import NoopSpan, Span
 
 _go_float = cast(Callable[[float], str], floatToGoString)
 
-__all__ = ["MetricsServer", "PrometheusObserver"]
+__all__ = [
+    "MAX_LABEL_LENGTH",
+    "MAX_LABEL_VALUES",
+    "OTHER_LABEL",
+    "REQUEST_DERIVED_LABELS",
+    "MetricsServer",
+    "PrometheusObserver",
+]
 
 logger = logging.getLogger(__name__)
 
 LabelKey = tuple[object, ...]
 _NOOP_SPAN = NoopSpan()
+
+#: Label names whose values a client chooses (the body's ``model``, the rewrite header, the
+#: fairness header): bounded by ``PrometheusObserver``.
+REQUEST_DERIVED_LABELS = frozenset(
+    {"model_name", "target_model_name", "target_model", "fairness_id"}
+)
+#: The exported value of a request-derived label beyond the bounds.
+OTHER_LABEL = "other"
+#: Distinct values kept per request-derived label name (the reference's cap).
+MAX_LABEL_VALUES = 1000
+#: Longest request-derived label value kept, in characters (Hugging Face repository ids are
+#: at most 96; a LoRA adapter name rarely more).
+MAX_LABEL_LENGTH = 256
+
+
+class _BoundedValues:
+    """The first ``limit`` distinct values of one label (each at most ``max_length``
+    characters) pass through; anything else becomes ``OTHER_LABEL``."""
+
+    __slots__ = ("_limit", "_max_length", "_seen")
+
+    def __init__(self, limit: int, max_length: int) -> None:
+        self._limit = limit
+        self._max_length = max_length
+        self._seen: set[object] = set()
+
+    def __call__(self, value: object) -> object:
+        seen = self._seen
+        if value in seen:
+            return value
+        if isinstance(value, str) and len(value) > self._max_length:
+            return OTHER_LABEL
+        if len(seen) >= self._limit:
+            return OTHER_LABEL
+        seen.add(value)
+        return value
 
 
 class _Histogram:
@@ -90,15 +146,22 @@ def _key_function(names: Sequence[str]) -> Callable[[Mapping[str, str]], LabelKe
 
 
 class _Family:
-    __slots__ = ("bounds", "children", "key", "le", "metric")
+    __slots__ = ("bounded", "bounds", "children", "folded", "key", "le", "metric")
 
-    def __init__(self, metric: Metric) -> None:
+    def __init__(self, metric: Metric, bounders: Mapping[str, _BoundedValues]) -> None:
         self.metric = metric
         self.key = _key_function(metric.labels)
+        #: (position, bounder) of each request-derived label
+        self.bounded = tuple(
+            (i, bounders[name]) for i, name in enumerate(metric.labels) if name in bounders
+        )
         self.bounds = metric.buckets if isinstance(metric, HistogramMetric) else ()
         self.le = [_go_float(b) for b in self.bounds] + ["+Inf"]
         #: label values -> ``[value]`` (counter, gauge) or ``_Histogram``
         self.children: dict[LabelKey, Any] = {}
+        #: gauges only: the non-zero values of series folded into ``OTHER_LABEL``, by their
+        #: own label values, so that the folded series shows their sum
+        self.folded: dict[LabelKey, float] = {}
 
     def collect(self) -> MetricFamily:
         metric = self.metric
@@ -118,6 +181,16 @@ class _Family:
             for key, child in children:
                 family.add_metric(_values(key), child[0])
         return family
+
+    def child_key(self, key: LabelKey) -> LabelKey:
+        """``key`` with its request-derived values bounded (only for a key not seen yet:
+        a key already in ``children`` went through this)."""
+        if not self.bounded or key in self.children:
+            return key
+        values = list(key)
+        for position, bound in self.bounded:
+            values[position] = bound(values[position])
+        return tuple(values)
 
     def _zero(self) -> Any:
         if self.metric.kind is MetricKind.HISTOGRAM:
@@ -159,11 +232,22 @@ class PrometheusObserver:
 
     Call it from the event loop thread only. ``registry`` holds exactly the metrics of
     ``catalogue`` (default: ``CATALOGUE``, every metric the EPP exports), in its order.
+    Request-derived labels are bounded by ``max_label_values`` and ``max_label_length``.
     """
 
-    def __init__(self, catalogue: Sequence[Metric] = CATALOGUE) -> None:
+    def __init__(
+        self,
+        catalogue: Sequence[Metric] = CATALOGUE,
+        *,
+        max_label_values: int = MAX_LABEL_VALUES,
+        max_label_length: int = MAX_LABEL_LENGTH,
+    ) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
-        families = [_Family(metric) for metric in catalogue]
+        bounders = {
+            name: _BoundedValues(max_label_values, max_label_length)
+            for name in REQUEST_DERIVED_LABELS
+        }
+        families = [_Family(metric, bounders) for metric in catalogue]
         if len({metric.name for metric in catalogue}) != len(families):
             raise ValueError("duplicate metric name in the catalogue")
         # Keyed by the entry itself: entries hash by identity, as cheaply as a name.
@@ -186,6 +270,7 @@ class PrometheusObserver:
         if not value >= 0.0:  # negative or NaN: a counter never goes down
             self._warn(metric, f"counter {metric.name}: dropped the invalid increment {value!r}")
             return
+        key = family.child_key(key)
         child = family.children.get(key)
         if child is None:
             family.children[key] = [value]
@@ -200,6 +285,10 @@ class PrometheusObserver:
         key = family.key(labels)
         if key is None:
             self._reject(metric, MetricKind.GAUGE, labels)
+            return
+        bounded = family.child_key(key)
+        if bounded != key:
+            self._fold_gauge(family, key, bounded, value)
             return
         if value != value:  # NaN: the series is gone
             family.children.pop(key, None)
@@ -224,11 +313,26 @@ class PrometheusObserver:
                 metric, f"histogram {metric.name}: dropped the invalid observation {value!r}"
             )
             return
+        key = family.child_key(key)
         child = family.children.get(key)
         if child is None:
             child = family.children[key] = _Histogram(len(family.bounds))
         child.counts[bisect_left(family.bounds, value)] += 1
         child.sum += value
+
+    @staticmethod
+    def _fold_gauge(family: _Family, key: LabelKey, bounded: LabelKey, value: float) -> None:
+        """A gauge series beyond the label bounds: ``bounded`` shows the sum of the folded
+        series' values (each remembered until it is set to 0 or NaN)."""
+        old = family.folded.pop(key, 0.0)
+        new = 0.0 if value != value else value
+        if new:
+            family.folded[key] = new
+        child = family.children.get(bounded)
+        if child is None:
+            family.children[bounded] = [new - old]
+        else:
+            child[0] += new - old
 
     def start_span(
         self,
@@ -266,7 +370,9 @@ class PrometheusObserver:
 
 
 class MetricsServer:
-    """Serves a registry as Prometheus text on ``GET /metrics`` (aiohttp, on the event loop).
+    """Serves a registry as Prometheus text on ``GET /metrics`` (aiohttp on the event loop;
+    the text is rendered in the server's own worker thread, so the loop keeps routing
+    meanwhile; concurrent scrapes are rendered one after the other).
 
     ``start`` binds ``host:port`` (port 0: any free port, see ``bound_port``) and raises
     ``OSError`` naming ``--metrics-port`` when it cannot; ``stop`` closes it (idempotent).
@@ -277,6 +383,7 @@ class MetricsServer:
         self._host = host
         self._port = port
         self._runner: web.AppRunner | None = None
+        self._render: ThreadPoolExecutor | None = None
         self.bound_port = 0
 
     async def start(self) -> None:
@@ -293,6 +400,7 @@ class MetricsServer:
                 f"--metrics-port: cannot listen on {self._host}:{self._port}: {exc}"
             ) from exc
         self._runner = runner
+        self._render = ThreadPoolExecutor(max_workers=1, thread_name_prefix="epp-metrics-render")
         address = runner.addresses[0]
         self.bound_port = int(address[1])
         logger.info("metrics serving on %s:%d (/metrics)", self._host, self.bound_port)
@@ -301,7 +409,16 @@ class MetricsServer:
         runner, self._runner = self._runner, None
         if runner is not None:
             await runner.cleanup()
+        render, self._render = self._render, None
+        if render is not None:
+            render.shutdown(wait=False, cancel_futures=True)
 
     async def _metrics(self, request: web.Request) -> web.Response:
-        body = generate_latest(self._registry)
+        # The collectors snapshot each family's children with one ``list(dict.items())``
+        # (atomic under the GIL), so the loop may keep updating values meanwhile.
+        render = self._render
+        if render is None:
+            raise web.HTTPServiceUnavailable()
+        loop = asyncio.get_running_loop()
+        body = await loop.run_in_executor(render, generate_latest, self._registry)
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_PLAIN_0_0_4})

@@ -17,6 +17,7 @@ from domain.datalayer.attributes import IN_FLIGHT_LOAD, InFlightLoad
 from domain.datastore import Datastore
 from domain.requestcontrol.director import Director
 from ports.endpoints import EndpointAddress, EndpointEvent, EndpointEventKind, EndpointInfo
+from ports.observer import Observer
 from ports.requests import (
     InboundRequest,
     Metadata,
@@ -56,7 +57,9 @@ saturationDetector:
 """
 
 
-def director_over(config: str | None = CONCURRENCY_CONFIG) -> tuple[Director, Datastore]:
+def director_over(
+    config: str | None = CONCURRENCY_CONFIG, *, observer: Observer | None = None
+) -> tuple[Director, Datastore]:
     datastore = Datastore()
     for ip in ENDPOINT_IPS:
         datastore.apply(
@@ -66,7 +69,7 @@ def director_over(config: str | None = CONCURRENCY_CONFIG) -> tuple[Director, Da
             )
         )
     datastore.mark_synced()
-    return configured_director(datastore, config), datastore
+    return configured_director(datastore, config, observer=observer), datastore
 
 
 def in_flight(datastore: Datastore) -> dict[str, InFlightLoad]:
@@ -137,10 +140,16 @@ class CountingProcessor:
 
 
 @contextlib.asynccontextmanager
-async def extproc_channel(processor: Any) -> AsyncIterator[grpc.aio.Channel]:
-    """The real ``GrpcServers`` on loopback for ``processor``, and a channel to it."""
+async def extproc_channel(processor: Any, **options: Any) -> AsyncIterator[grpc.aio.Channel]:
+    """The real ``GrpcServers`` on loopback for ``processor`` (``options``: more of its
+    keyword arguments, e.g. ``limits``), and a channel to it."""
     servers = GrpcServers(
-        processor=processor, host="127.0.0.1", grpc_port=0, health_port=0, certificate=None
+        processor=processor,
+        host="127.0.0.1",
+        grpc_port=0,
+        health_port=0,
+        certificate=None,
+        **options,
     )
     await servers.start()
     channel = grpc.aio.insecure_channel(f"127.0.0.1:{servers.bound_grpc_port}")

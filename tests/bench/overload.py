@@ -41,9 +41,10 @@ import aiohttp
 import orjson
 
 from tests.simulator import DEFAULT_MODEL
-from tests.support.stack import Stack, StackOptions
+from tests.support.stack import Stack, StackOptions, trusted_header
 
-OBJECTIVE_HEADER = "x-gateway-inference-objective"
+# Set by the test stack's trusted filter (Envoy strips a client's x-gateway-* headers).
+OBJECTIVE_HEADER = trusted_header("x-gateway-inference-objective")
 QUEUE_SIZE = "inference_extension_flow_control_queue_size"
 SATURATION = "inference_extension_flow_control_pool_saturation"
 DISPLACED = "inference_extension_flow_control_displaced_total"

@@ -20,11 +20,12 @@ import orjson
 import pytest
 
 from tests.simulator import DEFAULT_MODEL
-from tests.support.stack import Stack, StackOptions
+from tests.support.stack import Stack, StackOptions, trusted_header
 
 pytestmark = pytest.mark.e2e
 
-OBJECTIVE_HEADER = "x-gateway-inference-objective"
+# Set by the test stack's trusted filter (Envoy strips a client's x-gateway-* headers).
+OBJECTIVE_HEADER = trusted_header("x-gateway-inference-objective")
 QUEUE_SIZE = "inference_extension_flow_control_queue_size"
 DISPLACED = "inference_extension_flow_control_displaced_total"
 QUEUE_DURATION_COUNT = "inference_extension_flow_control_request_queue_duration_seconds_count"

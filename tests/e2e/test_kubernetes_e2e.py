@@ -37,7 +37,7 @@ from tests.support.kube_api import (
     model_rewrite,
     pod,
 )
-from tests.support.stack import Stack, StackOptions, free_port, wait_for
+from tests.support.stack import Stack, StackOptions, free_port, trusted_header, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -61,7 +61,8 @@ LORA = "food-review-1"
 SIMULATOR_ARGS = ("--num-gpu-blocks", str(NUM_GPU_BLOCKS), "--itl-ms", str(ITL_MS), "--lora", LORA)
 
 DECISION_HEADER = "x-epp-decision"
-OBJECTIVE_HEADER = "x-gateway-inference-objective"
+# Set by the test stack's trusted filter (Envoy strips a client's x-gateway-* headers).
+OBJECTIVE_HEADER = trusted_header("x-gateway-inference-objective")
 _SCORED = re.compile(r"([^\s,;=()]+)=(\d+\.\d+) \(([^)]*)\)")
 
 

@@ -23,7 +23,7 @@ import orjson
 import pytest
 
 from tests.simulator import DEFAULT_MODEL, INSTANCE_HEADER
-from tests.support.stack import Stack, StackOptions
+from tests.support.stack import Stack, StackOptions, trusted_header
 
 pytestmark = pytest.mark.e2e
 
@@ -42,7 +42,8 @@ HEALTHY_BASE_IP = "127.0.0.111"  # two simulators: .111 and .112
 POLLS = 3
 
 DECISION_HEADER = "x-epp-decision"
-OBJECTIVE_HEADER = "x-gateway-inference-objective"
+# Set by the test stack's trusted filter (Envoy strips a client's x-gateway-* headers).
+OBJECTIVE_HEADER = trusted_header("x-gateway-inference-objective")
 
 IDLE_METRICS = b"""\
 # HELP vllm:num_requests_running Number of requests in model execution batches.

@@ -15,6 +15,7 @@ from domain.plugins.state import RequestStates
 from domain.prefixcache.index import InMemoryPrefixIndex
 from domain.requestcontrol.director import Director, RequestControl
 from domain.scheduling.scheduler import Scheduler
+from ports.observer import Observer
 
 __all__ = ["configured_director"]
 
@@ -27,6 +28,7 @@ def configured_director(
     objectives: ObjectiveStore | None = None,
     explain_decisions: bool = False,
     include_entry_points: bool = False,
+    observer: Observer | None = None,
 ) -> Director:
     """The plugins of ``config_text`` (the default config when None): the in-tree types,
     and those of installed ``epp.plugins`` entry points with ``include_entry_points``."""
@@ -62,4 +64,5 @@ def configured_director(
         objectives=objectives,
         states=RequestStates(),
         rng=rng,
+        observer=observer,
     )

@@ -34,6 +34,7 @@ __all__ = [
     "envoy_binary",
     "envoy_config",
     "free_port",
+    "trusted_header",
     "wait_for",
 ]
 
@@ -78,6 +79,42 @@ def envoy_binary() -> Path:
     return path
 
 
+#: The shipped config strips every client ``x-gateway-*`` request header; the test stack
+#: adds a stand-in for a trusted filter after that, which sets ``x-gateway-<name>`` from a
+#: client's ``x-test-trusted-<name>`` (in production: from authentication, never a client).
+TRUSTED_TEST_PREFIX = "x-test-trusted-"
+STRIP_FILTER = "strip-client-gateway-headers"
+
+_TRUSTED_TEST_FILTER: dict[str, Any] = {
+    "name": "test-trusted-gateway-headers",
+    "typed_config": {
+        "@type": "type.googleapis.com/envoy.extensions.filters.http.lua.v3.Lua",
+        "default_source_code": {
+            "inline_string": f"""
+function envoy_on_request(handle)
+  local headers = handle:headers()
+  local found = {{}}
+  for key, value in pairs(headers) do
+    if string.sub(key, 1, {len(TRUSTED_TEST_PREFIX)}) == "{TRUSTED_TEST_PREFIX}" then
+      found["x-gateway-" .. string.sub(key, {len(TRUSTED_TEST_PREFIX) + 1})] = value
+    end
+  end
+  for key, value in pairs(found) do
+    headers:replace(key, value)
+  end
+end
+"""
+        },
+    },
+}
+
+
+def trusted_header(name: str) -> str:
+    """The header a test client sends for the test stack's trusted filter to set ``name``
+    (an ``x-gateway-*`` header, which Envoy strips when a client sends it)."""
+    return TRUSTED_TEST_PREFIX + name.removeprefix("x-gateway-")
+
+
 def envoy_config(
     *,
     listen_port: int,
@@ -90,17 +127,23 @@ def envoy_config(
     """The shipped ``deploy/envoy/envoy.yaml`` with only ports and the EPP address changed.
 
     ``ext_proc=False`` drops the ext_proc filter (Envoy routing on a client-set
-    ``x-gateway-destination-endpoint`` header: the benchmark's baseline).
+    ``x-gateway-destination-endpoint`` header: the benchmark's baseline), and with it the
+    filter stripping client ``x-gateway-*`` headers. With ext_proc, a stand-in for a trusted
+    filter goes right after the stripping (see ``trusted_header``).
     """
     config: dict[str, Any] = yaml.safe_load(DEPLOY_ENVOY_CONFIG.read_text())
     config["admin"]["address"]["socket_address"].update(address="127.0.0.1", port_value=admin_port)
     listener = config["static_resources"]["listeners"][0]
     listener["address"]["socket_address"].update(address="127.0.0.1", port_value=listen_port)
     hcm = listener["filter_chains"][0]["filters"][0]["typed_config"]
+    filters = hcm["http_filters"]
     if not ext_proc:
         hcm["http_filters"] = [
-            f for f in hcm["http_filters"] if f["name"] != "envoy.filters.http.ext_proc"
+            f for f in filters if f["name"] not in ("envoy.filters.http.ext_proc", STRIP_FILTER)
         ]
+    else:
+        strip = next(i for i, f in enumerate(filters) if f["name"] == STRIP_FILTER)
+        filters.insert(strip + 1, _TRUSTED_TEST_FILTER)
     for cluster in config["static_resources"]["clusters"]:
         if cluster["name"] == "epp":
             endpoint = cluster["load_assignment"]["endpoints"][0]["lb_endpoints"][0]
