@@ -182,6 +182,7 @@ class ResilientPrefixIndex:
         if self._running:
             return
         self._running = True
+        self._observer.gauge(SHARED_STATE_DEGRADED, _NO_LABELS, 1.0 if self._degraded else 0.0)
         self._writer = asyncio.get_running_loop().create_task(self._write_loop())
         if self._degraded:
             self._start_probe()

@@ -108,7 +108,7 @@ async def test_consecutive_misses_degrade_once_and_stop_waiting_for_the_remote(
                 await rig.index.match(H)
         assert rig.index.degraded
         assert rig.count(SHARED_STATE_DEADLINE_MISSES) == 5
-        assert rig.gauge() == [1.0]
+        assert rig.gauge() == [0.0, 1.0]
         (line,) = _lines(caplog)
         assert "degraded" in line
         assert "3 consecutive deadline misses" in line
@@ -148,7 +148,7 @@ async def test_a_failure_degrades_the_probe_backs_off_then_heals_and_rebuilds(
     await rig.sleep.release()
     await until(lambda: not rig.index.degraded)
     await until(lambda: rig.remote.index.match_sync(H[:5]) == {"a": 3, "b": 5})
-    assert rig.gauge() == [1.0, 0.0]
+    assert rig.gauge() == [0.0, 1.0, 0.0]  # reported at start, then on each change
     lines = _lines(caplog)
     assert len(lines) == 2
     assert "degraded" in lines[0]
