@@ -33,12 +33,14 @@ from domain.requestcontrol.director import Director, RequestControl
 from domain.scheduling.observer import SchedulingObserver, SchedulingReporter
 from domain.scheduling.scheduler import Scheduler
 from domain.scheduling.types import Candidate
+from domain.sharedstate.load import LocalSharedLoad
 from ports.codec import JsonCodec
 from ports.datalayer import NotificationSource, PollingDataSource
 from ports.endpoints import EndpointSource
 from ports.objectives import ObjectiveSink
 from ports.observer import Observer
 from ports.prefix_index import BlockHasher, PrefixIndex
+from ports.shared_state import SharedLoad
 
 if TYPE_CHECKING:
     from kubernetes.client import ApiClient
@@ -90,6 +92,7 @@ def _handle(
     prefix_index: PrefixIndex,
     datastore: Datastore,
     observer: Observer,
+    shared_load: SharedLoad,
 ) -> Handle:
     return Handle(
         codec=codec,
@@ -97,6 +100,7 @@ def _handle(
         prefix_index=prefix_index,
         datastore=datastore,
         observer=observer,
+        shared_load=shared_load,
     )
 
 
@@ -201,6 +205,8 @@ class Container(containers.DeclarativeContainer):
     codec = providers.Singleton(OrjsonCodec)
     hasher = providers.Singleton(XxhashBlockHasher)
     prefix_index = providers.Singleton(InMemoryPrefixIndex)
+    # The other processes' in-flight load: none until a shared store (--redis-url) is wired.
+    shared_load = providers.Singleton(LocalSharedLoad)
     datastore = providers.Singleton(Datastore)
     objectives = providers.Singleton(ObjectiveStore)
     request_states = providers.Singleton(RequestStates)
@@ -219,7 +225,9 @@ class Container(containers.DeclarativeContainer):
         prefix_index=prefix_index,
     )
     # --- end observability ---
-    handle = providers.Singleton(_handle, codec, hasher, prefix_index, datastore, observer)
+    handle = providers.Singleton(
+        _handle, codec, hasher, prefix_index, datastore, observer, shared_load
+    )
     config = providers.Singleton(_loaded_config, settings, registry, handle)
     flow_controller = providers.Singleton(_flow_controller, config, datastore, settings, observer)
     request_control = providers.Singleton(

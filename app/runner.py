@@ -17,6 +17,7 @@ from app.logsetup import configure_logging
 from app.plugins import PluginLoadError
 from app.settings import Settings
 from domain.plugins.state import RequestStates
+from domain.sharedstate import ResilientPrefixIndex
 
 __all__ = ["StartupError", "run", "serve"]
 
@@ -85,9 +86,18 @@ async def serve(container: Container, stop: asyncio.Event) -> None:
         await observability.start()  # /metrics first: its port is logged before ext_proc's
     except OSError as exc:
         raise StartupError(str(exc)) from exc
+    # Shared state before serving: the first requests already read and write it.
+    shared_load = container.shared_load()
+    await shared_load.start()
+    prefix_index = container.prefix_index()
+    if isinstance(prefix_index, ResilientPrefixIndex):
+        await prefix_index.start()
     try:
         await servers.start()
     except OSError as exc:
+        if isinstance(prefix_index, ResilientPrefixIndex):
+            await prefix_index.stop()
+        await shared_load.stop()
         await observability.stop()
         raise StartupError(str(exc)) from exc
     flow_controller = container.flow_controller()
@@ -118,6 +128,9 @@ async def serve(container: Container, stop: asyncio.Event) -> None:
         await servers.drain(0)
         if flow_controller is not None:
             await flow_controller.stop()
+        if isinstance(prefix_index, ResilientPrefixIndex):
+            await prefix_index.stop()
+        await shared_load.stop()  # withdraws this process's load from the pool
         await observability.stop()  # after the last request: flushes the traces
     logger.info("stopped")
 

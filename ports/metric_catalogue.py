@@ -51,6 +51,12 @@ __all__ = [
     "SCHEDULER_ATTEMPTS",
     "SCHEDULER_E2E_DURATION",
     "SCRAPE_ERRORS",
+    "SHARED_STATE_DEADLINE_MISSES",
+    "SHARED_STATE_DEGRADED",
+    "SHARED_STATE_DROPPED_WRITES",
+    "SHARED_STATE_ERRORS",
+    "SHARED_STATE_ROUNDTRIP",
+    "SHARED_STATE_WRITES",
     "CounterMetric",
     "GaugeMetric",
     "HistogramMetric",
@@ -139,6 +145,9 @@ _QUEUE_DURATION_BUCKETS = (
     0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0,
 )  # fmt: skip
 _FAST_BUCKETS = (0.00001, 0.00005, 0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1)
+_SHARED_STATE_BUCKETS = (
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
+)  # fmt: skip
 _FLOW = ("fairness_id", "priority")
 _FLOW_QUEUE = (*_FLOW, "inference_pool", *_MODEL)
 
@@ -335,6 +344,43 @@ FLOW_CONTROL_DISPLACED = CounterMetric(
     labels=("priority",),
 )
 
+# --- shared state (several EPP processes on one store; see docs/shared-state.md) ---
+
+#: Seconds per answered round trip to the shared store, by ``operation`` (``match``,
+#: ``add``, ``remove_endpoint``, ``probe``); misses and errors are not observed here.
+SHARED_STATE_ROUNDTRIP = HistogramMetric(
+    name="inference_extension_shared_state_roundtrip_seconds",
+    help="Round-trip latency distribution in seconds of answered shared-state operations.",
+    labels=("operation",),
+    buckets=_SHARED_STATE_BUCKETS,
+)
+#: Routing-path reads that missed their deadline and used the local state instead.
+SHARED_STATE_DEADLINE_MISSES = CounterMetric(
+    name="inference_extension_shared_state_deadline_misses_total",
+    help="Shared-state reads on the routing path that missed their deadline (answered "
+    "from local state).",
+)
+SHARED_STATE_ERRORS = CounterMetric(
+    name="inference_extension_shared_state_errors_total",
+    help="Failed shared-state operations, per operation.",
+    labels=("operation",),
+)
+#: 1 while the shared state is degraded (routing on local state only), else 0.
+SHARED_STATE_DEGRADED = GaugeMetric(
+    name="inference_extension_shared_state_degraded",
+    help="1 while the shared state is degraded and routing uses local state only, else 0.",
+)
+SHARED_STATE_WRITES = CounterMetric(
+    name="inference_extension_shared_state_writes_total",
+    help="Writes sent to the shared store and acknowledged.",
+)
+#: Writes never sent: the pending queue was full, or the store was degraded (the rebuild
+#: after recovery re-sends what the local state still knows).
+SHARED_STATE_DROPPED_WRITES = CounterMetric(
+    name="inference_extension_shared_state_dropped_writes_total",
+    help="Writes to the shared store dropped (pending queue full, or store degraded).",
+)
+
 #: Every metric the EPP exports, in exposition order.
 CATALOGUE: tuple[Metric, ...] = (
     REQUEST_TOTAL,
@@ -368,4 +414,10 @@ CATALOGUE: tuple[Metric, ...] = (
     FLOW_CONTROL_POOL_SATURATION,
     SCRAPE_ERRORS,
     FLOW_CONTROL_DISPLACED,
+    SHARED_STATE_ROUNDTRIP,
+    SHARED_STATE_DEADLINE_MISSES,
+    SHARED_STATE_ERRORS,
+    SHARED_STATE_DEGRADED,
+    SHARED_STATE_WRITES,
+    SHARED_STATE_DROPPED_WRITES,
 )

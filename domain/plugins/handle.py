@@ -9,9 +9,11 @@ from dataclasses import dataclass, field
 
 from domain.datastore.store import Datastore
 from domain.plugins.plugin import Plugin, PluginConfigError
+from domain.sharedstate.load import LocalSharedLoad
 from ports.codec import JsonCodec
 from ports.observer import NoopObserver, Observer
 from ports.prefix_index import BlockHasher, PrefixIndex
+from ports.shared_state import SharedLoad
 
 __all__ = ["Handle"]
 
@@ -22,7 +24,9 @@ class Handle:
 
     Built once at start-up by the app; plugins keep what they need from it. ``observer``
     receives the plugins' metrics and spans (a no-op unless the app wires one). A factory
-    finds the plugins configured before it in ``plugins``.
+    finds the plugins configured before it in ``plugins``. ``shared_load`` is the in-flight
+    load the pool's other EPP processes booked (``LocalSharedLoad``, none, unless the app
+    wires a shared store).
     """
 
     codec: JsonCodec
@@ -32,6 +36,7 @@ class Handle:
     rng: random.Random = field(default_factory=random.Random)
     clock: Callable[[], float] = time.monotonic
     observer: Observer = field(default_factory=NoopObserver)
+    shared_load: SharedLoad = field(default_factory=LocalSharedLoad)
     plugins: dict[str, Plugin] = field(default_factory=dict)
 
     def add_plugin(self, plugin: Plugin) -> None:

@@ -173,6 +173,10 @@ class InMemoryPrefixIndex:
         self._names[ep] = None
         heapq.heappush(self._free, ep)
 
+    def holds(self, endpoint: str) -> bool:
+        """Whether the index knows ``endpoint`` (added to and not removed)."""
+        return endpoint in self._ids
+
     def endpoint_count(self) -> int:
         """How many endpoints the index knows (added to and not removed)."""
         return len(self._ids)

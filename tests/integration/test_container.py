@@ -17,6 +17,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from app.container import Container, build_container
 from app.runner import serve
 from app.settings import Settings
+from domain.prefixcache import InMemoryPrefixIndex
+from domain.sharedstate import LoadBoard, LocalSharedLoad, ResilientPrefixIndex
 from tests.fakes.endpoint_source import FakeEndpointSource
 from tests.support.extproc import envoy_headers, request_body, request_headers, set_headers
 
@@ -92,6 +94,30 @@ async def test_the_default_wiring_serves_the_static_endpoints() -> None:
         names = [e.name for e in container.datastore().endpoints()]
         assert names == ["127.0.0.250:9"]
         assert servers.bound_grpc_port > 0
+
+
+async def test_the_shared_state_reaches_the_plugins_and_lives_with_the_process() -> None:
+    board = LoadBoard(lease=60.0)
+    member = board.member("this-process")
+    remote = InMemoryPrefixIndex()
+    resilient = ResilientPrefixIndex(remote)
+    container = build_container(_settings())
+    container.shared_load.override(providers.Object(member))
+    container.prefix_index.override(providers.Object(resilient))
+    async with _running(container):
+        # Started before serving: its lease is held.
+        await _eventually(lambda: _true(board.live() == ["this-process"]))
+        assert container.handle().shared_load is member
+        assert container.handle().prefix_index is resilient
+        await resilient.add([1, 2], "127.0.0.250:9", 10)
+        await resilient.flush()  # the writer runs: the index was started
+        assert remote.match_sync([1, 2]) == {"127.0.0.250:9": 2}
+    assert board.live() == []  # stopped: withdrawn from the pool
+
+
+def test_one_process_alone_by_default() -> None:
+    container = build_container(_settings())
+    assert isinstance(container.handle().shared_load, LocalSharedLoad)
 
 
 async def _true(value: bool) -> bool:

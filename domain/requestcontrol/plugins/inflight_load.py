@@ -21,6 +21,24 @@ Contract:
   later for that endpoint changes nothing (it neither goes negative nor brings the
   endpoint back, even if an endpoint of the same name has been added since).
 
+Several EPP processes (the Handle's ``shared_load``, a ``SharedLoad``): the counters above
+stay this process's own, exact and synchronous. After each change of an endpoint's
+counters the producer publishes its totals for that endpoint, and the ``InFlightLoad`` it
+writes, on candidates and on live endpoints, is its own load plus ``others()`` for that
+endpoint: the pool's load, which is what ``token-load-scorer`` and ``concurrency-detector``
+read. (``utilization-detector`` reads the model servers' own metrics, pool-wide already.)
+How stale the others' share is:
+
+- on candidates: ``others()`` as of this request's PrepareData (the shared load's own
+  ``staleness``);
+- on live endpoints (what admission and flow control snapshot before PrepareData): re-read
+  at every PrepareData, PreRequest and response of this process, and every
+  ``max(staleness, 20 ms)`` by a timer started with the first request, so a queued request
+  sees others' releases within that period even while nothing else runs here.
+
+With the default ``LocalSharedLoad`` (one process) ``others()`` is always empty: nothing is
+published, no timer runs, and the values are exactly the own counters.
+
 Counters never go below zero. The token estimate of a request (see ``estimate_tokens``) is
 ``input + round(input * 1.5)`` where ``input`` is the request size in bytes / 4 (at least
 1) when the size is known, else the number of token ids of a completions prompt given as
@@ -30,8 +48,9 @@ from zero.
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,8 +63,10 @@ from domain.plugins.state import StateKey
 from domain.requestcontrol.interfaces import ResponseInfo
 from domain.requesthandling.openai import ApiKind, ParsedRequest
 from domain.scheduling.types import Candidate, InferenceRequest, SchedulingResult
+from domain.sharedstate.load import LocalSharedLoad
 from ports.codec import JsonCodec
 from ports.endpoints import EndpointEvent, EndpointEventKind, EndpointInfo
+from ports.shared_state import EndpointLoad
 
 __all__ = ["TYPE", "InFlightLoadProducer", "estimate_tokens", "register"]
 
@@ -57,6 +78,9 @@ PREFILL_PROFILE = "prefill"
 
 _IDLE = InFlightLoad(0, 0)
 _OUTPUT_FACTOR = 1.5
+#: The shortest period of the live endpoints' refresh from ``others()``, in seconds.
+MIN_REFRESH_INTERVAL = 0.02
+_NOBODY: Mapping[str, EndpointLoad] = {}
 
 
 class _Counter:
@@ -102,6 +126,14 @@ def _token_id_count(body: ParsedRequest) -> int:
     return 0
 
 
+def _pool_load(own: InFlightLoad, other: EndpointLoad | None) -> InFlightLoad:
+    if other is None:
+        return own
+    if own is _IDLE:
+        return InFlightLoad(other.requests, other.tokens)
+    return InFlightLoad(own.requests + other.requests, own.tokens + other.tokens)
+
+
 def estimate_tokens(request: InferenceRequest, codec: JsonCodec) -> int:
     """Input plus expected output tokens of ``request`` (see the module docstring)."""
     if request.request_size_bytes > 0:
@@ -122,7 +154,17 @@ class InFlightLoadProducer(ProducerPlugin, ConsumerPlugin):
     def __init__(self, typed_name: TypedName, handle: Handle) -> None:
         self._typed_name = typed_name
         self._codec = handle.codec
+        self._datastore = handle.datastore
         self._counters: dict[str, _Counter] = {}
+        #: endpoint name → the pool's load (own + others) when not idle: what is shown.
+        self._shown: dict[str, InFlightLoad] = {}
+        shared = handle.shared_load
+        self._shared = shared
+        #: False for ``LocalSharedLoad``: nothing to publish, nobody else to read.
+        self._pooled = not isinstance(shared, LocalSharedLoad)
+        self._others: Mapping[str, EndpointLoad] = _NOBODY
+        self._refresh_interval = max(shared.staleness, MIN_REFRESH_INTERVAL)
+        self._timer: asyncio.TimerHandle | None = None
         handle.datastore.subscribe(self._on_endpoint_event)
 
     @property
@@ -139,13 +181,16 @@ class InFlightLoadProducer(ProducerPlugin, ConsumerPlugin):
     async def prepare_request_data(
         self, request: InferenceRequest, candidates: Sequence[Candidate]
     ) -> None:
-        counters = self._counters
+        if self._pooled:
+            self._refresh()
+        shown = self._shown
         for candidate in candidates:
-            counter = counters.get(candidate.info.name)
-            candidate.attributes[IN_FLIGHT_LOAD] = counter.load if counter else _IDLE
+            candidate.attributes[IN_FLIGHT_LOAD] = shown.get(candidate.info.name, _IDLE)
 
     # PreRequest
     async def pre_request(self, request: InferenceRequest, result: SchedulingResult) -> None:
+        if self._pooled:
+            self._refresh()
         owner = self._typed_name.name
         held = request.state.get(owner, _HELD)
         if held is None:
@@ -172,6 +217,8 @@ class InFlightLoadProducer(ProducerPlugin, ConsumerPlugin):
         held = request.state.get(self._typed_name.name, _HELD)
         if not held:
             return
+        if self._pooled:
+            self._refresh()
         share = held.pop(PREFILL_PROFILE, None)
         if share is not None:
             self._release(share)
@@ -186,8 +233,7 @@ class InFlightLoadProducer(ProducerPlugin, ConsumerPlugin):
         if counter.load is _IDLE and self._counters.get(counter.name) is counter:
             del self._counters[counter.name]
 
-    @staticmethod
-    def _change(counter: _Counter, requests: int, tokens: int) -> None:
+    def _change(self, counter: _Counter, requests: int, tokens: int) -> None:
         new_requests = max(0, counter.load.requests + requests)
         new_tokens = max(0, counter.load.tokens + tokens)
         if new_requests == 0 and new_tokens == 0:
@@ -195,13 +241,75 @@ class InFlightLoadProducer(ProducerPlugin, ConsumerPlugin):
         else:
             load = InFlightLoad(new_requests, new_tokens)
         counter.load = load
+        name = counter.name
+        if self._counters.get(name) is not counter:  # endpoint deleted: shown nowhere
+            counter.endpoint.attributes[IN_FLIGHT_LOAD] = load
+            return
+        if self._pooled:
+            self._shared.publish(name, EndpointLoad(new_requests, new_tokens))
+            load = _pool_load(load, self._others.get(name))
+        if load is _IDLE:
+            self._shown.pop(name, None)
+        else:
+            self._shown[name] = load
         counter.endpoint.attributes[IN_FLIGHT_LOAD] = load
 
-    def _on_endpoint_event(self, event: EndpointEvent, endpoint: Endpoint) -> None:
-        if event.kind is not EndpointEventKind.DELETE:
+    # The others' load
+    def _refresh(self) -> None:
+        """Show the current ``others()`` on every endpoint whose share changed."""
+        others = self._shared.others()
+        if self._timer is None:
+            self._arm()
+        if others is self._others:
             return
-        if self._counters.pop(endpoint.name, None) is not None:
-            logger.debug("in-flight counters of deleted endpoint %s dropped", endpoint.name)
+        before = self._others
+        self._others = others
+        counters = self._counters
+        shown = self._shown
+        datastore = self._datastore
+        for name in {*before, *others}:
+            other = others.get(name)
+            if before.get(name) == other:
+                continue
+            counter = counters.get(name)
+            load = _pool_load(counter.load if counter is not None else _IDLE, other)
+            if load is _IDLE:
+                shown.pop(name, None)
+            else:
+                shown[name] = load
+            endpoint = counter.endpoint if counter is not None else datastore.get(name)
+            if endpoint is not None:
+                endpoint.attributes[IN_FLIGHT_LOAD] = load
+
+    def _arm(self) -> None:
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return
+        self._timer = loop.call_later(self._refresh_interval, self._tick)
+
+    def _tick(self) -> None:
+        self._timer = None
+        self._refresh()
+
+    def close(self) -> None:
+        """Stop the refresh timer (it restarts with the next request)."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _on_endpoint_event(self, event: EndpointEvent, endpoint: Endpoint) -> None:
+        name = endpoint.name
+        if event.kind is not EndpointEventKind.DELETE:
+            load = self._shown.get(name)
+            if load is not None and endpoint.attributes.get(IN_FLIGHT_LOAD) is not load:
+                endpoint.attributes[IN_FLIGHT_LOAD] = load  # others' load on a new entry
+            return
+        self._shown.pop(name, None)
+        if self._pooled:
+            self._shared.remove_endpoint(name)
+        if self._counters.pop(name, None) is not None:
+            logger.debug("in-flight counters of deleted endpoint %s dropped", name)
 
 
 def _factory(name: str, parameters: Any, handle: Handle) -> Plugin:

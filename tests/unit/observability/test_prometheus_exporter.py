@@ -71,6 +71,12 @@ EXPECTED: dict[str, tuple[str, set[str]]] = {
     "inference_extension_flow_control_pool_saturation": ("gauge", {"inference_pool"}),
     "inference_extension_scrape_errors_total": ("counter", {"endpoint"}),
     "inference_extension_flow_control_displaced_total": ("counter", {"priority"}),
+    "inference_extension_shared_state_roundtrip_seconds": ("histogram", {"operation"}),
+    "inference_extension_shared_state_deadline_misses_total": ("counter", set()),
+    "inference_extension_shared_state_errors_total": ("counter", {"operation"}),
+    "inference_extension_shared_state_degraded": ("gauge", set()),
+    "inference_extension_shared_state_writes_total": ("counter", set()),
+    "inference_extension_shared_state_dropped_writes_total": ("counter", set()),
 }
 
 
@@ -108,6 +114,9 @@ BUCKETS: dict[str, tuple[float, ...]] = {
     ),
     "inference_extension_flow_control_request_enqueue_duration_seconds": (
         0.00001, 0.00005, 0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1,
+    ),
+    "inference_extension_shared_state_roundtrip_seconds": (
+        0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
     ),
 }  # fmt: skip
 

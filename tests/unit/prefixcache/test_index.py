@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 
 import pytest
@@ -12,12 +12,49 @@ from hypothesis import strategies as st
 
 from domain.prefixcache import InMemoryPrefixIndex
 from domain.prefixcache import index as index_module
+from domain.sharedstate import ResilientPrefixIndex
 from ports.prefix_index import PrefixIndex
 
 _rng = random.Random(7)
 #: 64-bit hashes; a few share their low byte to land in the same owner-map shard.
 POOL = [_rng.getrandbits(64) for _ in range(12)] + [(i << 8) | 0x2A for i in range(1, 5)]
 H = POOL[:10]
+
+
+class _SettledResilientIndex:
+    """A ``ResilientPrefixIndex`` over a healthy remote whose ``add`` returns once the
+    remote has the write too: the port's contract must hold for it as for the local one."""
+
+    def __init__(self, inner: ResilientPrefixIndex) -> None:
+        self.inner = inner
+
+    async def match(self, hashes: Sequence[int]) -> Mapping[str, int]:
+        return await self.inner.match(hashes)
+
+    async def add(self, hashes: Sequence[int], endpoint: str, capacity: int) -> None:
+        await self.inner.add(hashes, endpoint, capacity)
+        await self.inner.flush()
+
+    async def remove_endpoint(self, endpoint: str) -> None:
+        await self.inner.remove_endpoint(endpoint)
+
+    def size(self) -> int:
+        return self.inner.size()
+
+
+@pytest.fixture(params=["in-memory", "resilient"])
+async def index(request: pytest.FixtureRequest) -> AsyncIterator[PrefixIndex]:
+    """Each implementation of the port this suite pins (the contract suite)."""
+    if request.param == "in-memory":
+        yield InMemoryPrefixIndex()
+        return
+    remote = InMemoryPrefixIndex()
+    resilient = ResilientPrefixIndex(remote, budget=1.0)
+    await resilient.start()
+    yield _SettledResilientIndex(resilient)
+    assert not resilient.degraded
+    assert remote.size() == resilient.size()  # the remote holds what the local one does
+    await resilient.stop()
 
 
 async def test_conforms_to_the_port() -> None:
@@ -28,47 +65,43 @@ async def test_conforms_to_the_port() -> None:
     assert index.size() == 0
 
 
-async def test_an_empty_index_matches_nothing() -> None:
-    index = InMemoryPrefixIndex()
+async def test_an_empty_index_matches_nothing(index: PrefixIndex) -> None:
     assert await index.match(H) == {}
     assert await index.match([]) == {}
     assert index.size() == 0
 
 
-async def test_match_counts_the_held_prefix_per_endpoint() -> None:
-    index = InMemoryPrefixIndex()
+async def test_match_counts_the_held_prefix_per_endpoint(index: PrefixIndex) -> None:
     await index.add(H[:4], "a", 100)
     await index.add(H[:2], "b", 100)
     assert await index.match(H[:6]) == {"a": 4, "b": 2}
     assert await index.match(H[:1]) == {"a": 1, "b": 1}
 
 
-async def test_match_stops_at_the_first_hash_nobody_holds() -> None:
-    index = InMemoryPrefixIndex()
+async def test_match_stops_at_the_first_hash_nobody_holds(index: PrefixIndex) -> None:
     await index.add([H[0], H[1], H[3], H[4]], "a", 100)
     # H[2] is held by no one: H[3] and H[4] are never reached.
     assert await index.match(H[:5]) == {"a": 2}
     assert await index.match([H[5], H[0]]) == {}
 
 
-async def test_match_counts_hashes_an_endpoint_holds_even_if_not_consecutive() -> None:
-    index = InMemoryPrefixIndex()
+async def test_match_counts_hashes_an_endpoint_holds_even_if_not_consecutive(
+    index: PrefixIndex,
+) -> None:
     await index.add([H[0], H[2]], "a", 100)
     await index.add([H[1]], "b", 100)
     # The walk continues through H[1] (held by b), so a is counted for H[0] and H[2].
     assert await index.match(H[:3]) == {"a": 2, "b": 1}
 
 
-async def test_size_counts_hash_endpoint_pairs() -> None:
-    index = InMemoryPrefixIndex()
+async def test_size_counts_hash_endpoint_pairs(index: PrefixIndex) -> None:
     await index.add(H[:3], "a", 100)
     await index.add(H[:3], "a", 100)  # already held: no new entries
     await index.add(H[1:4], "b", 100)
     assert index.size() == 6
 
 
-async def test_the_oldest_hashes_are_evicted_beyond_capacity() -> None:
-    index = InMemoryPrefixIndex()
+async def test_the_oldest_hashes_are_evicted_beyond_capacity(index: PrefixIndex) -> None:
     await index.add(H[:3], "a", 3)
     await index.add([H[3]], "a", 3)
     assert await index.match([H[0]]) == {}
@@ -76,8 +109,7 @@ async def test_the_oldest_hashes_are_evicted_beyond_capacity() -> None:
     assert index.size() == 3
 
 
-async def test_adding_a_held_hash_makes_it_most_recent() -> None:
-    index = InMemoryPrefixIndex()
+async def test_adding_a_held_hash_makes_it_most_recent(index: PrefixIndex) -> None:
     await index.add(H[:3], "a", 3)
     await index.add([H[0]], "a", 3)  # H[0] is now the newest; H[1] the oldest
     await index.add([H[3]], "a", 3)
@@ -86,8 +118,7 @@ async def test_adding_a_held_hash_makes_it_most_recent() -> None:
     assert await index.match([H[2]]) == {"a": 1}
 
 
-async def test_one_request_longer_than_capacity_keeps_its_last_hashes() -> None:
-    index = InMemoryPrefixIndex()
+async def test_one_request_longer_than_capacity_keeps_its_last_hashes(index: PrefixIndex) -> None:
     await index.add(H[:5], "a", 2)
     assert await index.match([H[3]]) == {"a": 1}
     assert await index.match([H[4]]) == {"a": 1}
@@ -95,8 +126,7 @@ async def test_one_request_longer_than_capacity_keeps_its_last_hashes() -> None:
     assert index.size() == 2
 
 
-async def test_eviction_keeps_other_holders() -> None:
-    index = InMemoryPrefixIndex()
+async def test_eviction_keeps_other_holders(index: PrefixIndex) -> None:
     await index.add(H[:2], "a", 2)
     await index.add(H[:2], "b", 2)
     await index.add(H[2:4], "a", 2)  # a evicts H[0] and H[1]
@@ -105,8 +135,7 @@ async def test_eviction_keeps_other_holders() -> None:
     assert index.size() == 4
 
 
-async def test_a_smaller_capacity_shrinks_the_endpoint() -> None:
-    index = InMemoryPrefixIndex()
+async def test_a_smaller_capacity_shrinks_the_endpoint(index: PrefixIndex) -> None:
     await index.add(H[:5], "a", 10)
     await index.add([], "a", 2)
     assert index.size() == 2
@@ -116,8 +145,7 @@ async def test_a_smaller_capacity_shrinks_the_endpoint() -> None:
     assert index.size() == 3
 
 
-async def test_removing_an_endpoint_forgets_only_its_entries() -> None:
-    index = InMemoryPrefixIndex()
+async def test_removing_an_endpoint_forgets_only_its_entries(index: PrefixIndex) -> None:
     await index.add(H[:3], "a", 10)
     await index.add(H[1:4], "b", 10)
     await index.remove_endpoint("a")
@@ -142,8 +170,7 @@ async def test_a_removed_endpoint_name_starts_empty_when_it_comes_back() -> None
     assert index.endpoint_count() == 3
 
 
-async def test_many_re_touches_keep_exact_lru_order() -> None:
-    index = InMemoryPrefixIndex()
+async def test_many_re_touches_keep_exact_lru_order(index: PrefixIndex) -> None:
     hot, cold = H[:2], H[2:5]
     await index.add(cold, "a", 5)
     for _ in range(1500):  # far more re-touches than live entries
@@ -157,8 +184,7 @@ async def test_many_re_touches_keep_exact_lru_order() -> None:
     assert index.size() == 5
 
 
-async def test_many_endpoints_share_one_hash() -> None:
-    index = InMemoryPrefixIndex()
+async def test_many_endpoints_share_one_hash(index: PrefixIndex) -> None:
     names = [f"pod-{i}-rank-0" for i in range(150)]
     for name in names:
         await index.add(H[:2], name, 10)
@@ -259,3 +285,12 @@ def test_behaves_like_the_simple_model_while_compacting(
 def test_a_non_positive_capacity_is_refused() -> None:
     with pytest.raises(ValueError, match="capacity"):
         InMemoryPrefixIndex().add_sync(H[:1], "a", 0)
+
+
+def test_holds_names_the_endpoints_known() -> None:
+    index = InMemoryPrefixIndex()
+    index.add_sync(H[:2], "a", 10)
+    assert index.holds("a")
+    assert not index.holds("b")
+    index.remove_endpoint_sync("a")
+    assert not index.holds("a")

@@ -1,0 +1,159 @@
+"""In-memory ``SharedLoad`` implementations (``ports.shared_state``).
+
+- ``LocalSharedLoad``: one process alone, the default when no shared store is configured.
+  ``others()`` is always the same empty mapping and ``publish`` does nothing, so a caller
+  pays one method call.
+- ``LoadBoard``: a store that several members (each one "process") share inside one
+  process, for tests: ``board.member("a")`` is a ``SharedLoad``. Each member's totals carry
+  a lease of ``lease`` seconds on the board's clock, renewed by every ``publish`` and by
+  ``renew()`` (what a real implementation's background task does every lease/3); a member
+  whose lease lapsed drops out of every other member's ``others()``. Reads are immediate
+  (``staleness`` 0).
+
+``others()`` returns the same mapping object for as long as its content does not change,
+so a caller may compare by identity to skip work.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
+
+from ports.shared_state import EndpointLoad
+
+__all__ = ["BoardMember", "LoadBoard", "LocalSharedLoad"]
+
+_NOTHING: Mapping[str, EndpointLoad] = MappingProxyType({})
+
+
+class LocalSharedLoad:
+    """No other process: ``others()`` is always empty, ``publish`` is a no-op."""
+
+    __slots__ = ()
+
+    @property
+    def staleness(self) -> float:
+        return 0.0
+
+    def publish(self, endpoint: str, load: EndpointLoad) -> None:
+        return None
+
+    def others(self) -> Mapping[str, EndpointLoad]:
+        return _NOTHING
+
+    def remove_endpoint(self, endpoint: str) -> None:
+        return None
+
+    async def start(self) -> None:
+        return None
+
+    async def stop(self) -> None:
+        return None
+
+
+class _Entry:
+    __slots__ = ("lease_end", "totals")
+
+    def __init__(self) -> None:
+        self.totals: dict[str, EndpointLoad] = {}
+        self.lease_end = 0.0
+
+
+class LoadBoard:
+    """Totals per member (process id) and endpoint, with leases on ``clock``."""
+
+    def __init__(self, *, lease: float = 10.0, clock: Callable[[], float] = time.monotonic) -> None:
+        if not lease > 0:
+            raise ValueError(f"lease must be > 0, got {lease}")
+        self.lease = lease
+        self.clock = clock
+        self._entries: dict[str, _Entry] = {}
+
+    def member(self, process_id: str) -> BoardMember:
+        """The ``SharedLoad`` of the process ``process_id`` (a new one each call)."""
+        return BoardMember(self, process_id)
+
+    def live(self) -> list[str]:
+        """The process ids whose lease has not lapsed."""
+        now = self.clock()
+        return [pid for pid, entry in self._entries.items() if entry.lease_end > now]
+
+    # Used by the members
+    def _entry(self, process_id: str) -> _Entry:
+        entry = self._entries.get(process_id)
+        if entry is None:
+            entry = self._entries[process_id] = _Entry()
+        return entry
+
+    def _renew(self, process_id: str) -> None:
+        self._entry(process_id).lease_end = self.clock() + self.lease
+
+    def _publish(self, process_id: str, endpoint: str, load: EndpointLoad) -> None:
+        entry = self._entry(process_id)
+        if load.requests or load.tokens:
+            entry.totals[endpoint] = load
+        else:
+            entry.totals.pop(endpoint, None)
+        entry.lease_end = self.clock() + self.lease
+
+    def _forget(self, process_id: str, endpoint: str | None) -> None:
+        entry = self._entries.get(process_id)
+        if entry is None:
+            return
+        if endpoint is None:
+            del self._entries[process_id]
+        else:
+            entry.totals.pop(endpoint, None)
+
+    def _others(self, process_id: str) -> dict[str, EndpointLoad]:
+        now = self.clock()
+        summed: dict[str, EndpointLoad] = {}
+        for pid, entry in self._entries.items():
+            if pid == process_id or entry.lease_end <= now:
+                continue
+            for endpoint, load in entry.totals.items():
+                seen = summed.get(endpoint)
+                summed[endpoint] = (
+                    load
+                    if seen is None
+                    else EndpointLoad(seen.requests + load.requests, seen.tokens + load.tokens)
+                )
+        return summed
+
+
+class BoardMember:
+    """One process's ``SharedLoad`` on a ``LoadBoard``."""
+
+    __slots__ = ("_board", "_last", "process_id")
+
+    def __init__(self, board: LoadBoard, process_id: str) -> None:
+        self._board = board
+        self.process_id = process_id
+        self._last: Mapping[str, EndpointLoad] = _NOTHING
+
+    @property
+    def staleness(self) -> float:
+        return 0.0
+
+    def publish(self, endpoint: str, load: EndpointLoad) -> None:
+        self._board._publish(self.process_id, endpoint, load)
+
+    def others(self) -> Mapping[str, EndpointLoad]:
+        current = self._board._others(self.process_id)
+        if current != self._last:
+            self._last = MappingProxyType(current) if current else _NOTHING
+        return self._last
+
+    def remove_endpoint(self, endpoint: str) -> None:
+        self._board._forget(self.process_id, endpoint)
+
+    def renew(self) -> None:
+        """Extend this member's lease (without changing its totals)."""
+        self._board._renew(self.process_id)
+
+    async def start(self) -> None:
+        self.renew()
+
+    async def stop(self) -> None:
+        self._board._forget(self.process_id, None)

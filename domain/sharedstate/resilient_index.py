@@ -1,0 +1,327 @@
+"""``ResilientPrefixIndex``: a remote (shared) ``PrefixIndex`` behind a deadline, with the
+process's own ``InMemoryPrefixIndex`` as fallback. What callers see never raises.
+
+- ``match`` awaits the remote for at most ``budget`` seconds (the event loop's timer: the
+  remote call is cancelled at the deadline, so the remote must tolerate cancellation). Past
+  it, or on any error, the request gets the local index's match and a deadline miss or an
+  error is counted. An answered match is merged with the local one (per endpoint, the larger
+  count): the local index holds this process's adds that have not reached the remote yet.
+- ``add`` records locally at once and queues the write for the remote; one background task
+  sends the queue in order. The request never awaits the remote. At most ``max_pending``
+  writes wait; past that a write is dropped and counted.
+- ``remove_endpoint`` removes locally at once, then from the remote (in the caller's task,
+  under ``write_timeout``; the prefix producer calls it from a background task).
+
+Health (one log line and the degraded gauge on each change):
+
+- *healthy → degraded* on the first remote error (``SharedStateError`` or anything else the
+  remote raises, from any operation), or after ``miss_limit`` consecutive routing-path
+  deadline misses (one miss can be a pause; several in a row mean every request pays the
+  budget, so stop waiting). An answered match resets the miss count.
+- *while degraded* ``match`` does not call the remote, ``add`` only records locally (the
+  queued writes are dropped and counted), and a background probe (a one-hash ``match``
+  under ``budget``) runs after ``probe_initial`` seconds, doubling up to ``probe_max``.
+- *degraded → healthy* on the first answered probe; then a background rebuild re-sends, oldest
+  first, the removals seen while degraded and the recent adds this process made
+  (``journal_hashes`` hashes at most, for endpoints still in the local index). The remote
+  keys blocks by their chain's first hash, so the rebuild replays whole chains as they were
+  added; a flat export of the local index would lose the chains.
+
+The background tasks run between ``start`` and ``stop``. ``clock`` times the round trips,
+``sleep`` paces the probe; both are injectable for tests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+
+from domain.prefixcache.index import InMemoryPrefixIndex
+from ports.metric_catalogue import (
+    SHARED_STATE_DEADLINE_MISSES,
+    SHARED_STATE_DEGRADED,
+    SHARED_STATE_DROPPED_WRITES,
+    SHARED_STATE_ERRORS,
+    SHARED_STATE_ROUNDTRIP,
+    SHARED_STATE_WRITES,
+)
+from ports.observer import NoopObserver, Observer
+from ports.prefix_index import PrefixIndex
+
+__all__ = ["ResilientPrefixIndex"]
+
+logger = logging.getLogger(__name__)
+
+_NO_LABELS: dict[str, str] = {}
+_MATCH = {"operation": "match"}
+_ADD = {"operation": "add"}
+_REMOVE = {"operation": "remove_endpoint"}
+_PROBE = {"operation": "probe"}
+#: The probe's chain: one hash nobody is expected to hold.
+_PROBE_HASHES = (0x5EED_0F_5EED_0F_5E,)
+
+_Write = tuple[tuple[int, ...], str, int]
+
+
+class ResilientPrefixIndex:
+    """A ``PrefixIndex`` that never raises and never waits past ``budget`` on the remote."""
+
+    def __init__(
+        self,
+        remote: PrefixIndex,
+        local: InMemoryPrefixIndex | None = None,
+        *,
+        observer: Observer | None = None,
+        budget: float = 0.005,
+        miss_limit: int = 5,
+        max_pending: int = 1024,
+        write_timeout: float = 1.0,
+        journal_hashes: int = 262_144,
+        probe_initial: float = 0.1,
+        probe_max: float = 5.0,
+        clock: Callable[[], float] = time.perf_counter,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ) -> None:
+        if not budget > 0:
+            raise ValueError(f"budget must be > 0, got {budget}")
+        if miss_limit < 1 or max_pending < 1 or journal_hashes < 0:
+            raise ValueError("miss_limit and max_pending must be >= 1, journal_hashes >= 0")
+        if not 0 < probe_initial <= probe_max:
+            raise ValueError("need 0 < probe_initial <= probe_max")
+        self.remote = remote
+        self.local = local if local is not None else InMemoryPrefixIndex()
+        self._observer = observer or NoopObserver()
+        self._budget = budget
+        self._miss_limit = miss_limit
+        self._max_pending = max_pending
+        self._write_timeout = write_timeout
+        self._journal_limit = journal_hashes
+        self._probe_initial = probe_initial
+        self._probe_max = probe_max
+        self._clock = clock
+        self._sleep = sleep
+        self._degraded = False
+        self._misses = 0
+        self._pending: deque[_Write] = deque()
+        self._wake = asyncio.Event()
+        self._drained = asyncio.Event()
+        self._sending = False
+        self._journal: deque[_Write] = deque()
+        self._journal_size = 0
+        self._removed_while_degraded: set[str] = set()
+        self._running = False
+        self._writer: asyncio.Task[None] | None = None
+        self._probe: asyncio.Task[None] | None = None
+        self._rebuild: asyncio.Task[None] | None = None
+
+    @property
+    def degraded(self) -> bool:
+        return self._degraded
+
+    def pending_writes(self) -> int:
+        return len(self._pending)
+
+    # PrefixIndex port
+    async def match(self, hashes: Sequence[int]) -> Mapping[str, int]:
+        local = self.local.match_sync(hashes)
+        if self._degraded or not hashes:
+            return local
+        start = self._clock()
+        try:
+            async with asyncio.timeout(self._budget):
+                remote = await self.remote.match(hashes)
+        except TimeoutError:
+            self._observer.counter(SHARED_STATE_DEADLINE_MISSES, _NO_LABELS)
+            self._misses += 1
+            if self._misses >= self._miss_limit:
+                self._degrade(f"{self._misses} consecutive deadline misses of {self._budget}s")
+            return local
+        except Exception as exc:  # any remote failure degrades; never raise to routing
+            self._failed(_MATCH, exc)
+            return local
+        self._observer.histogram(SHARED_STATE_ROUNDTRIP, _MATCH, self._clock() - start)
+        self._misses = 0
+        if not local:
+            return remote
+        merged = dict(remote)
+        for endpoint, count in local.items():
+            if count > merged.get(endpoint, 0):
+                merged[endpoint] = count
+        return merged
+
+    async def add(self, hashes: Sequence[int], endpoint: str, capacity: int) -> None:
+        self.local.add_sync(hashes, endpoint, capacity)
+        write = (tuple(hashes), endpoint, capacity)
+        self._remember(write)
+        if self._degraded:
+            self._observer.counter(SHARED_STATE_DROPPED_WRITES, _NO_LABELS)
+            return
+        if len(self._pending) >= self._max_pending:
+            self._observer.counter(SHARED_STATE_DROPPED_WRITES, _NO_LABELS)
+            return
+        self._pending.append(write)
+        self._wake.set()
+
+    async def remove_endpoint(self, endpoint: str) -> None:
+        self.local.remove_endpoint_sync(endpoint)
+        self._forget(endpoint)
+        if self._degraded:
+            self._removed_while_degraded.add(endpoint)
+            return
+        await self._remote_remove(endpoint)
+
+    def size(self) -> int:
+        return self.local.size()
+
+    # Lifecycle
+    async def start(self) -> None:
+        if self._running:
+            return
+        self._running = True
+        self._observer.gauge(SHARED_STATE_DEGRADED, _NO_LABELS, 1.0 if self._degraded else 0.0)
+        self._writer = asyncio.get_running_loop().create_task(self._write_loop())
+        if self._degraded:
+            self._start_probe()
+
+    async def flush(self) -> None:
+        """Wait until every queued write was sent or dropped (between start and stop)."""
+        while self._running and (self._pending or self._sending):
+            self._drained.clear()
+            await self._drained.wait()
+
+    async def stop(self) -> None:
+        """Send what is queued (for at most ``write_timeout``), then stop the tasks."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(self._write_timeout):
+                await self.flush()
+        self._running = False
+        self._drained.set()
+        tasks = [t for t in (self._writer, self._probe, self._rebuild) if t is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._writer = self._probe = self._rebuild = None
+
+    # Health
+    def _failed(self, labels: Mapping[str, str], exc: BaseException) -> None:
+        self._observer.counter(SHARED_STATE_ERRORS, labels)
+        self._degrade(f"{labels['operation']} failed: {exc!r}")
+
+    def _degrade(self, reason: str) -> None:
+        self._misses = 0
+        if self._degraded:
+            return
+        self._degraded = True
+        dropped = len(self._pending)
+        self._pending.clear()
+        if dropped:
+            self._observer.counter(SHARED_STATE_DROPPED_WRITES, _NO_LABELS, dropped)
+        logger.warning("shared prefix index degraded, routing on local state: %s", reason)
+        self._observer.gauge(SHARED_STATE_DEGRADED, _NO_LABELS, 1.0)
+        if self._running:
+            self._start_probe()
+
+    def _start_probe(self) -> None:
+        if self._probe is None or self._probe.done():
+            self._probe = asyncio.get_running_loop().create_task(self._probe_loop())
+
+    async def _probe_loop(self) -> None:
+        delay = self._probe_initial
+        while self._degraded:
+            await self._sleep(delay)
+            start = self._clock()
+            try:
+                async with asyncio.timeout(self._budget):
+                    await self.remote.match(_PROBE_HASHES)
+            except Exception:  # still down: wait longer
+                delay = min(delay * 2, self._probe_max)
+                continue
+            self._observer.histogram(SHARED_STATE_ROUNDTRIP, _PROBE, self._clock() - start)
+            self._recover()
+
+    def _recover(self) -> None:
+        self._degraded = False
+        self._misses = 0
+        removals = sorted(self._removed_while_degraded)
+        self._removed_while_degraded.clear()
+        writes = [w for w in self._journal if self.local.holds(w[1])]
+        logger.info(
+            "shared prefix index healthy again; re-sending %d adds and %d removals",
+            len(writes),
+            len(removals),
+        )
+        self._observer.gauge(SHARED_STATE_DEGRADED, _NO_LABELS, 0.0)
+        if self._running:
+            self._rebuild = asyncio.get_running_loop().create_task(
+                self._rebuild_remote(removals, writes)
+            )
+
+    async def _rebuild_remote(self, removals: list[str], writes: list[_Write]) -> None:
+        for endpoint in removals:
+            if self._degraded or not await self._remote_remove(endpoint):
+                return
+        for write in writes:
+            if self._degraded or not await self._remote_add(write):
+                return
+            await asyncio.sleep(0)  # let requests run between re-sent writes
+
+    # Writes
+    async def _write_loop(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            while self._pending and not self._degraded:
+                self._sending = True
+                try:
+                    await self._remote_add(self._pending.popleft())
+                finally:
+                    self._sending = False
+            self._drained.set()
+
+    async def _remote_add(self, write: _Write) -> bool:
+        hashes, endpoint, capacity = write
+        start = self._clock()
+        try:
+            async with asyncio.timeout(self._write_timeout):
+                await self.remote.add(hashes, endpoint, capacity)
+        except Exception as exc:
+            self._failed(_ADD, exc)
+            return False
+        self._observer.histogram(SHARED_STATE_ROUNDTRIP, _ADD, self._clock() - start)
+        self._observer.counter(SHARED_STATE_WRITES, _NO_LABELS)
+        return True
+
+    async def _remote_remove(self, endpoint: str) -> bool:
+        start = self._clock()
+        try:
+            async with asyncio.timeout(self._write_timeout):
+                await self.remote.remove_endpoint(endpoint)
+        except Exception as exc:
+            self._failed(_REMOVE, exc)
+            self._removed_while_degraded.add(endpoint)
+            return False
+        self._observer.histogram(SHARED_STATE_ROUNDTRIP, _REMOVE, self._clock() - start)
+        return True
+
+    # The journal of recent adds, for the rebuild
+    def _remember(self, write: _Write) -> None:
+        limit = self._journal_limit
+        if not limit:
+            return
+        journal = self._journal
+        journal.append(write)
+        self._journal_size += len(write[0])
+        while self._journal_size > limit and journal:
+            self._journal_size -= len(journal.popleft()[0])
+
+    def _forget(self, endpoint: str) -> None:
+        if any(w[1] == endpoint for w in self._journal):
+            kept = [w for w in self._journal if w[1] != endpoint]
+            self._journal = deque(kept)
+            self._journal_size = sum(len(w[0]) for w in kept)
+        if any(w[1] == endpoint for w in self._pending):
+            self._pending = deque(w for w in self._pending if w[1] != endpoint)

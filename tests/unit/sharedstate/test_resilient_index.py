@@ -1,0 +1,249 @@
+"""ResilientPrefixIndex: deadline and fallback, background writes, degraded mode, the probe
+and the rebuild."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator
+
+import pytest
+
+from domain.sharedstate import ResilientPrefixIndex
+from ports.metric_catalogue import (
+    SHARED_STATE_DEADLINE_MISSES,
+    SHARED_STATE_DEGRADED,
+    SHARED_STATE_DROPPED_WRITES,
+    SHARED_STATE_ERRORS,
+    SHARED_STATE_ROUNDTRIP,
+    SHARED_STATE_WRITES,
+)
+from ports.prefix_index import PrefixIndex
+from tests.fakes.observer import RecordingObserver
+from tests.unit.sharedstate.fakes import FakeRemoteIndex, StepSleep, until
+
+H = [0x1000 + i for i in range(8)]
+LOGGER = "domain.sharedstate.resilient_index"
+
+
+class Rig:
+    def __init__(self, **options: object) -> None:
+        self.remote = FakeRemoteIndex()
+        self.observer = RecordingObserver()
+        self.sleep = StepSleep()
+        self.index = ResilientPrefixIndex(
+            self.remote,
+            observer=self.observer,
+            sleep=self.sleep,
+            **options,  # type: ignore[arg-type]
+        )
+
+    def count(self, metric: object, **labels: str) -> float:
+        return sum(
+            r.value
+            for r in self.observer.counters
+            if r.metric is metric and all(r.labels.get(k) == v for k, v in labels.items())
+        )
+
+    def gauge(self) -> list[float]:
+        return [r.value for r in self.observer.gauges if r.metric is SHARED_STATE_DEGRADED]
+
+
+@pytest.fixture
+async def rig() -> AsyncIterator[Rig]:
+    rig = Rig()
+    await rig.index.start()
+    yield rig
+    await rig.index.stop()
+
+
+def _lines(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == LOGGER]
+
+
+async def test_conforms_to_the_port(rig: Rig) -> None:
+    index: PrefixIndex = rig.index
+    await index.add(H[:3], "a", 10)
+    assert await index.match(H[:3]) == {"a": 3}
+    assert index.size() == 3
+
+
+async def test_an_answered_match_is_the_remotes_merged_with_the_local_one(rig: Rig) -> None:
+    rig.remote.index.add_sync(H[:4], "other-process-pod", 10)
+    await rig.index.add(H[:2], "a", 10)  # not sent yet: the local index knows it
+    assert await rig.index.match(H[:4]) == {"other-process-pod": 4, "a": 2}
+    answered = [r for r in rig.observer.histograms if r.metric is SHARED_STATE_ROUNDTRIP]
+    assert [r.labels for r in answered] == [{"operation": "match"}]
+
+
+async def test_a_slow_match_answers_from_local_at_the_deadline_and_is_counted(
+    rig: Rig, caplog: pytest.LogCaptureFixture
+) -> None:
+    await rig.index.add(H[:3], "a", 10)
+    await rig.index.flush()
+    rig.remote.slow.add("match")
+    started = time.perf_counter()
+    assert await rig.index.match(H[:3]) == {"a": 3}
+    assert time.perf_counter() - started < 0.5  # the 5 ms budget, with room for CI
+    assert rig.count(SHARED_STATE_DEADLINE_MISSES) == 1
+    assert not rig.index.degraded
+    assert _lines(caplog) == []
+
+
+async def test_consecutive_misses_degrade_once_and_stop_waiting_for_the_remote(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    rig = Rig(miss_limit=3)
+    await rig.index.start()
+    try:
+        rig.remote.slow.add("match")
+        for _ in range(2):
+            await rig.index.match(H)
+        rig.remote.slow.clear()
+        await rig.index.match(H)  # answered: the count starts again
+        rig.remote.slow.add("match")
+        with caplog.at_level(logging.INFO, logger=LOGGER):
+            for _ in range(3):
+                await rig.index.match(H)
+        assert rig.index.degraded
+        assert rig.count(SHARED_STATE_DEADLINE_MISSES) == 5
+        assert rig.gauge() == [0.0, 1.0]
+        (line,) = _lines(caplog)
+        assert "degraded" in line
+        assert "3 consecutive deadline misses" in line
+        calls = len(rig.remote.calls)
+        await rig.index.match(H)
+        assert len(rig.remote.calls) == calls  # degraded: no wait at all
+    finally:
+        await rig.index.stop()
+
+
+async def test_a_failure_degrades_the_probe_backs_off_then_heals_and_rebuilds(
+    rig: Rig, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger=LOGGER)
+    await rig.index.add(H[:3], "a", 10)
+    await rig.index.flush()
+    rig.remote.failing = True
+    assert await rig.index.match(H[:3]) == {"a": 3}  # from local, never raises
+    assert rig.index.degraded
+    assert rig.count(SHARED_STATE_ERRORS, operation="match") == 1
+    # While degraded: adds and removals are local only; matches do not touch the remote.
+    await rig.index.add(H[:5], "b", 10)
+    await rig.index.add(H[:2], "gone", 10)
+    await rig.index.remove_endpoint("gone")
+    calls = len(rig.remote.calls)
+    assert await rig.index.match(H[:5]) == {"a": 3, "b": 5}
+    assert len(rig.remote.calls) == calls
+    assert rig.count(SHARED_STATE_DROPPED_WRITES) == 2
+    # The probe backs off while the remote keeps failing.
+    for _ in range(3):
+        await rig.sleep.release()
+    assert rig.sleep.delays == [0.1, 0.2, 0.4, 0.8]
+    assert rig.remote.calls[-3:] == ["match"] * 3
+    # The remote comes back empty (restarted): the next probe heals, the rebuild re-adds.
+    rig.remote.failing = False
+    rig.remote.index.add_sync(H[:2], "gone", 10)  # a removal the remote missed
+    await rig.sleep.release()
+    await until(lambda: not rig.index.degraded)
+    await until(lambda: rig.remote.index.match_sync(H[:5]) == {"a": 3, "b": 5})
+    assert rig.gauge() == [0.0, 1.0, 0.0]  # reported at start, then on each change
+    lines = _lines(caplog)
+    assert len(lines) == 2
+    assert "degraded" in lines[0]
+    assert "healthy again" in lines[1]
+    assert "re-sending 2 adds and 1 removals" in lines[1]
+    # Healthy again: matches go to the remote.
+    rig.remote.index.add_sync(H[:6], "c", 10)
+    assert (await rig.index.match(H[:6]))["c"] == 6
+
+
+async def test_the_probe_backoff_is_capped() -> None:
+    rig = Rig(probe_initial=1.0, probe_max=3.0)
+    await rig.index.start()
+    try:
+        rig.remote.failing = True
+        await rig.index.match(H)
+        for _ in range(4):
+            await rig.sleep.release()
+        assert rig.sleep.delays == [1.0, 2.0, 3.0, 3.0, 3.0]
+    finally:
+        await rig.index.stop()
+
+
+async def test_a_failed_write_degrades_and_is_counted(rig: Rig) -> None:
+    rig.remote.failing = True
+    await rig.index.add(H[:2], "a", 10)
+    await until(lambda: rig.index.degraded)
+    assert rig.count(SHARED_STATE_ERRORS, operation="add") == 1
+    assert rig.count(SHARED_STATE_WRITES) == 0
+
+
+async def test_adds_are_sent_in_the_background_never_awaited_by_the_request() -> None:
+    rig = Rig(write_timeout=0.05)
+    await rig.index.start()
+    rig.remote.slow.add("add")  # every remote write hangs
+    for i in range(3):
+        await asyncio.wait_for(rig.index.add(H[i : i + 2], "a", 10), 0.5)
+    # The match still gets the remote's answer, quickly, and the local index has the adds.
+    assert await asyncio.wait_for(rig.index.match(H[:3]), 0.5) == {"a": 3}
+    assert rig.count(SHARED_STATE_DEADLINE_MISSES) == 0
+    await until(lambda: rig.remote.calls.count("add") == 1)  # one writer, blocked
+    assert rig.index.pending_writes() == 2
+    await rig.index.stop()
+
+
+async def test_writes_are_sent_in_order_and_counted(rig: Rig) -> None:
+    await rig.index.add(H[:3], "a", 3)
+    await rig.index.add(H[3:4], "a", 3)  # evicts H[0] at the remote too
+    await rig.index.flush()
+    assert rig.remote.index.match_sync(H[1:4]) == {"a": 3}
+    assert rig.remote.index.match_sync(H[:1]) == {}
+    assert rig.count(SHARED_STATE_WRITES) == 2
+
+
+async def test_pending_writes_are_bounded_and_the_overflow_is_counted() -> None:
+    rig = Rig(max_pending=3)  # not started: nothing drains the queue
+    for i in range(10):
+        await rig.index.add(H[i % 4 : i % 4 + 2], "a", 10)
+    assert rig.index.pending_writes() == 3
+    assert rig.count(SHARED_STATE_DROPPED_WRITES) == 7
+    assert rig.index.local.match_sync(H[:5]) == {"a": 5}  # every add recorded locally
+
+
+async def test_stop_sends_what_is_queued(rig: Rig) -> None:
+    await rig.index.add(H[:2], "a", 10)
+    await rig.index.stop()
+    assert rig.remote.index.match_sync(H[:2]) == {"a": 2}
+
+
+async def test_remove_endpoint_removes_from_both(rig: Rig) -> None:
+    await rig.index.add(H[:2], "a", 10)
+    await rig.index.flush()
+    await rig.index.remove_endpoint("a")
+    assert rig.index.local.match_sync(H[:2]) == {}
+    assert rig.remote.index.match_sync(H[:2]) == {}
+
+
+async def test_the_rebuild_journal_is_bounded() -> None:
+    rig = Rig(journal_hashes=4)
+    await rig.index.start()
+    try:
+        rig.remote.failing = True
+        await rig.index.match(H)
+        await rig.index.add(H[:3], "a", 10)
+        await rig.index.add(H[3:6], "b", 10)  # pushes a's chain out of the journal
+        rig.remote.failing = False
+        await rig.sleep.release()
+        await until(lambda: rig.remote.index.match_sync(H[3:6]) == {"b": 3})
+        assert rig.remote.index.match_sync(H[:3]) == {}
+    finally:
+        await rig.index.stop()
+
+
+def test_invalid_options_are_refused() -> None:
+    with pytest.raises(ValueError, match="budget"):
+        ResilientPrefixIndex(FakeRemoteIndex(), budget=0)
+    with pytest.raises(ValueError, match="probe_initial"):
+        ResilientPrefixIndex(FakeRemoteIndex(), probe_initial=2.0, probe_max=1.0)
