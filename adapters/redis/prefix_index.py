@@ -2,11 +2,11 @@
 
 Keys (``P`` is the pool's key prefix; hashes are written in lower-case hex):
 
-- ``{P:<root>}:b:<hash>``: a hash, endpoint name -> the time (ms) it was last sent that
+- ``P:b:{<root>}:<hash>``: a hash, endpoint name -> the time (ms) it was last sent that
   block. ``<root>`` is the first hash of the sequence given to ``match``/``add``: a chain's
   hashes each cover the whole prefix before them, so every block of one chain shares its
-  root, and the hash tag puts a chain in one cluster slot.
-- ``{P:ep:<endpoint>}:lru``: a sorted set of ``<root>:<hash>`` members, scored by an add
+  root, and the hash tag ``{<root>}`` puts a chain in one cluster slot.
+- ``P:lru:{<endpoint>}``: a sorted set of ``<root>:<hash>`` members, scored by an add
   sequence number (the set's highest score plus 1, 2, ... for the hashes of one add, in
   order), so the lowest score is the least recently added. A sequence number, not a clock:
   it orders the blocks within one add and does not depend on the processes' clocks.
@@ -123,7 +123,7 @@ end
 local evicted = lru_push(KEYS[1], tonumber(ARGV[4]), ttl, 6)
 for _, m in ipairs(evicted) do
   local root, h = string.match(m, '^(%x+):(%x+)$')
-  if root then redis.call('HDEL', '{' .. ARGV[5] .. ':' .. root .. '}:b:' .. h, ep) end
+  if root then redis.call('HDEL', ARGV[5] .. ':b:{' .. root .. '}:' .. h, ep) end
 end
 return #evicted
 """,
@@ -158,7 +158,7 @@ _REMOVE_ONE_NODE = LuaScript(
 local members = redis.call('ZRANGE', KEYS[1], 0, -1)
 for _, m in ipairs(members) do
   local root, h = string.match(m, '^(%x+):(%x+)$')
-  if root then redis.call('HDEL', '{' .. ARGV[2] .. ':' .. root .. '}:b:' .. h, ARGV[1]) end
+  if root then redis.call('HDEL', ARGV[2] .. ':b:{' .. root .. '}:' .. h, ARGV[1]) end
 end
 redis.call('DEL', KEYS[1])
 return #members
@@ -187,10 +187,10 @@ class RedisPrefixIndex:
 
     # Keys
     def block_key(self, root: int, block: int) -> str:
-        return f"{{{self._prefix}:{root:x}}}:b:{block:x}"
+        return f"{self._prefix}:b:{{{root:x}}}:{block:x}"
 
     def lru_key(self, endpoint: str) -> str:
-        return f"{{{self._prefix}:ep:{endpoint}}}:lru"
+        return f"{self._prefix}:lru:{{{endpoint}}}"
 
     # PrefixIndex port
     async def match(self, hashes: Sequence[int]) -> Mapping[str, int]:
@@ -254,7 +254,7 @@ class RedisPrefixIndex:
         for member in members:
             root, sep, block = member.decode("ascii", "replace").partition(":")
             if sep:
-                by_key[f"{{{self._prefix}:{root}}}:b:{block}"] = None
+                by_key[f"{self._prefix}:b:{{{root}}}:{block}"] = None
         keys = list(by_key)
         for start in range(0, len(keys), _PIPELINE_CHUNK):
             pipe = self._client.pipeline(transaction=False)

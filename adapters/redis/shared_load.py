@@ -1,10 +1,10 @@
 """``RedisSharedLoad``: the ``SharedLoad`` port on Redis (a single server or a cluster).
 
-Keys (``P`` is the pool's key prefix; all share the hash tag ``{P:load}``, so one slot):
+Keys (``P`` is the pool's key prefix; all share the hash tag ``{P}``, so one slot):
 
-- ``{P:load}:p:<process-id>``: a hash, endpoint name -> ``"<requests> <tokens>"``, written
+- ``P:load:{P}:p:<process-id>``: a hash, endpoint name -> ``"<requests> <tokens>"``, written
   by that process only (its id is random, per instance), with a lease (``PEXPIRE lease``);
-- ``{P:load}:live``: a sorted set of process ids scored by the end of their lease (ms, the
+- ``P:load:{P}:live``: a sorted set of process ids scored by the end of their lease (ms, the
   server's clock), itself expiring one lease after the last renewal.
 
 Between ``start()`` and ``stop()`` a background task runs one script every ``staleness``
@@ -129,9 +129,9 @@ class RedisSharedLoad:
         self._lease = lease
         self._staleness = staleness
         self._process_id = secrets.token_hex(8)
-        self._process_prefix = f"{{{key_prefix}:load}}:p:"
+        self._process_prefix = f"{key_prefix}:load:{{{key_prefix}}}:p:"
         self._own_key = self._process_prefix + self._process_id
-        self._live_key = f"{{{key_prefix}:load}}:live"
+        self._live_key = f"{key_prefix}:load:{{{key_prefix}}}:live"
         self._own: dict[str, EndpointLoad] = {}
         self._dirty: set[str] = set()
         self._republish = True
