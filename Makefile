@@ -9,9 +9,20 @@ STAMP := $(VENV)/.installed
 # tests load them through their entry points; a change to one's pyproject reinstalls.
 EXAMPLE_PROJECTS := $(wildcard examples/*/pyproject.toml)
 
-.PHONY: install check test demo bench clean
+.PHONY: install redis check test demo bench clean
 
-install: $(STAMP)
+install: $(STAMP) redis
+
+# The Redis tests (tests/contract) start real redis-server processes: Debian's redis-server
+# and redis-tools packages, installed when missing (CI runs as root on a fresh Debian).
+redis:
+	@command -v redis-server >/dev/null && command -v redis-cli >/dev/null || \
+	( (apt-get update && apt-get install -y redis-server redis-tools) >/dev/null && \
+	  command -v redis-server >/dev/null ) || \
+	{ echo "make install: the tests need redis-server and redis-cli, and installing them" \
+	  "failed. Install Debian's redis-server and redis-tools packages" \
+	  "(apt-get install -y redis-server redis-tools, as root), or put a Redis >= 7" \
+	  "redis-server and redis-cli on PATH." >&2; exit 1; }
 
 $(STAMP): pyproject.toml $(EXAMPLE_PROJECTS)
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)

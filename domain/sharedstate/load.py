@@ -16,6 +16,8 @@ so a caller may compare by identity to skip work.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import time
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
@@ -70,9 +72,13 @@ class LoadBoard:
         self.clock = clock
         self._entries: dict[str, _Entry] = {}
 
-    def member(self, process_id: str) -> BoardMember:
-        """The ``SharedLoad`` of the process ``process_id`` (a new one each call)."""
-        return BoardMember(self, process_id)
+    def member(
+        self, process_id: str, *, lease: float | None = None, staleness: float = 0.0
+    ) -> BoardMember:
+        """The ``SharedLoad`` of the process ``process_id`` (a new one each call), with its
+        own ``lease`` (the board's by default). ``staleness`` is only reported: a member
+        reads the board directly, so it is never stale."""
+        return BoardMember(self, process_id, lease=lease or self.lease, staleness=staleness)
 
     def live(self) -> list[str]:
         """The process ids whose lease has not lapsed."""
@@ -86,16 +92,16 @@ class LoadBoard:
             entry = self._entries[process_id] = _Entry()
         return entry
 
-    def _renew(self, process_id: str) -> None:
-        self._entry(process_id).lease_end = self.clock() + self.lease
+    def _renew(self, process_id: str, lease: float) -> None:
+        self._entry(process_id).lease_end = self.clock() + lease
 
-    def _publish(self, process_id: str, endpoint: str, load: EndpointLoad) -> None:
+    def _publish(self, process_id: str, endpoint: str, load: EndpointLoad, lease: float) -> None:
         entry = self._entry(process_id)
         if load.requests or load.tokens:
             entry.totals[endpoint] = load
         else:
             entry.totals.pop(endpoint, None)
-        entry.lease_end = self.clock() + self.lease
+        entry.lease_end = self.clock() + lease
 
     def _forget(self, process_id: str, endpoint: str | None) -> None:
         entry = self._entries.get(process_id)
@@ -123,21 +129,27 @@ class LoadBoard:
 
 
 class BoardMember:
-    """One process's ``SharedLoad`` on a ``LoadBoard``."""
+    """One process's ``SharedLoad`` on a ``LoadBoard``. Between ``start`` and ``stop`` a
+    task renews its lease every third of it, as a live process does."""
 
-    __slots__ = ("_board", "_last", "process_id")
+    __slots__ = ("_board", "_last", "_lease", "_renewer", "_staleness", "process_id")
 
-    def __init__(self, board: LoadBoard, process_id: str) -> None:
+    def __init__(
+        self, board: LoadBoard, process_id: str, *, lease: float, staleness: float = 0.0
+    ) -> None:
         self._board = board
         self.process_id = process_id
+        self._lease = lease
+        self._staleness = staleness
         self._last: Mapping[str, EndpointLoad] = _NOTHING
+        self._renewer: asyncio.Task[None] | None = None
 
     @property
     def staleness(self) -> float:
-        return 0.0
+        return self._staleness
 
     def publish(self, endpoint: str, load: EndpointLoad) -> None:
-        self._board._publish(self.process_id, endpoint, load)
+        self._board._publish(self.process_id, endpoint, load, self._lease)
 
     def others(self) -> Mapping[str, EndpointLoad]:
         current = self._board._others(self.process_id)
@@ -150,10 +162,26 @@ class BoardMember:
 
     def renew(self) -> None:
         """Extend this member's lease (without changing its totals)."""
-        self._board._renew(self.process_id)
+        self._board._renew(self.process_id, self._lease)
 
     async def start(self) -> None:
         self.renew()
+        if self._renewer is None:
+            self._renewer = asyncio.create_task(self._renew_forever())
 
     async def stop(self) -> None:
+        await self._halt()
         self._board._forget(self.process_id, None)
+
+    async def _halt(self) -> None:
+        """Stop renewing without withdrawing (what a process that dies does)."""
+        renewer, self._renewer = self._renewer, None
+        if renewer is not None:
+            renewer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await renewer
+
+    async def _renew_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self._lease / 3)
+            self.renew()

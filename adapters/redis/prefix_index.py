@@ -1,0 +1,323 @@
+"""``RedisPrefixIndex``: the ``PrefixIndex`` port on a Redis server or a Redis Cluster.
+
+Keys (``P`` is the pool's key prefix; hashes are written as 16 lower-case hex digits):
+
+- ``P:b:{<root>}:<hash>``: a hash, endpoint name -> the time (ms) it was last sent that
+  block. ``<root>`` is the first hash of the sequence given to ``match``/``add``: a chain's
+  hashes each cover the whole prefix before them, so every block of one chain shares its
+  root, and the hash tag ``{<root>}`` puts a chain in one cluster slot.
+- ``P:lru:{<endpoint>}``: a sorted set of ``<root>:<hash>`` members, scored by an add
+  sequence number (the set's highest score plus 1, 2, ... for the hashes of one add, in
+  order), so the lowest score is the least recently added. A sequence number, not a clock:
+  it orders the blocks within one add and does not depend on the processes' clocks.
+
+Every key gets a TTL (``ttl`` seconds) each time it is written. ``match`` ignores an entry
+older than the TTL (the ms value in the block hash), so an endpoint whose recency set
+expired is not matched through a block key that other endpoints kept alive.
+
+One round trip per call on a single server:
+
+- ``match``: one script over the chain's block keys (walk, stop at the first block nobody
+  holds, count per endpoint);
+- ``add``: one script: write the blocks, push them on the endpoint's recency set, pop what
+  is beyond ``capacity`` and remove the endpoint from those blocks;
+- ``remove_endpoint``: one script (removes the endpoint from every block of its set, then
+  the set).
+
+On a cluster the recency set is in another slot than the chain's blocks, so ``add`` sends
+two scripts at once, one to each slot's node (the blocks; the recency set, which returns
+the evicted members), then removes the endpoint from the evicted blocks with one pipeline
+(one request per node). ``remove_endpoint`` reads the set, then pipelines the removals.
+Those follow-ups are not atomic with the add: an endpoint re-added to a block by another
+process between the two steps can lose that block's entry (it is then matched a little
+less until it is added again). The add runs after the reply to Envoy, off the routing path.
+
+Semantics are the in-memory index's (``domain.prefixcache.InMemoryPrefixIndex``) for the
+sequences the prefix plugin sends, which always start at the chain's root. A sequence that
+starts elsewhere is keyed under its own first hash. ``size()`` is -1 (unknown).
+
+Every failure (connection refused or lost, timeout, an error reply, a reply of the wrong
+shape) is raised as ``ports.shared_state.SharedStateError``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+import time
+from collections.abc import Coroutine, Mapping, Sequence
+from typing import Any
+
+from redis.asyncio.cluster import RedisCluster
+
+from adapters.redis.connection import RedisClient
+from adapters.redis.script import LuaScript, guarded
+from ports.shared_state import SharedStateError
+
+__all__ = ["DEFAULT_PREFIX_TTL", "RedisPrefixIndex"]
+
+#: Seconds a block or recency set lives after its last write.
+DEFAULT_PREFIX_TTL = 3600.0
+
+# Hashes travel as one argument, each hash as 16 hex digits (``packed``): a few µs of client
+# CPU for a 256-block chain, where one argument per hash cost the client more than the round
+# trip. Block keys are built in the scripts from the chain's block-key prefix; they all share
+# the hash tag of the key the call declares (its routing key), so they are in its slot.
+_SPLIT = """
+local function split(packed)
+  local out = {}
+  for i = 1, #packed, 16 do out[#out + 1] = string.sub(packed, i, i + 15) end
+  return out
+end
+"""
+
+# KEYS = the chain's first block key; ARGV = cutoff ms, block-key prefix "P:b:{<root>}:",
+# packed hashes.
+_MATCH = LuaScript(
+    "prefix-match",
+    _SPLIT
+    + """
+local cutoff = tonumber(ARGV[1])
+local base = ARGV[2]
+local counts, order = {}, {}
+for _, h in ipairs(split(ARGV[3])) do
+  local flat = redis.call('HGETALL', base .. h)
+  local held = false
+  for j = 1, #flat, 2 do
+    if tonumber(flat[j + 1]) >= cutoff then
+      held = true
+      local ep = flat[j]
+      local c = counts[ep]
+      if c then counts[ep] = c + 1 else counts[ep] = 1; order[#order + 1] = ep end
+    end
+  end
+  if not held then break end
+end
+local out = {}
+for k = 1, #order do out[2 * k - 1] = order[k]; out[2 * k] = counts[order[k]] end
+return out
+""",
+)
+
+# Push "<root>:<hash>" members on a recency set, pop beyond capacity, return the popped ones.
+_LRU_PUSH = """
+local function lru_push(lru, capacity, ttl, root, hashes)
+  if #hashes > 0 then
+    local top = redis.call('ZRANGE', lru, -1, -1, 'WITHSCORES')
+    local seq = 0
+    if #top == 2 then seq = tonumber(top[2]) end
+    local batch = {}
+    for _, h in ipairs(hashes) do
+      seq = seq + 1
+      batch[#batch + 1] = seq
+      batch[#batch + 1] = root .. ':' .. h
+      if #batch >= 1000 then redis.call('ZADD', lru, unpack(batch)); batch = {} end
+    end
+    if #batch > 0 then redis.call('ZADD', lru, unpack(batch)) end
+  end
+  local evicted = {}
+  local n = redis.call('ZCARD', lru)
+  if n > capacity then
+    local popped = redis.call('ZPOPMIN', lru, n - capacity)
+    for i = 1, #popped, 2 do evicted[#evicted + 1] = popped[i] end
+  end
+  if n > 0 then redis.call('PEXPIRE', lru, ttl) end
+  return evicted
+end
+"""
+
+_WRITE_BLOCKS = """
+local function write_blocks(base, hashes, ep, now, ttl)
+  for _, h in ipairs(hashes) do
+    redis.call('HSET', base .. h, ep, now)
+    redis.call('PEXPIRE', base .. h, ttl)
+  end
+end
+"""
+
+# Single server: KEYS = lru; ARGV = endpoint, now ms, ttl ms, capacity, key prefix P, root,
+# packed hashes.
+_ADD_ONE_NODE = LuaScript(
+    "prefix-add",
+    _SPLIT
+    + _LRU_PUSH
+    + _WRITE_BLOCKS
+    + """
+local ep, now, ttl, prefix, root = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[5], ARGV[6]
+local hashes = split(ARGV[7])
+write_blocks(prefix .. ':b:{' .. root .. '}:', hashes, ep, now, ttl)
+local evicted = lru_push(KEYS[1], tonumber(ARGV[4]), ttl, root, hashes)
+for _, m in ipairs(evicted) do
+  local r, h = string.match(m, '^(%x+):(%x+)$')
+  if r then redis.call('HDEL', prefix .. ':b:{' .. r .. '}:' .. h, ep) end
+end
+return #evicted
+""",
+)
+
+# Cluster, the chain's node: KEYS = the first block key; ARGV = endpoint, now ms, ttl ms,
+# block-key prefix "P:b:{<root>}:", packed hashes.
+_ADD_BLOCKS = LuaScript(
+    "prefix-add-blocks",
+    _SPLIT
+    + _WRITE_BLOCKS
+    + """
+local hashes = split(ARGV[5])
+write_blocks(ARGV[4], hashes, ARGV[1], ARGV[2], tonumber(ARGV[3]))
+return #hashes
+""",
+)
+
+# Cluster, the endpoint's node: KEYS = lru; ARGV = capacity, ttl ms, root, packed hashes.
+_ADD_LRU = LuaScript(
+    "prefix-add-lru",
+    _SPLIT
+    + _LRU_PUSH
+    + """
+return lru_push(KEYS[1], tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3], split(ARGV[4]))
+""",
+)
+
+# Single server: KEYS = lru; ARGV = endpoint, key prefix P.
+_REMOVE_ONE_NODE = LuaScript(
+    "prefix-remove",
+    """
+local members = redis.call('ZRANGE', KEYS[1], 0, -1)
+for _, m in ipairs(members) do
+  local root, h = string.match(m, '^(%x+):(%x+)$')
+  if root then redis.call('HDEL', ARGV[2] .. ':b:{' .. root .. '}:' .. h, ARGV[1]) end
+end
+redis.call('DEL', KEYS[1])
+return #members
+""",
+)
+
+_PIPELINE_CHUNK = 1000
+
+
+class RedisPrefixIndex:
+    """A ``PrefixIndex`` shared by every EPP process using the same Redis and key prefix."""
+
+    __slots__ = ("_client", "_cluster", "_prefix", "_ttl_ms")
+
+    def __init__(
+        self, client: RedisClient, *, key_prefix: str, ttl: float = DEFAULT_PREFIX_TTL
+    ) -> None:
+        if not key_prefix or "{" in key_prefix or "}" in key_prefix:
+            raise ValueError(f"key prefix must be non-empty, without braces: {key_prefix!r}")
+        if ttl <= 0:
+            raise ValueError(f"ttl must be positive, got {ttl}")
+        self._client = client
+        self._cluster = isinstance(client, RedisCluster)
+        self._prefix = key_prefix
+        self._ttl_ms = max(1, round(ttl * 1000))
+
+    # Keys
+    def block_key(self, root: int, block: int) -> str:
+        return f"{self._prefix}:b:{{{root:016x}}}:{block:016x}"
+
+    def lru_key(self, endpoint: str) -> str:
+        return f"{self._prefix}:lru:{{{endpoint}}}"
+
+    # PrefixIndex port
+    async def match(self, hashes: Sequence[int]) -> Mapping[str, int]:
+        if not hashes:
+            return {}
+        root = f"{hashes[0]:016x}"
+        base = f"{self._prefix}:b:{{{root}}}:"
+        args = (_now_ms() - self._ttl_ms, base, _pack(hashes))
+        reply = await guarded("prefix match", _MATCH.run(self._client, [base + root], args))
+        return _parse_counts(reply)
+
+    async def add(self, hashes: Sequence[int], endpoint: str, capacity: int) -> None:
+        if capacity <= 0:
+            raise ValueError(f"capacity must be positive, got {capacity}")
+        root = f"{hashes[0]:016x}" if hashes else "0" * 16
+        packed = _pack(hashes)
+        lru = self.lru_key(endpoint)
+        now = _now_ms()
+        if not self._cluster:
+            args = (endpoint, now, self._ttl_ms, capacity, self._prefix, root, packed)
+            reply = await guarded("prefix add", _ADD_ONE_NODE.run(self._client, [lru], args))
+            if not isinstance(reply, int):
+                raise SharedStateError(f"redis prefix add: unexpected reply {reply!r:.100}")
+            return
+        calls = [_ADD_LRU.run(self._client, [lru], (capacity, self._ttl_ms, root, packed))]
+        if hashes:
+            base = f"{self._prefix}:b:{{{root}}}:"
+            blocks = (endpoint, now, self._ttl_ms, base, packed)
+            calls.append(_ADD_BLOCKS.run(self._client, [base + root], blocks))
+        replies = await guarded("prefix add", _gather(calls))
+        evicted = _members("prefix add", replies[0])
+        if evicted:
+            await self._forget(endpoint, evicted)
+
+    async def remove_endpoint(self, endpoint: str) -> None:
+        lru = self.lru_key(endpoint)
+        if not self._cluster:
+            await guarded(
+                "prefix remove",
+                _REMOVE_ONE_NODE.run(self._client, [lru], [endpoint, self._prefix]),
+            )
+            return
+        reply = await guarded("prefix remove", self._client.zrange(lru, 0, -1))
+        members = _members("prefix remove", reply)
+        await self._forget(endpoint, members)
+        await guarded("prefix remove", self._client.delete(lru))
+
+    def size(self) -> int:
+        return -1
+
+    # Internals
+    async def _forget(self, endpoint: str, members: Sequence[bytes]) -> None:
+        """Remove ``endpoint`` from the blocks named by recency-set ``members`` (cluster:
+        one pipeline, which the client splits into one request per node)."""
+        by_key: dict[str, None] = {}
+        for member in members:
+            root, sep, block = member.decode("ascii", "replace").partition(":")
+            if sep:
+                by_key[f"{self._prefix}:b:{{{root}}}:{block}"] = None
+        keys = list(by_key)
+        for start in range(0, len(keys), _PIPELINE_CHUNK):
+            pipe = self._client.pipeline(transaction=False)
+            for key in keys[start : start + _PIPELINE_CHUNK]:
+                pipe.hdel(key, endpoint)
+            await guarded("prefix evict", pipe.execute())
+
+
+async def _gather(calls: list[Coroutine[Any, Any, object]]) -> list[object]:
+    return list(await asyncio.gather(*calls))
+
+
+def _pack(hashes: Sequence[int]) -> str:
+    """The hashes as one string, 16 hex digits each."""
+    return struct.pack(f">{len(hashes)}Q", *hashes).hex()
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def _members(operation: str, reply: object) -> list[bytes]:
+    """A list of recency-set members, or ``SharedStateError``."""
+    if isinstance(reply, list):
+        members = [m for m in reply if isinstance(m, bytes)]
+        if len(members) == len(reply):
+            return members
+    raise SharedStateError(f"redis {operation}: unexpected reply {reply!r:.100}")
+
+
+def _parse_counts(reply: object) -> dict[str, int]:
+    """``[name, count, name, count, ...]`` → ``{name: count}``; anything else is an error."""
+    if not isinstance(reply, list) or len(reply) % 2:
+        raise SharedStateError(f"redis prefix match: unexpected reply {reply!r:.100}")
+    result: dict[str, int] = {}
+    for i in range(0, len(reply), 2):
+        name, count = reply[i], reply[i + 1]
+        if not isinstance(name, bytes) or not isinstance(count, int) or count <= 0:
+            raise SharedStateError(f"redis prefix match: unexpected reply {reply!r:.100}")
+        try:
+            result[name.decode()] = count
+        except UnicodeDecodeError as error:
+            raise SharedStateError(f"redis prefix match: endpoint name {error}") from error
+    return result

@@ -1,0 +1,54 @@
+"""Lua scripts sent by SHA (``EVALSHA``), re-sent whole (``EVAL``) after ``NOSCRIPT``, and
+the one place where a Redis failure becomes ``SharedStateError``."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Awaitable, Sequence
+from typing import TypeVar
+
+from redis.asyncio import Redis
+from redis.asyncio.cluster import RedisCluster
+from redis.exceptions import NoScriptError
+
+from ports.shared_state import SharedStateError
+
+__all__ = ["LuaScript", "guarded"]
+
+T = TypeVar("T")
+
+Arg = str | bytes | int | float
+
+
+class LuaScript:
+    """One script: ``run`` sends ``EVALSHA``; on ``NOSCRIPT`` (a restarted server, ``SCRIPT
+    FLUSH``) it sends ``EVAL``, which also caches the script again. One round trip either
+    way, two after a flush."""
+
+    __slots__ = ("name", "sha", "source")
+
+    def __init__(self, name: str, source: str) -> None:
+        self.name = name
+        self.source = source
+        self.sha = hashlib.sha1(source.encode(), usedforsecurity=False).hexdigest()
+
+    async def run(
+        self, client: Redis | RedisCluster, keys: Sequence[str], args: Sequence[Arg]
+    ) -> object:
+        try:
+            return await client.evalsha(self.sha, len(keys), *keys, *args)
+        except NoScriptError:
+            return await client.eval(self.source, len(keys), *keys, *args)
+
+
+async def guarded(operation: str, call: Awaitable[T]) -> T:
+    """Await ``call``; any failure is raised as ``SharedStateError`` naming ``operation``."""
+    try:
+        return await call
+    except SharedStateError:
+        raise
+    except Exception as error:
+        detail = str(error) or "no detail"
+        raise SharedStateError(
+            f"redis {operation} failed: {type(error).__name__}: {detail}"
+        ) from error

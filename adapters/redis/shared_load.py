@@ -1,0 +1,268 @@
+"""``RedisSharedLoad``: the ``SharedLoad`` port on Redis (a single server or a cluster).
+
+Keys (``P`` is the pool's key prefix; all share the hash tag ``{P}``, so one slot):
+
+- ``P:load:{P}:p:<process-id>``: a hash, endpoint name -> ``"<requests> <tokens>"``, written
+  by that process only (its id is random, per instance), with a lease (``PEXPIRE lease``);
+- ``P:load:{P}:live``: a sorted set of process ids scored by the end of their lease (ms, the
+  server's clock), itself expiring one lease after the last renewal.
+
+Between ``start()`` and ``stop()`` a background task runs one script every ``staleness``
+seconds, one round trip: it writes this process's changed totals (absolute values; an
+endpoint back at zero is deleted), renews its lease, drops expired process ids, and returns
+the sum over the other live processes, which becomes the local copy ``others()`` returns.
+``publish`` and ``remove_endpoint`` only change local state.
+
+On a failure the task logs once, keeps the last copy (``others()`` returns it until it is
+older than the lease, then nothing) and retries with backoff (up to one second). The first
+success after a failure logs once and republishes every total (the store may have restarted
+empty). ``stop()`` cancels the task and deletes this process's hash and live entry (best
+effort, bounded by the client's timeouts).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+import time
+from collections.abc import Mapping
+
+from adapters.redis.connection import RedisClient
+from adapters.redis.script import LuaScript, guarded
+from ports.shared_state import EndpointLoad, SharedStateError
+
+__all__ = ["DEFAULT_LEASE", "DEFAULT_STALENESS", "RedisSharedLoad"]
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_LEASE = 10.0
+DEFAULT_STALENESS = 0.02
+_MAX_BACKOFF = 1.0
+#: Seconds ``stop()`` waits for the task to end, then for the withdrawal.
+_STOP_TIMEOUT = 1.0
+
+# KEYS = live set, own hash; ARGV = own id, lease ms, process-hash key prefix, clear (0/1),
+# number of pairs to set, pairs (endpoint, "r t"), then endpoints to delete.
+_SYNC = LuaScript(
+    "load-sync",
+    """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local lease = tonumber(ARGV[2])
+if ARGV[4] == '1' then redis.call('DEL', KEYS[2]) end
+local nset = tonumber(ARGV[5])
+local i = 6
+while nset > 0 do
+  local n = math.min(nset, 500)
+  redis.call('HSET', KEYS[2], unpack(ARGV, i, i + 2 * n - 1))
+  i = i + 2 * n
+  nset = nset - n
+end
+while i <= #ARGV do
+  local j = math.min(#ARGV, i + 999)
+  redis.call('HDEL', KEYS[2], unpack(ARGV, i, j))
+  i = j + 1
+end
+redis.call('PEXPIRE', KEYS[2], lease)
+redis.call('ZADD', KEYS[1], now + lease, ARGV[1])
+redis.call('PEXPIRE', KEYS[1], lease)
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+local ids = redis.call('ZRANGE', KEYS[1], 0, -1)
+local req, tok, order = {}, {}, {}
+for _, id in ipairs(ids) do
+  if id ~= ARGV[1] then
+    local flat = redis.call('HGETALL', ARGV[3] .. id)
+    for j = 1, #flat, 2 do
+      local r, k = string.match(flat[j + 1], '^(%-?%d+) (%-?%d+)$')
+      if r then
+        local ep = flat[j]
+        if req[ep] == nil then req[ep] = 0; tok[ep] = 0; order[#order + 1] = ep end
+        req[ep] = req[ep] + tonumber(r)
+        tok[ep] = tok[ep] + tonumber(k)
+      end
+    end
+  end
+end
+local out = {}
+for _, ep in ipairs(order) do
+  out[#out + 1] = ep; out[#out + 1] = req[ep]; out[#out + 1] = tok[ep]
+end
+return out
+""",
+)
+
+
+class RedisSharedLoad:
+    """This process's in-flight totals published to Redis; the other processes' read back."""
+
+    __slots__ = (
+        "_client",
+        "_copy",
+        "_copy_at",
+        "_degraded",
+        "_dirty",
+        "_lease",
+        "_live_key",
+        "_own",
+        "_own_key",
+        "_process_id",
+        "_process_prefix",
+        "_republish",
+        "_staleness",
+        "_task",
+    )
+
+    def __init__(
+        self,
+        client: RedisClient,
+        *,
+        key_prefix: str,
+        lease: float = DEFAULT_LEASE,
+        staleness: float = DEFAULT_STALENESS,
+    ) -> None:
+        if not key_prefix or "{" in key_prefix or "}" in key_prefix:
+            raise ValueError(f"key prefix must be non-empty, without braces: {key_prefix!r}")
+        if lease <= 0 or staleness <= 0 or staleness >= lease:
+            raise ValueError(f"need 0 < staleness < lease, got {staleness} and {lease}")
+        self._client = client
+        self._lease = lease
+        self._staleness = staleness
+        self._process_id = secrets.token_hex(8)
+        self._process_prefix = f"{key_prefix}:load:{{{key_prefix}}}:p:"
+        self._own_key = self._process_prefix + self._process_id
+        self._live_key = f"{key_prefix}:load:{{{key_prefix}}}:live"
+        self._own: dict[str, EndpointLoad] = {}
+        self._dirty: set[str] = set()
+        self._republish = True
+        self._copy: dict[str, EndpointLoad] = {}
+        self._copy_at = -float("inf")
+        self._degraded = False
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def process_id(self) -> str:
+        return self._process_id
+
+    @property
+    def degraded(self) -> bool:
+        """True from the first failed round trip to the next successful one."""
+        return self._degraded
+
+    # SharedLoad port
+    @property
+    def staleness(self) -> float:
+        return self._staleness
+
+    def publish(self, endpoint: str, load: EndpointLoad) -> None:
+        if self._own.get(endpoint) != load:
+            self._own[endpoint] = load
+            self._dirty.add(endpoint)
+
+    def others(self) -> Mapping[str, EndpointLoad]:
+        if time.monotonic() - self._copy_at > self._lease:
+            return {}
+        return self._copy
+
+    def remove_endpoint(self, endpoint: str) -> None:
+        if self._own.pop(endpoint, None) is not None:
+            self._dirty.add(endpoint)
+
+    async def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(
+                self._run(), name=f"redis-shared-load-{self._process_id}"
+            )
+
+    async def stop(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            done, _ = await asyncio.wait({task}, timeout=_STOP_TIMEOUT)
+            if not done:
+                logger.warning("shared load: the background task did not stop in time")
+        try:
+            pipe = self._client.pipeline(transaction=False)
+            pipe.delete(self._own_key)
+            pipe.zrem(self._live_key, self._process_id)
+            await guarded("load withdraw", asyncio.wait_for(pipe.execute(), _STOP_TIMEOUT))
+        except SharedStateError as error:
+            logger.warning("could not withdraw this process's load from redis: %s", error)
+
+    # Internals
+    async def sync_once(self) -> None:
+        """One round trip: write what changed, renew the lease, read the others' sum.
+        Raises ``SharedStateError``; the background task calls it every ``staleness``."""
+        republish = self._republish
+        dirty = list(self._own) if republish else list(self._dirty)
+        self._dirty = set()
+        self._republish = False
+        pairs: list[str] = []
+        deleted: list[str] = []
+        for endpoint in dirty:
+            load = self._own.get(endpoint)
+            if load is None or (load.requests == 0 and load.tokens == 0):
+                deleted.append(endpoint)
+            else:
+                pairs += (endpoint, f"{load.requests} {load.tokens}")
+        args: list[str | int] = [
+            self._process_id,
+            max(1, round(self._lease * 1000)),
+            self._process_prefix,
+            1 if republish else 0,
+            len(pairs) // 2,
+            *pairs,
+            *deleted,
+        ]
+        try:
+            reply = await guarded(
+                "load sync", _SYNC.run(self._client, [self._live_key, self._own_key], args)
+            )
+            copy = _parse_loads(reply)
+        except BaseException:
+            # Not written: write it again next time (everything, the store may be empty).
+            self._republish = True
+            raise
+        self._copy = copy
+        self._copy_at = time.monotonic()
+
+    async def _run(self) -> None:
+        delay = self._staleness
+        me = asyncio.current_task()
+        while True:
+            started = time.monotonic()
+            try:
+                await self.sync_once()
+            except SharedStateError as error:
+                # redis-py can turn a cancellation inside a command into an error.
+                if me is not None and me.cancelling():
+                    raise asyncio.CancelledError from error
+                if not self._degraded:
+                    self._degraded = True
+                    logger.warning("shared load: redis failed, using local state: %s", error)
+                delay = min(max(delay * 2, self._staleness), _MAX_BACKOFF)
+            else:
+                if self._degraded:
+                    self._degraded = False
+                    logger.info("shared load: redis answers again, load republished")
+                delay = self._staleness
+            if me is not None and me.cancelling():
+                raise asyncio.CancelledError
+            await asyncio.sleep(max(0.0, delay - (time.monotonic() - started)))
+
+
+def _parse_loads(reply: object) -> dict[str, EndpointLoad]:
+    if not isinstance(reply, list) or len(reply) % 3:
+        raise SharedStateError(f"redis load sync: unexpected reply {reply!r:.100}")
+    result: dict[str, EndpointLoad] = {}
+    for i in range(0, len(reply), 3):
+        name, requests, tokens = reply[i : i + 3]
+        if not isinstance(name, bytes) or not isinstance(requests, int):
+            raise SharedStateError(f"redis load sync: unexpected reply {reply!r:.100}")
+        if not isinstance(tokens, int):
+            raise SharedStateError(f"redis load sync: unexpected reply {reply!r:.100}")
+        try:
+            result[name.decode()] = EndpointLoad(requests=requests, tokens=tokens)
+        except UnicodeDecodeError as error:
+            raise SharedStateError(f"redis load sync: endpoint name {error}") from error
+    return result

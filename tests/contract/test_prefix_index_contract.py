@@ -1,0 +1,300 @@
+"""The ``PrefixIndex`` contract, run on every implementation: the in-memory index, Redis on
+one server, and Redis on a 3-master cluster. Every test asserts what a caller observes
+(``match`` results), so the three must behave identically.
+
+Hash sequences start at their chain's root, as the prefix plugin's always do (a chain's
+hashes each cover the prefix before them). ``size()`` may be -1 (unknown) on a shared store.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import AsyncIterator, Callable, Sequence
+
+import pytest
+from redis.asyncio.cluster import RedisCluster as ClusterClient
+
+from adapters.redis import RedisClient, RedisPrefixIndex, connect
+from domain.prefixcache import InMemoryPrefixIndex
+from ports.prefix_index import PrefixIndex
+from tests.contract.conftest import BACKENDS
+from tests.support.redis import RedisCluster, RedisServer
+
+MakeIndex = Callable[[], PrefixIndex]
+
+
+def chain(seed: int, length: int) -> list[int]:
+    """A chain of ``length`` 64-bit hashes; different seeds give different roots."""
+    rng = random.Random(seed)
+    return [rng.getrandbits(64) for _ in range(length)]
+
+
+C = chain(1, 300)
+D = chain(2, 10)
+E = chain(3, 10)
+
+
+class _Backend:
+    """Indexes sharing one store (several processes), and the client behind them."""
+
+    def __init__(self, name: str, client: RedisClient | None, prefix: str) -> None:
+        self.name = name
+        self.client = client
+        self._memory = InMemoryPrefixIndex()
+        self._prefix = prefix
+
+    def make(self) -> PrefixIndex:
+        if self.client is None:
+            return self._memory  # one process's index: "another process" is the same one
+        return RedisPrefixIndex(self.client, key_prefix=self._prefix)
+
+
+@pytest.fixture(params=BACKENDS)
+async def backend(request: pytest.FixtureRequest, key_prefix: str) -> AsyncIterator[_Backend]:
+    name: str = request.param
+    client: RedisClient | None = None
+    if name == "redis":
+        client = connect(request.getfixturevalue("redis_server").url)
+    elif name == "redis-cluster":
+        client = connect(request.getfixturevalue("redis_cluster").url)
+    yield _Backend(name, client, key_prefix)
+    if client is not None:
+        await client.aclose()
+
+
+@pytest.fixture
+def index(backend: _Backend) -> PrefixIndex:
+    return backend.make()
+
+
+def assert_size(index: PrefixIndex, expected: int) -> None:
+    assert index.size() in (expected, -1)
+
+
+async def test_an_empty_index_matches_nothing(index: PrefixIndex) -> None:
+    assert await index.match(C[:10]) == {}
+    assert await index.match([]) == {}
+    assert_size(index, 0)
+
+
+async def test_match_counts_the_held_prefix_per_endpoint(index: PrefixIndex) -> None:
+    await index.add(C[:4], "a", 100)
+    await index.add(C[:2], "b", 100)
+    assert await index.match(C[:6]) == {"a": 4, "b": 2}
+    assert await index.match(C[:1]) == {"a": 1, "b": 1}
+    assert await index.match(D[:3]) == {}
+
+
+async def test_match_stops_at_the_first_hash_nobody_holds(index: PrefixIndex) -> None:
+    await index.add([C[0], C[1], C[3], C[4]], "a", 100)
+    # C[2] is held by no one: C[3] and C[4] are never reached.
+    assert await index.match(C[:5]) == {"a": 2}
+
+
+async def test_match_counts_hashes_an_endpoint_holds_even_if_not_consecutive(
+    index: PrefixIndex,
+) -> None:
+    await index.add([C[0], C[2]], "a", 100)
+    await index.add([C[0], C[1]], "b", 100)
+    # The walk continues through C[1] (held by b only), so a counts C[0] and C[2].
+    assert await index.match(C[:3]) == {"a": 2, "b": 2}
+    assert await index.match(C[:4]) == {"a": 2, "b": 2}
+
+
+async def test_adding_twice_adds_nothing(index: PrefixIndex) -> None:
+    await index.add(C[:3], "a", 100)
+    await index.add(C[:3], "a", 100)
+    await index.add(C[:4], "b", 100)
+    assert await index.match(C[:4]) == {"a": 3, "b": 4}
+    assert_size(index, 7)
+
+
+async def test_the_oldest_hashes_are_evicted_beyond_capacity(index: PrefixIndex) -> None:
+    await index.add(C[:1], "b", 100)
+    await index.add(C[:3], "a", 3)
+    await index.add(D[:1], "a", 3)  # evicts C[0] from a
+    assert await index.match(C[:3]) == {"b": 1, "a": 2}
+    assert await index.match(D[:1]) == {"a": 1}
+    assert_size(index, 4)
+
+
+async def test_adding_a_held_hash_makes_it_most_recent(index: PrefixIndex) -> None:
+    await index.add(C[:3], "a", 3)
+    await index.add(C[:1], "a", 3)  # C[0] is now the newest; C[1] the oldest
+    await index.add(D[:1], "a", 3)  # evicts C[1]
+    assert await index.match(C[:3]) == {"a": 1}  # C[0] held, C[1] by nobody: stop
+    assert await index.match(D[:1]) == {"a": 1}
+
+
+async def test_one_request_longer_than_capacity_keeps_its_last_hashes(index: PrefixIndex) -> None:
+    await index.add(C[:5], "b", 100)
+    await index.add(C[:5], "a", 2)
+    assert await index.match(C[:5]) == {"b": 5, "a": 2}
+    await index.remove_endpoint("b")
+    assert await index.match(C[:5]) == {}  # a kept C[3], C[4] only
+    assert_size(index, 2)
+
+
+async def test_eviction_keeps_other_holders(index: PrefixIndex) -> None:
+    await index.add(C[:2], "a", 2)
+    await index.add(C[:2], "b", 2)
+    await index.add(D[:2], "a", 2)  # a evicts C[0] and C[1]
+    assert await index.match(C[:2]) == {"b": 2}
+    assert await index.match(D[:2]) == {"a": 2}
+    assert_size(index, 4)
+
+
+async def test_a_smaller_capacity_shrinks_the_endpoint(index: PrefixIndex) -> None:
+    await index.add(C[:5], "b", 100)
+    await index.add(C[:5], "a", 10)
+    await index.add([], "a", 2)
+    assert await index.match(C[:5]) == {"b": 5, "a": 2}
+    await index.add(D[:4], "b", 100)
+    await index.add(D[:4], "a", 3)  # a larger capacity again keeps more (C's are gone)
+    assert await index.match(D[:4]) == {"b": 4, "a": 3}
+    assert await index.match(C[:5]) == {"b": 5}
+
+
+async def test_removing_an_endpoint_forgets_only_its_entries(index: PrefixIndex) -> None:
+    await index.add(C[:3], "a", 10)
+    await index.add(C[:4], "b", 10)
+    await index.add(D[:2], "a", 10)
+    await index.remove_endpoint("a")
+    assert await index.match(C[:4]) == {"b": 4}
+    assert await index.match(D[:2]) == {}
+    await index.remove_endpoint("a")  # unknown now: ignored
+    await index.remove_endpoint("never-seen")
+    assert await index.match(C[:4]) == {"b": 4}
+    assert_size(index, 4)
+
+
+async def test_a_removed_endpoint_name_starts_empty_when_it_comes_back(
+    index: PrefixIndex,
+) -> None:
+    await index.add(C[:3], "a", 10)
+    await index.add(C[:3], "b", 10)
+    await index.remove_endpoint("a")
+    await index.add(E[:1], "c", 10)
+    await index.add(D[:1], "a", 10)
+    assert await index.match(C[:3]) == {"b": 3}
+    assert await index.match(E[:1]) == {"c": 1}
+    assert await index.match(D[:1]) == {"a": 1}
+
+
+async def test_many_re_touches_keep_exact_lru_order(index: PrefixIndex) -> None:
+    await index.add(D[:5], "a", 7)  # D[0..4]; then C[0..1] re-touched many times
+    for _ in range(300):
+        await index.add(C[:2], "a", 7)
+    await index.add(E[:2], "a", 7)  # evicts D[0] and D[1], the oldest
+    assert await index.match(D[:5]) == {}
+    assert await index.match(C[:2]) == {"a": 2}
+    assert await index.match(E[:2]) == {"a": 2}
+    await index.add(E[:5], "a", 7)  # three more: D[2], D[3], D[4] go
+    assert await index.match(C[:2]) == {"a": 2}
+    assert_size(index, 7)
+
+
+async def test_many_endpoints_share_one_hash(index: PrefixIndex) -> None:
+    names = [f"pod-{i}-rank-0" for i in range(150)]
+    for name in names:
+        await index.add(C[:2], name, 10)
+    assert await index.match(C[:2]) == dict.fromkeys(names, 2)
+    for name in names[:149]:
+        await index.remove_endpoint(name)
+    assert await index.match(C[:2]) == {names[149]: 2}
+
+
+async def test_long_chains_of_256_blocks(index: PrefixIndex) -> None:
+    long = C[:256]
+    await index.add(long, "a", 1000)
+    await index.add(long[:200], "b", 1000)
+    await index.add(long, "c", 100)  # keeps its last 100 blocks
+    assert await index.match(long) == {"a": 256, "b": 200, "c": 100}
+    assert await index.match([*long, *chain(9, 10)]) == {"a": 256, "b": 200, "c": 100}
+    assert await index.match(C[:300]) == {"a": 256, "b": 200, "c": 100}
+
+
+async def test_another_process_sees_the_adds_and_removals(backend: _Backend) -> None:
+    first, second = backend.make(), backend.make()
+    await first.add(C[:4], "a", 100)
+    assert await second.match(C[:4]) == {"a": 4}
+    await second.add(C[:6], "b", 100)
+    assert await first.match(C[:6]) == {"a": 4, "b": 6}
+    await second.remove_endpoint("a")
+    assert await first.match(C[:6]) == {"b": 6}
+
+
+async def test_chains_with_different_roots_spread_over_the_cluster(
+    backend: _Backend,
+) -> None:
+    index = backend.make()
+    chains = [chain(100 + i, 8) for i in range(12)]
+    for i, hashes in enumerate(chains):
+        await index.add(hashes, f"pod-{i % 3}", 1000)
+    for i, hashes in enumerate(chains):
+        assert await index.match(hashes) == {f"pod-{i % 3}": 8}
+    if isinstance(backend.client, ClusterClient) and isinstance(index, RedisPrefixIndex):
+        client = backend.client
+        nodes = {str(client.get_node_from_key(index.block_key(h[0], h[0]))) for h in chains}
+        assert len(nodes) > 1, "every chain landed on one node"
+        # Each chain's blocks share one slot.
+        for hashes in chains:
+            slots = {client.keyslot(index.block_key(hashes[0], h)) for h in hashes}
+            assert len(slots) == 1
+
+
+class _Model:
+    """The index semantics written plainly: a recency list per endpoint."""
+
+    def __init__(self) -> None:
+        self.lrus: dict[str, list[int]] = {}
+
+    def add(self, hashes: Sequence[int], endpoint: str, capacity: int) -> None:
+        lru = self.lrus.setdefault(endpoint, [])
+        for h in hashes:
+            if h in lru:
+                lru.remove(h)
+            lru.append(h)
+        del lru[: max(0, len(lru) - capacity)]
+
+    def remove(self, endpoint: str) -> None:
+        self.lrus.pop(endpoint, None)
+
+    def match(self, hashes: Sequence[int]) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for h in hashes:
+            holders = [name for name, lru in self.lrus.items() if h in lru]
+            if not holders:
+                break
+            for name in holders:
+                counts[name] = counts.get(name, 0) + 1
+        return counts
+
+
+async def test_random_operations_agree_with_the_model(index: PrefixIndex) -> None:
+    rng = random.Random(42)
+    chains = [chain(200 + i, 12) for i in range(5)]
+    endpoints = ["a", "b", "c", "d"]
+    model = _Model()
+    for step in range(250):
+        hashes = rng.choice(chains)[: rng.randint(1, 12)]
+        roll = rng.random()
+        if roll < 0.55:
+            endpoint, capacity = rng.choice(endpoints), rng.choice([3, 8, 20])
+            await index.add(hashes, endpoint, capacity)
+            model.add(hashes, endpoint, capacity)
+        elif roll < 0.6:
+            endpoint = rng.choice(endpoints)
+            await index.remove_endpoint(endpoint)
+            model.remove(endpoint)
+        else:
+            assert await index.match(hashes) == model.match(hashes), f"step {step}"
+
+
+def test_the_cluster_fixture_has_three_masters(redis_cluster: RedisCluster) -> None:
+    assert len(redis_cluster.nodes) == 3
+    assert all("cluster_state:ok" in n.cli("CLUSTER", "INFO") for n in redis_cluster.nodes)
+
+
+def test_the_single_server_answers(redis_server: RedisServer) -> None:
+    assert redis_server.cli("PING").strip() == "PONG"

@@ -1,0 +1,234 @@
+"""What only the Redis adapters have: TLS, ACL users, bad credentials, unreachable or
+silent servers, a flushed script cache, a server killed and restarted empty, error replies.
+Every store failure must surface as ``SharedStateError``, quickly, and the same client must
+work again once the server is back."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from adapters.redis import RedisPrefixIndex, RedisSharedLoad, connect
+from ports.shared_state import EndpointLoad, SharedStateError
+from tests.support.redis import ACL_PASSWORD, ACL_USER, RedisCluster, RedisServer, TlsFiles
+
+CONNECT_TIMEOUT = 0.2
+SOCKET_TIMEOUT = 0.1
+#: Scheduling slack on a shared 2-core machine.
+SLACK = 0.5
+CHAIN = [0x1234_5678_9ABC_DEF0 + i for i in range(8)]
+
+
+async def until(condition: Callable[[], bool], what: str, within: float = 5.0) -> None:
+    started = time.monotonic()
+    while not condition():
+        if time.monotonic() - started > within:
+            raise AssertionError(f"not within {within}s: {what}")
+        await asyncio.sleep(0.01)
+
+
+async def exercise(url: str, key_prefix: str) -> None:
+    """Every call both adapters make, through a client for ``url``."""
+    client = connect(url, connect_timeout=2.0, socket_timeout=2.0)
+    try:
+        index = RedisPrefixIndex(client, key_prefix=key_prefix)
+        await index.add(CHAIN, "pod-a", 100)
+        await index.add(CHAIN[:3], "pod-b", 2)
+        assert await index.match(CHAIN) == {"pod-a": 8, "pod-b": 2}
+        await index.remove_endpoint("pod-a")
+        assert await index.match(CHAIN) == {}
+        a = RedisSharedLoad(client, key_prefix=key_prefix, lease=2.0)
+        b = RedisSharedLoad(client, key_prefix=key_prefix, lease=2.0)
+        a.publish("pod-a", EndpointLoad(2, 20))
+        await a.sync_once()
+        await b.sync_once()
+        assert b.others() == {"pod-a": EndpointLoad(2, 20)}
+        a.remove_endpoint("pod-a")
+        await a.sync_once()
+        await b.sync_once()
+        assert b.others() == {}
+        await a.stop()
+        await b.stop()
+    finally:
+        await client.aclose()
+
+
+async def test_tls_with_the_servers_ca(
+    tls_redis_server: RedisServer, tls_files: TlsFiles, key_prefix: str
+) -> None:
+    url = f"rediss://{tls_redis_server.address}?ssl_ca_certs={tls_files.ca_cert}"
+    await exercise(url, key_prefix)
+
+
+async def test_tls_with_an_unknown_ca_fails_as_shared_state_error(
+    tls_redis_server: RedisServer, key_prefix: str
+) -> None:
+    client = connect(f"rediss://{tls_redis_server.address}", connect_timeout=2.0)
+    try:
+        with pytest.raises(SharedStateError, match="prefix match failed"):
+            await RedisPrefixIndex(client, key_prefix=key_prefix).match(CHAIN)
+    finally:
+        await client.aclose()
+
+
+async def test_an_acl_user_limited_to_epp_keys(redis_server: RedisServer, key_prefix: str) -> None:
+    url = f"redis://{ACL_USER}:{ACL_PASSWORD}@{redis_server.address}"
+    await exercise(url, key_prefix)
+    client = connect(url)
+    try:
+        with pytest.raises(SharedStateError, match="NoPermissionError"):
+            await RedisPrefixIndex(client, key_prefix="other").add(CHAIN, "pod-a", 10)
+    finally:
+        await client.aclose()
+
+
+async def test_a_wrong_password_fails_fast(redis_server: RedisServer, key_prefix: str) -> None:
+    url = f"redis://{ACL_USER}:wrong@{redis_server.address}"
+    client = connect(url, connect_timeout=CONNECT_TIMEOUT, socket_timeout=SOCKET_TIMEOUT)
+    try:
+        started = time.monotonic()
+        with pytest.raises(SharedStateError, match="prefix match failed"):
+            await RedisPrefixIndex(client, key_prefix=key_prefix).match(CHAIN)
+        assert time.monotonic() - started < CONNECT_TIMEOUT + SOCKET_TIMEOUT + SLACK
+    finally:
+        await client.aclose()
+
+
+@pytest.fixture
+def silent_port() -> Iterator[int]:
+    """A port that accepts connections (the kernel's backlog) and never answers."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(16)
+        yield int(listener.getsockname()[1])
+
+
+@pytest.mark.parametrize("scheme", ["redis", "redis+cluster"])
+async def test_a_silent_server_fails_within_the_timeouts(
+    silent_port: int, scheme: str, key_prefix: str
+) -> None:
+    client = connect(
+        f"{scheme}://127.0.0.1:{silent_port}",
+        connect_timeout=CONNECT_TIMEOUT,
+        socket_timeout=SOCKET_TIMEOUT,
+    )
+    try:
+        started = time.monotonic()
+        with pytest.raises(SharedStateError, match="Timeout"):
+            await RedisPrefixIndex(client, key_prefix=key_prefix).match(CHAIN)
+        took = time.monotonic() - started
+        assert took < CONNECT_TIMEOUT + SOCKET_TIMEOUT + SLACK, took
+    finally:
+        await client.aclose()
+
+
+@pytest.mark.parametrize("scheme", ["redis", "redis+cluster"])
+async def test_a_closed_port_fails_at_once(scheme: str, key_prefix: str) -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = int(probe.getsockname()[1])  # bound, never listening: refused
+        client = connect(f"{scheme}://127.0.0.1:{port}", connect_timeout=CONNECT_TIMEOUT)
+        try:
+            started = time.monotonic()
+            with pytest.raises(SharedStateError):
+                await RedisPrefixIndex(client, key_prefix=key_prefix).add(CHAIN, "pod-a", 5)
+            assert time.monotonic() - started < CONNECT_TIMEOUT + SLACK
+        finally:
+            await client.aclose()
+
+
+async def test_noscript_after_script_flush_is_transparent(
+    redis_server: RedisServer, key_prefix: str
+) -> None:
+    client = connect(redis_server.url)
+    try:
+        index = RedisPrefixIndex(client, key_prefix=key_prefix)
+        await index.add(CHAIN, "pod-a", 100)
+        assert await index.match(CHAIN) == {"pod-a": 8}
+        redis_server.cli("SCRIPT", "FLUSH")
+        assert await index.match(CHAIN) == {"pod-a": 8}
+        redis_server.cli("SCRIPT", "FLUSH")
+        await index.add(CHAIN, "pod-b", 100)
+        redis_server.cli("SCRIPT", "FLUSH")
+        await index.remove_endpoint("pod-a")
+        assert await index.match(CHAIN) == {"pod-b": 8}
+        load = RedisSharedLoad(client, key_prefix=key_prefix)
+        redis_server.cli("SCRIPT", "FLUSH")
+        await load.sync_once()
+    finally:
+        await client.aclose()
+
+
+async def test_noscript_on_a_cluster_is_transparent(
+    redis_cluster: RedisCluster, key_prefix: str
+) -> None:
+    client = connect(redis_cluster.url)
+    try:
+        index = RedisPrefixIndex(client, key_prefix=key_prefix)
+        await index.add(CHAIN, "pod-a", 4)
+        for node in redis_cluster.nodes:
+            node.cli("SCRIPT", "FLUSH")
+        await index.add(CHAIN, "pod-b", 100)
+        assert await index.match(CHAIN) == {"pod-b": 8, "pod-a": 4}
+    finally:
+        await client.aclose()
+
+
+async def test_an_error_reply_is_a_shared_state_error(
+    redis_server: RedisServer, key_prefix: str
+) -> None:
+    client = connect(redis_server.url)
+    try:
+        index = RedisPrefixIndex(client, key_prefix=key_prefix)
+        redis_server.cli("SET", index.block_key(CHAIN[0], CHAIN[0]), "not a hash")
+        with pytest.raises(SharedStateError, match="WRONGTYPE"):
+            await index.match(CHAIN)
+        with pytest.raises(SharedStateError, match="WRONGTYPE"):
+            await index.add(CHAIN, "pod-a", 10)
+    finally:
+        await client.aclose()
+
+
+async def test_a_server_killed_and_restarted_empty(
+    redis_scratch_server: RedisServer, key_prefix: str
+) -> None:
+    server = redis_scratch_server
+    client = connect(server.url, connect_timeout=CONNECT_TIMEOUT, socket_timeout=SOCKET_TIMEOUT)
+    lease = 1.0
+    index = RedisPrefixIndex(client, key_prefix=key_prefix)
+    a = RedisSharedLoad(client, key_prefix=key_prefix, lease=lease, staleness=0.02)
+    b = RedisSharedLoad(client, key_prefix=key_prefix, lease=lease, staleness=0.02)
+    try:
+        await a.start()
+        await b.start()
+        await index.add(CHAIN, "pod-a", 100)
+        a.publish("pod-a", EndpointLoad(3, 30))
+        await until(lambda: b.others() == {"pod-a": EndpointLoad(3, 30)}, "b sees a")
+
+        server.kill()
+        for call in (index.match(CHAIN), index.add(CHAIN, "pod-b", 10)):
+            started = time.monotonic()
+            with pytest.raises(SharedStateError):
+                await call
+            assert time.monotonic() - started < CONNECT_TIMEOUT + SOCKET_TIMEOUT + SLACK
+        with pytest.raises(SharedStateError):
+            await index.remove_endpoint("pod-a")
+        await until(lambda: b.degraded, "b notices the outage")
+        assert b.others() == {"pod-a": EndpointLoad(3, 30)}  # the last copy, within a lease
+        await until(lambda: b.others() == {}, "the copy expires after a lease", within=lease + 3)
+
+        server.start()  # same port, empty
+        await until(lambda: not a.degraded and not b.degraded, "both heal")
+        # a republished its totals without publishing again.
+        await until(lambda: b.others() == {"pod-a": EndpointLoad(3, 30)}, "b sees a again")
+        assert await index.match(CHAIN) == {}  # the prefix index restarted empty
+        await index.add(CHAIN, "pod-a", 100)
+        assert await index.match(CHAIN) == {"pod-a": 8}
+    finally:
+        await a.stop()
+        await b.stop()
+        await client.aclose()
