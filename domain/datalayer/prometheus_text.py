@@ -16,10 +16,10 @@ and unknown escapes in HELP text are kept as written):
   at most one of each per family, and TYPE before the family's first sample; any other
   comment is ignored;
 - a sample is ``name[{labels}] value [timestamp]``: names match ``[a-zA-Z_:][a-zA-Z0-9_:]*``,
-  label names ``[a-zA-Z_][a-zA-Z0-9_]*``, label values are double-quoted with the escapes
-  ``\\\\``, ``\\"`` and ``\\n``; a label set may end with a comma; blanks may separate the tokens;
-  values are floats (``NaN``, ``+Inf``, ``-Inf``, scientific notation); the timestamp is an
-  integer of milliseconds;
+  label names ``[a-zA-Z_][a-zA-Z0-9_]*`` (``__name__`` is reserved), label values are
+  double-quoted with the escapes ``\\\\``, ``\\"`` and ``\\n``; a label set may end with a
+  comma; blanks may separate the tokens; values are floats (``NaN``, ``+Inf``, ``-Inf``,
+  scientific notation); the timestamp is an integer of milliseconds;
 - ``<base>_bucket`` (with an ``le`` label), ``<base>_sum`` and ``<base>_count`` belong to the
   family ``<base>`` when it was declared a histogram before them; ``<base>`` (with a
   ``quantile`` label), ``_sum`` and ``_count`` to a summary. A name whose family was seen
@@ -50,6 +50,8 @@ METRIC_TYPES: Final = frozenset({"counter", "gauge", "histogram", "summary", "un
 _SUFFIXES: Final = ("_bucket", "_sum", "_count")
 _INT64_MIN: Final = -(2**63)
 _INT64_MAX: Final = 2**63 - 1
+#: The label name that holds a series' name inside Prometheus; the reference refuses it.
+_RESERVED_LABEL: Final = "__name__"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -157,6 +159,8 @@ def _explain_sample(line: str) -> str:
             if label is None:
                 return f"invalid label name at {line[pos : pos + 20]!r}"
             key = label.group()
+            if key == _RESERVED_LABEL:
+                return f"label name {key!r} is reserved"
             pos = _skip_blanks(line, label.end())
             if not line.startswith("=", pos):
                 return f"expected '=' after label name {key!r}"
@@ -203,7 +207,7 @@ def _parse_sample(line: str) -> Sample:
     if raw_labels:
         pairs = _LABEL_PAIR_RE.findall(raw_labels)
         labels = dict(pairs)
-        if len(labels) != len(pairs):
+        if len(labels) != len(pairs) or _RESERVED_LABEL in labels:
             raise _LineError(_explain_sample(line))
         if "\\" in raw_labels:
             labels = {key: _unescape_label(value) for key, value in labels.items()}

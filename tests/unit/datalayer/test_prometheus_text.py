@@ -238,6 +238,7 @@ def test_histogram_and_summary_rules(body: str, problem: str) -> None:
     ("line", "problem"),
     [
         ('m{a="1",a="2"} 1', "duplicate label 'a'"),
+        ('m{a="1",__name__="x"} 1', "label name '__name__' is reserved"),
         ('m{a="\\t"} 1', "invalid escape sequence"),
         ('m{a="1"', "unterminated value|expected ','"),
         ('m{a="1} 1', "unterminated value"),
