@@ -6,7 +6,8 @@ source whose poll keeps failing is retried with exponential backoff and jitter (
 time from one attempt's start to the next doubles from ``interval`` after each failure,
 up to ``max_backoff``, default 1 s: each delay is drawn between half and all of that), and
 is polled every tick again once a poll succeeds; an extractor's error does not slow the
-polls down. An
+polls down, except ``OversizedDataError`` (data too large to read), which counts as a
+failed poll. An
 endpoint's error state is logged when it changes (first failure, a different failure,
 recovery), never on every poll, and every failed poll of a source is counted in
 ``SCRAPE_ERRORS{endpoint}``. Endpoint add/delete events start and stop collectors and reach
@@ -33,6 +34,7 @@ from domain.datalayer.interfaces import (
     Extractor,
     IncompleteDataError,
     NotificationExtractor,
+    OversizedDataError,
 )
 from domain.datastore.endpoint import Endpoint
 from domain.datastore.store import Datastore
@@ -239,6 +241,9 @@ class Collectors:
                     self._on_update()
                 error = f"{binding.source.typed_name}: {exc}"
                 incomplete = True
+            except OversizedDataError as exc:
+                error = f"{binding.source.typed_name}: {exc}"
+                polled = False  # retried with backoff: each attempt costs as much again
             except (OSError, ValueError) as exc:
                 error = f"{binding.source.typed_name}: {exc or type(exc).__name__}"
             except asyncio.CancelledError:

@@ -9,13 +9,26 @@ from ports.datalayer import NotificationEvent
 from ports.endpoints import EndpointEvent
 from ports.plugins import TypedName
 
-__all__ = ["EndpointExtractor", "Extractor", "IncompleteDataError", "NotificationExtractor"]
+__all__ = [
+    "EndpointExtractor",
+    "Extractor",
+    "IncompleteDataError",
+    "NotificationExtractor",
+    "OversizedDataError",
+]
 
 
 class IncompleteDataError(ValueError):
     """An extractor applied what it found and reports what it could not read (a metric
     family the server does not expose, a malformed optional value). The poll worked: the
     collector logs it when the message changes, and does not count it as a scrape error."""
+
+
+class OversizedDataError(ValueError):
+    """The poll result is too large to read within the extractor's bounds (a body with more
+    series of the families it reads than it accepts). Nothing was applied, and the poll
+    counts as failed: it is a scrape error, logged when the endpoint's error changes, and
+    the source is retried with backoff, since every retry costs as much again."""
 
 
 @runtime_checkable

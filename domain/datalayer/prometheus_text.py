@@ -16,10 +16,10 @@ and unknown escapes in HELP text are kept as written):
   at most one of each per family, and TYPE before the family's first sample; any other
   comment is ignored;
 - a sample is ``name[{labels}] value [timestamp]``: names match ``[a-zA-Z_:][a-zA-Z0-9_:]*``,
-  label names ``[a-zA-Z_][a-zA-Z0-9_]*``, label values are double-quoted with the escapes
-  ``\\\\``, ``\\"`` and ``\\n``; a label set may end with a comma; blanks may separate the tokens;
-  values are floats (``NaN``, ``+Inf``, ``-Inf``, scientific notation); the timestamp is an
-  integer of milliseconds;
+  label names ``[a-zA-Z_][a-zA-Z0-9_]*`` (``__name__`` is reserved), label values are
+  double-quoted with the escapes ``\\\\``, ``\\"`` and ``\\n``; a label set may end with a
+  comma; blanks may separate the tokens; values are floats (``NaN``, ``+Inf``, ``-Inf``,
+  scientific notation); the timestamp is an integer of milliseconds;
 - ``<base>_bucket`` (with an ``le`` label), ``<base>_sum`` and ``<base>_count`` belong to the
   family ``<base>`` when it was declared a histogram before them; ``<base>`` (with a
   ``quantile`` label), ``_sum`` and ``_count`` to a summary. A name whose family was seen
@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Final
 
-__all__ = ["METRIC_TYPES", "MetricFamily", "Sample", "parse_families"]
+__all__ = ["METRIC_TYPES", "MetricFamily", "Sample", "TooManyLinesError", "parse_families"]
 
 #: The family types of format 0.0.4.
 METRIC_TYPES: Final = frozenset({"counter", "gauge", "histogram", "summary", "untyped"})
@@ -50,6 +50,8 @@ METRIC_TYPES: Final = frozenset({"counter", "gauge", "histogram", "summary", "un
 _SUFFIXES: Final = ("_bucket", "_sum", "_count")
 _INT64_MIN: Final = -(2**63)
 _INT64_MAX: Final = 2**63 - 1
+#: The label name that holds a series' name inside Prometheus; the reference refuses it.
+_RESERVED_LABEL: Final = "__name__"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -108,6 +110,10 @@ _LABEL_NAME_AT: Final = re.compile(_LABEL_NAME)
 _FLOAT_FULL: Final = re.compile(_FLOAT)
 
 
+class TooManyLinesError(ValueError):
+    """The body holds more lines of the wanted families than ``max_lines``."""
+
+
 class _LineError(Exception):
     """A problem with one line; the caller adds the line number."""
 
@@ -153,6 +159,8 @@ def _explain_sample(line: str) -> str:
             if label is None:
                 return f"invalid label name at {line[pos : pos + 20]!r}"
             key = label.group()
+            if key == _RESERVED_LABEL:
+                return f"label name {key!r} is reserved"
             pos = _skip_blanks(line, label.end())
             if not line.startswith("=", pos):
                 return f"expected '=' after label name {key!r}"
@@ -199,7 +207,7 @@ def _parse_sample(line: str) -> Sample:
     if raw_labels:
         pairs = _LABEL_PAIR_RE.findall(raw_labels)
         labels = dict(pairs)
-        if len(labels) != len(pairs):
+        if len(labels) != len(pairs) or _RESERVED_LABEL in labels:
             raise _LineError(_explain_sample(line))
         if "\\" in raw_labels:
             labels = {key: _unescape_label(value) for key, value in labels.items()}
@@ -404,14 +412,21 @@ _LINE_CACHE_SIZE: Final = 4096
 _line_cache: dict[bytes, Sample | tuple[str, str, str]] = {}
 
 
-def _parse_wanted(body: bytes, wanted: frozenset[str]) -> dict[str, MetricFamily]:
+def _parse_wanted(
+    body: bytes, wanted: frozenset[str], max_lines: int | None
+) -> dict[str, MetricFamily]:
     plan = _plan(wanted)
     tokens = plan.tokens
     cache = _line_cache
     builder = _Builder()
     first = plan.at_start.match(body)
     matches = plan.after_newline.finditer(body)
-    for match in itertools.chain((first,), matches) if first is not None else matches:
+    located = itertools.chain((first,), matches) if first is not None else matches
+    if max_lines is not None:
+        located = itertools.islice(located, max_lines + 1)
+    count = 0
+    for match in located:
+        count += 1
         if match.group("token") not in tokens:
             continue
         start = match.start("line")
@@ -434,6 +449,13 @@ def _parse_wanted(body: bytes, wanted: frozenset[str]) -> dict[str, MetricFamily
             reason = "invalid UTF-8" if isinstance(exc, UnicodeDecodeError) else str(exc)
             number = body.count(b"\n", 0, start) + 1
             raise ValueError(f"line {number}: {reason}") from None
+    if max_lines is not None and count > max_lines:
+        number = body.count(b"\n", 0, match.start("line")) + 1
+        token = match.group("token").decode(errors="replace")[:80]
+        raise TooManyLinesError(
+            f"line {number}: more than {max_lines} series of the metric families read "
+            f"(this one: {token!r}); the body was not read"
+        )
     return builder.result(wanted)
 
 
@@ -495,15 +517,24 @@ def _parse_located(match: re.Match[bytes], line: bytes) -> Sample | tuple[str, s
 
 
 def parse_families(
-    text: bytes | str, wanted: Collection[str] | None = None
+    text: bytes | str, wanted: Collection[str] | None = None, *, max_lines: int | None = None
 ) -> dict[str, MetricFamily]:
     """The metric families of a text-format body, by name.
 
     With ``wanted``, only those families are parsed and returned (a wanted family that is
     absent, or has no samples, is simply missing from the result), and only their lines
     are validated. Raises ``ValueError("line N: <problem>")`` for a malformed line.
+
+    ``max_lines`` (with ``wanted`` only) bounds the work: the lines located for the wanted
+    families (their samples and HELP/TYPE lines, and lines of other families whose names
+    start with a wanted name) are parsed up to that many, and one more raises
+    ``TooManyLinesError`` (a ``ValueError``) without reading the rest of the body.
     """
     body = text.encode("utf-8") if isinstance(text, str) else text
     if wanted is None:
         return _parse_all(body)
-    return _parse_wanted(body, wanted if isinstance(wanted, frozenset) else frozenset(wanted))
+    if max_lines is not None and max_lines < 0:
+        raise ValueError("max_lines: must be >= 0")
+    return _parse_wanted(
+        body, wanted if isinstance(wanted, frozenset) else frozenset(wanted), max_lines
+    )

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from app.config.parameters import ParameterError, validate_parameters
-from domain.datalayer.interfaces import Extractor
+from domain.datalayer.interfaces import Extractor, OversizedDataError
 from domain.datalayer.plugins import core_metrics_extractor
 from domain.datalayer.plugins.core_metrics_extractor import (
     DEFAULT_ENGINE_LABEL_KEY,
@@ -439,3 +439,38 @@ def test_malformed_optional_values_replace_then_report() -> None:
 def test_input_of_another_type_is_an_error() -> None:
     with pytest.raises(ValueError, match="expected MetricsText, got bytes"):
         extractor().extract(b"vllm:num_requests_waiting 1\n", pod(), 1.0)
+
+
+# --- the bound on the series read from one body ----------------------------------------
+
+
+def _many_running(series: int) -> str:
+    return VLLM_MINIMAL + "".join(
+        f'vllm:num_requests_running{{replica="{i}"}} 1\n' for i in range(series)
+    )
+
+
+def test_a_body_with_too_many_series_of_a_read_family_is_refused_whole() -> None:
+    ep = pod()
+    ep.metrics = EndpointMetrics(waiting_queue_size=9, update_time=1.0)
+    with pytest.raises(OversizedDataError, match=r"^line 11: more than 10 series .*running"):
+        extractor({"maxSeriesPerScrape": 10}).extract(text(_many_running(10)), ep, 12.5)
+    assert ep.metrics.waiting_queue_size == 9  # nothing applied
+    assert ep.metrics.update_time == 1.0
+
+
+def test_series_up_to_the_bound_are_read() -> None:
+    # 4 lines of VLLM_MINIMAL + 6 series = 10 lines of the read families
+    assert extracted(_many_running(6), params={"maxSeriesPerScrape": 10}).waiting_queue_size == 2
+
+
+def test_the_default_bound_leaves_room_for_real_servers() -> None:
+    assert CoreMetricsExtractorParameters().max_series_per_scrape == 2048
+    assert extracted(_many_running(2000)).running_requests_size == 5
+    with pytest.raises(OversizedDataError):
+        extracted(_many_running(2100))
+
+
+def test_the_bound_must_be_positive() -> None:
+    with pytest.raises(ParameterError, match="maxSeriesPerScrape"):
+        extractor({"maxSeriesPerScrape": 0})

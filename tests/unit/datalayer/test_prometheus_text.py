@@ -238,6 +238,7 @@ def test_histogram_and_summary_rules(body: str, problem: str) -> None:
     ("line", "problem"),
     [
         ('m{a="1",a="2"} 1', "duplicate label 'a'"),
+        ('m{a="1",__name__="x"} 1', "label name '__name__' is reserved"),
         ('m{a="\\t"} 1', "invalid escape sequence"),
         ('m{a="1"', "unterminated value|expected ','"),
         ('m{a="1} 1', "unterminated value"),
@@ -464,3 +465,14 @@ def test_a_known_series_with_a_bad_value_is_still_an_error() -> None:
         parse_families(b'vllm:num_requests_waiting{model_name="m"} 3x\n', wanted)
     with pytest.raises(ValueError, match="line 1"):
         parse_families(b"vllm:num_requests_waiting 3 4 5\n", wanted)
+
+
+def test_max_lines_bounds_the_lines_of_the_wanted_families() -> None:
+    body = b"# TYPE a gauge\nother 1\na 1\nab 2\na_sum 3\n"
+    # located: the TYPE line, "a", "ab" (a name starting with "a") and "a_sum"
+    assert parse_families(body, {"a"}, max_lines=4)["a"].samples[0].value == 1.0
+    with pytest.raises(ValueError, match=r"^line 5: more than 3 series .*'a_sum'"):
+        parse_families(body, {"a"}, max_lines=3)
+    with pytest.raises(ValueError, match="max_lines"):
+        parse_families(body, {"a"}, max_lines=-1)
+    assert parse_families(b"other 1\n", {"a"}, max_lines=0) == {}
