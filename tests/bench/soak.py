@@ -6,9 +6,12 @@ EPP with its default profile, and the shipped Envoy config. ``--concurrency`` (1
 send, back to back, a mix of ``/v1/completions`` and ``/v1/chat/completions``, a third of
 them streamed, with prompts from a few shared prefixes (so the prefix cache works), for
 ``--duration`` (5m). Every ``--interval`` (30s) it prints the window's answers by HTTP
-status, the EPP's resident memory (VmRSS), and the client-side latency p50/p99 of the
-window's requests: the simulators answer at once, so that latency is Envoy plus the EPP's
-routing; finally the totals.
+status, the EPP's resident memory (VmRSS), the prefix index's size (its
+``inference_extension_prefix_indexer_size`` gauge: blocks held, bounded by the LRU
+capacity per endpoint), and the client-side latency p50/p99 of the window's requests: the
+simulators answer at once, so that latency is Envoy plus the EPP's routing; finally the
+totals. ``--trace-memory`` runs the EPP with ``tracemalloc`` (``tests.bench.traced_epp``,
+slower) and prints, every interval, the allocation sites that grew most since the start.
 
     .venv/bin/python -m tests.bench.soak [--duration 5m] [--interval 30s] [--concurrency 16]
 """
@@ -19,9 +22,14 @@ import argparse
 import asyncio
 import os
 import random
+import re
+import signal
+import tempfile
 import time
+import urllib.request
 from collections import Counter
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import aiohttp
 import orjson
@@ -61,6 +69,30 @@ def _rss_mib(pid: int) -> float:
     return float("nan")
 
 
+def _prefix_index_size(stack: Stack) -> float:
+    try:
+        with urllib.request.urlopen(stack.epp_metrics_url, timeout=5) as response:
+            text = response.read().decode()
+    except OSError:
+        return float("nan")
+    found = re.search(r"^inference_extension_prefix_indexer_size(?:\{[^}]*\})? (\S+)$", text, re.M)
+    return float(found.group(1)) if found else float("nan")
+
+
+def _memory_diff(stack: Stack, out: Path) -> str:
+    """Has ``tests.bench.traced_epp`` append a snapshot; returns it (top 6 sites)."""
+    assert stack.epp is not None
+    size = len(out.read_text()) if out.exists() else 0
+    stack.epp.signal(signal.SIGUSR1)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        time.sleep(0.2)
+        text = out.read_text()[size:] if out.exists() else ""
+        if text.rstrip().endswith("s)"):
+            return "\n".join(text.rstrip().splitlines()[:7])
+    return "(no tracemalloc snapshot within 60 s)"
+
+
 def _request(rng: random.Random, n: int) -> tuple[str, bytes]:
     prefix = rng.choice(_PREFIXES)
     question = f"question {n} about item {rng.randrange(1000)}"
@@ -76,7 +108,9 @@ def _request(rng: random.Random, n: int) -> tuple[str, bytes]:
     return "/v1/completions", orjson.dumps(payload)
 
 
-async def _soak(stack: Stack, duration: float, interval: float, concurrency: int) -> int:
+async def _soak(
+    stack: Stack, duration: float, interval: float, concurrency: int, memory_out: Path | None
+) -> int:
     assert stack.epp is not None
     assert stack.epp.process is not None
     pid = stack.epp.process.pid
@@ -106,7 +140,12 @@ async def _soak(stack: Stack, duration: float, interval: float, concurrency: int
             window.latencies.append(elapsed)
 
     print(f"EPP pid {pid}, RSS at start {_rss_mib(pid):.1f} MiB, load {os.getloadavg()[0]:.2f}")
-    print(f"{'t (s)':>6} {'answers by status':<34} {'RSS MiB':>8} {'p50 ms':>7} {'p99 ms':>7}")
+    if memory_out is not None:
+        print(await asyncio.to_thread(_memory_diff, stack, memory_out))
+    print(
+        f"{'t (s)':>6} {'answers by status':<34} {'RSS MiB':>8} {'prefix':>8} {'p50 ms':>7} "
+        f"{'p99 ms':>7}"
+    )
     connector = aiohttp.TCPConnector(limit=concurrency)
     async with aiohttp.ClientSession(connector=connector) as session:
         clients = [asyncio.create_task(client(session)) for _ in range(concurrency)]
@@ -117,12 +156,15 @@ async def _soak(stack: Stack, duration: float, interval: float, concurrency: int
             total.update(current.statuses)
             all_latencies.extend(current.latencies)
             statuses = ", ".join(f"{k}: {v}" for k, v in sorted(current.statuses.items(), key=str))
+            prefix = await asyncio.to_thread(_prefix_index_size, stack)
             print(
                 f"{time.monotonic() - started:6.0f} {statuses:<34} {_rss_mib(pid):8.1f} "
-                f"{_percentile(current.latencies, 0.5):7.1f} "
+                f"{prefix:8.0f} {_percentile(current.latencies, 0.5):7.1f} "
                 f"{_percentile(current.latencies, 0.99):7.1f}",
                 flush=True,
             )
+            if memory_out is not None:
+                print(await asyncio.to_thread(_memory_diff, stack, memory_out), flush=True)
         for c in clients:
             c.result()
     ok = total.get(200, 0)
@@ -140,10 +182,19 @@ def main() -> int:
     parser.add_argument("--interval", type=parse_duration, default=parse_duration("30s"))
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--instances", type=int, default=3)
+    parser.add_argument("--trace-memory", action="store_true")
     args = parser.parse_args()
-    options = StackOptions(simulators=args.instances)
-    with Stack.run(options) as stack:
-        return asyncio.run(_soak(stack, args.duration, args.interval, args.concurrency))
+    with tempfile.TemporaryDirectory(prefix="epp-soak-") as tmp:
+        memory_out = Path(tmp) / "tracemalloc.txt" if args.trace_memory else None
+        options = StackOptions(
+            simulators=args.instances,
+            epp_module="tests.bench.traced_epp" if memory_out else "app",
+            epp_env={"EPP_TRACEMALLOC_OUT": str(memory_out)} if memory_out else {},
+        )
+        with Stack.run(options) as stack:
+            return asyncio.run(
+                _soak(stack, args.duration, args.interval, args.concurrency, memory_out)
+            )
 
 
 if __name__ == "__main__":
