@@ -217,3 +217,46 @@ async def test_sigterm_with_the_trace_collector_down_still_exits_promptly(
     log = process.child.log()
     assert "spans not all exported within 5s of shutdown" in log
     assert "Traceback" not in log
+
+
+def test_a_bad_redis_url_exits_2_naming_the_flag_without_the_password(tmp_path: Path) -> None:
+    process = Epp(tmp_path, "--redis-url", "memcached://epp:hunter2@127.0.0.1:6379")
+    process.child.start()
+    try:
+        assert process.child.wait(30) == 2
+    finally:
+        process.child.stop()
+    log = process.child.log()
+    assert "--redis-url" in log
+    assert "unknown scheme" in log
+    assert "hunter2" not in log
+
+
+async def test_with_redis_down_the_epp_still_becomes_ready_and_routes(tmp_path: Path) -> None:
+    closed = free_port()  # nothing listens there
+    process = Epp(tmp_path, "--redis-url", f"redis://epp:hunter2@127.0.0.1:{closed}")
+    process.child.start()
+    try:
+        await asyncio.to_thread(wait_for, process.serving, timeout=30, what="SERVING")
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{process.grpc_port}") as channel:
+            for prompt in ("first", "second"):
+                call = pb_grpc.ExternalProcessorStub(channel).Process()
+                await call.write(request_headers(envoy_headers()))
+                text = "a long shared system prompt " * 200 + prompt  # several blocks
+                body = f'{{"model": "m", "prompt": "{text}"}}'.encode()
+                await call.write(request_body(body, end_of_stream=True))
+                reply = await call.read()
+                await call.done_writing()
+                chosen = dict(set_headers(reply.request_headers.response))
+                destination = chosen["x-gateway-destination-endpoint"]
+                assert destination in {"127.0.0.41:8000", "127.0.0.42:8000"}
+        process.child.signal(signal.SIGTERM)
+        assert await asyncio.to_thread(process.child.wait, 30) == 0
+    finally:
+        process.child.stop()
+    log = process.child.log()
+    assert "Traceback" not in log
+    assert "hunter2" not in log
+    # Degraded once (one line per shared part), not once per request or per retry.
+    assert log.count("shared load: redis failed, using local state") == 1, log
+    assert log.count("shared prefix index degraded") == 1, log
