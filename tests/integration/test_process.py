@@ -26,6 +26,7 @@ from tests.support.extproc import (
     response_headers,
     set_headers,
 )
+from tests.support.redis import RedisServer, redis_available
 from tests.support.stack import ChildProcess, free_port, wait_for
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
@@ -260,3 +261,84 @@ async def test_with_redis_down_the_epp_still_becomes_ready_and_routes(tmp_path: 
     # Degraded once (one line per shared part), not once per request or per retry.
     assert log.count("shared load: redis failed, using local state") == 1, log
     assert log.count("shared prefix index degraded") == 1, log
+
+
+@pytest.fixture
+def redis_server() -> Iterator[RedisServer]:
+    if not redis_available():
+        pytest.fail("redis-server and redis-cli are not on PATH: run `make install`")
+    server = RedisServer()
+    server.start()
+    yield server
+    server.close()
+
+
+#: Only the in-flight load decides: the one scorer reads it, its producer is created with it.
+LOAD_ONLY = """
+plugins:
+- type: token-load-scorer
+schedulingProfiles:
+- name: default
+  plugins:
+  - pluginRef: token-load-scorer
+"""
+
+
+async def test_one_replicas_in_flight_load_steers_another(
+    tmp_path: Path, redis_server: RedisServer
+) -> None:
+    prefix = "epp:load-test"
+    shared = ["--redis-url", redis_server.url, "--redis-key-prefix", prefix]
+    first = Epp(tmp_path / "a", *shared, "--config-text", LOAD_ONLY)
+    second = Epp(tmp_path / "b", *shared, "--config-text", LOAD_ONLY)
+    for process in (first, second):
+        process.child.log_path.parent.mkdir()
+        process.child.start()
+    body = b'{"model": "m", "prompt": "' + b"load " * 200 + b'"}'
+    try:
+        for process in (first, second):
+            await asyncio.to_thread(wait_for, process.serving, timeout=30, what="SERVING")
+        async with (
+            grpc.aio.insecure_channel(f"127.0.0.1:{first.grpc_port}") as first_channel,
+            grpc.aio.insecure_channel(f"127.0.0.1:{second.grpc_port}") as second_channel,
+        ):
+            # A request held in flight on the first replica: its load is booked there.
+            held = pb_grpc.ExternalProcessorStub(first_channel).Process()
+            await held.write(request_headers(envoy_headers()))
+            await held.write(request_body(body, end_of_stream=True))
+            reply = await held.read()
+            busy = dict(set_headers(reply.request_headers.response))[
+                "x-gateway-destination-endpoint"
+            ]
+            idle = ({"127.0.0.41:8000", "127.0.0.42:8000"} - {busy}).pop()
+            # ... and published (the first replica's hash holds it).
+            own_keys = f"{prefix}:load:{{{prefix}}}:p:*"
+            await asyncio.to_thread(
+                wait_for,
+                lambda: redis_server.cli("--raw", "KEYS", own_keys).strip(),
+                timeout=10,
+                what="the first replica's load in redis",
+            )
+
+            async def route_on_second() -> str:
+                call = pb_grpc.ExternalProcessorStub(second_channel).Process()
+                await call.write(request_headers(envoy_headers()))
+                await call.write(request_body(body, end_of_stream=True))
+                answer = await call.read()
+                await call.done_writing()  # its own booking is released at stream end
+                return dict(set_headers(answer.request_headers.response))[
+                    "x-gateway-destination-endpoint"
+                ]
+
+            # The second replica reads the others' load every 20 ms: once it goes to the
+            # idle endpoint, it keeps going there (without the shared load, each of these
+            # would be a coin toss: both endpoints look idle to it).
+            deadline = time.monotonic() + 10
+            while await route_on_second() != idle:
+                assert time.monotonic() < deadline, "the second replica never saw the load"
+            chosen = [await route_on_second() for _ in range(6)]
+            assert chosen == [idle] * 6
+            await held.done_writing()
+    finally:
+        first.child.stop()
+        second.child.stop()
