@@ -273,6 +273,52 @@ def redis_server() -> Iterator[RedisServer]:
     server.close()
 
 
+async def test_redis_coming_up_later_heals_the_shared_state(tmp_path: Path) -> None:
+    if not redis_available():
+        pytest.fail("redis-server and redis-cli are not on PATH: run `make install`")
+    server = RedisServer(port=free_port())  # not started yet: the port is closed
+    process = Epp(tmp_path, "--redis-url", server.url)
+    process.child.start()
+    try:
+        await asyncio.to_thread(wait_for, process.serving, timeout=30, what="SERVING")
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{process.grpc_port}") as channel:
+            call = pb_grpc.ExternalProcessorStub(channel).Process()
+            await call.write(request_headers(envoy_headers()))
+            text = "a long shared system prompt " * 200
+            await call.write(
+                request_body(f'{{"model": "m", "prompt": "{text}"}}'.encode(), end_of_stream=True)
+            )
+            await call.read()  # routed on local state; the index is degraded
+            await call.done_writing()
+        await asyncio.to_thread(
+            wait_for,
+            lambda: "shared prefix index degraded" in process.child.log(),
+            timeout=10,
+            what="the index to degrade",
+        )
+        server.start()
+        log_lines = (
+            "shared prefix index healthy again",
+            "shared load: redis answers again",
+        )
+        await asyncio.to_thread(
+            wait_for,
+            lambda: all(line in process.child.log() for line in log_lines),
+            timeout=30,
+            what="the shared state to heal",
+        )
+        # The add made while degraded was re-sent: the prompt's blocks are in redis.
+        await asyncio.to_thread(
+            wait_for,
+            lambda: server.cli("--raw", "KEYS", "epp:static:b:*").strip(),
+            timeout=10,
+            what="the re-sent prefix blocks",
+        )
+    finally:
+        process.child.stop()
+        server.close()
+
+
 #: Only the in-flight load decides: the one scorer reads it, its producer is created with it.
 LOAD_ONLY = """
 plugins:
