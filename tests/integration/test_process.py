@@ -277,7 +277,9 @@ async def test_redis_coming_up_later_heals_the_shared_state(tmp_path: Path) -> N
     if not redis_available():
         pytest.fail("redis-server and redis-cli are not on PATH: run `make install`")
     server = RedisServer(port=free_port())  # not started yet: the port is closed
-    process = Epp(tmp_path, "--redis-url", server.url)
+    # The recovery probe has the routing budget, and its first call after the outage also
+    # connects: 50 ms rather than the 5 ms default, so a loaded test machine heals in time.
+    process = Epp(tmp_path, "--redis-url", server.url, "--redis-deadline", "50ms")
     process.child.start()
     try:
         await asyncio.to_thread(wait_for, process.serving, timeout=30, what="SERVING")
@@ -371,7 +373,9 @@ async def test_one_replicas_in_flight_load_steers_another(
                 await call.write(request_headers(envoy_headers()))
                 await call.write(request_body(body, end_of_stream=True))
                 answer = await call.read()
-                await call.done_writing()  # its own booking is released at stream end
+                await call.read()  # the body
+                await call.done_writing()
+                assert await call.code() == grpc.StatusCode.OK  # own booking released
                 return dict(set_headers(answer.request_headers.response))[
                     "x-gateway-destination-endpoint"
                 ]
