@@ -269,6 +269,35 @@ def build_parser() -> argparse.ArgumentParser:
     _add_bool(parser, "--ha-enable-leader-election", False, "accepted for compatibility")
     _add_bool(parser, "--enable-cert-reload", False, "accepted for compatibility; no effect")
     _add_bool(parser, "--uvloop", True, "run on uvloop when it is installed")
+    parser.add_argument(
+        "--redis-url",
+        default="",
+        help="share the prefix index and in-flight load with the pool's other EPP processes "
+        "on this Redis (redis://, rediss://, redis+cluster://, rediss+cluster://); "
+        "default empty: everything stays in this process",
+    )
+    parser.add_argument(
+        "--redis-key-prefix",
+        default="",
+        help="prefix of every Redis key (default epp:<pool-namespace>/<pool-name>, "
+        "epp:static with --static-endpoints)",
+    )
+    _add(
+        parser,
+        "--redis-deadline",
+        _duration,
+        "5ms",
+        "the routing path's budget for the shared prefix match; past it, the local index",
+    )
+    _add(parser, "--redis-lease", _duration, "10s", "how long a process's published load lives")
+    _add(
+        parser,
+        "--redis-load-staleness",
+        _duration,
+        "20ms",
+        "how often the other processes' load is read back (its largest age)",
+    )
+    _add(parser, "--redis-prefix-ttl", _duration, "1h", "life of a prefix block after its write")
     return parser
 
 
@@ -293,6 +322,20 @@ def parse_settings(argv: Sequence[str] | None = None) -> Settings:
         parser.error("argument --endpoint-target-ports: required with --endpoint-selector")
     if values["prepare_data_timeout"] <= 0:
         parser.error("argument --prepare-data-timeout: must be greater than 0")
+    for flag in ("redis_deadline", "redis_lease", "redis_load_staleness", "redis_prefix_ttl"):
+        if values[flag] <= 0:
+            parser.error(f"argument --{flag.replace('_', '-')}: must be greater than 0")
+    if values["redis_url"]:
+        from adapters.redis import parse_redis_url
+
+        try:
+            parse_redis_url(values["redis_url"])
+        except ValueError as exc:  # the message masks the password
+            parser.error(f"argument --redis-url: {exc}")
+    if "{" in values["redis_key_prefix"] or "}" in values["redis_key_prefix"]:
+        parser.error("argument --redis-key-prefix: may not contain braces")
+    if values["redis_load_staleness"] >= values["redis_lease"]:
+        parser.error("argument --redis-load-staleness: must be shorter than --redis-lease")
     for flag in ("static_objectives", "kubeconfig"):
         if values[flag] is not None and not values[flag].is_file():
             parser.error(f"argument --{flag.replace('_', '-')}: {values[flag]} is not a file")

@@ -11,6 +11,7 @@ from adapters.envoy.server import GrpcServers
 from adapters.envoy.tls import ServerCertificate, load_certificate, self_signed_certificate
 from adapters.jsoncodec.orjson_codec import OrjsonCodec
 from adapters.prometheus.exporter import PrometheusObserver
+from adapters.redis import RedisClient, RedisPrefixIndex, RedisSharedLoad, connect
 from adapters.xxhash.block_hasher import XxhashBlockHasher
 from app.config.loader import LoadedConfig, load_config
 from app.flowcontrol import build_flow_controller
@@ -34,6 +35,7 @@ from domain.scheduling.observer import SchedulingObserver, SchedulingReporter
 from domain.scheduling.scheduler import Scheduler
 from domain.scheduling.types import Candidate
 from domain.sharedstate.load import LocalSharedLoad
+from domain.sharedstate.resilient_index import ResilientPrefixIndex
 from ports.codec import JsonCodec
 from ports.datalayer import NotificationSource, PollingDataSource
 from ports.endpoints import EndpointSource
@@ -62,6 +64,36 @@ def _endpoint_source(settings: Settings, objectives: ObjectiveSink) -> EndpointS
     from app.kubernetes import kubernetes_source  # imports the Kubernetes client lazily
 
     return kubernetes_source(settings, objectives)
+
+
+def _redis_client(settings: Settings) -> RedisClient | None:
+    """The one Redis client of the process with ``--redis-url``, else None. It connects
+    lazily: a Redis that is down at start-up only degrades the shared state."""
+    return connect(settings.redis_url) if settings.redis_url else None
+
+
+def _prefix_index(
+    settings: Settings, client: RedisClient | None, observer: Observer
+) -> PrefixIndex:
+    if client is None:
+        return InMemoryPrefixIndex()
+    remote = RedisPrefixIndex(
+        client, key_prefix=settings.shared_key_prefix(), ttl=settings.redis_prefix_ttl
+    )
+    return ResilientPrefixIndex(
+        remote, InMemoryPrefixIndex(), observer=observer, budget=settings.redis_deadline
+    )
+
+
+def _shared_load(settings: Settings, client: RedisClient | None) -> SharedLoad:
+    if client is None:
+        return LocalSharedLoad()
+    return RedisSharedLoad(
+        client,
+        key_prefix=settings.shared_key_prefix(),
+        lease=settings.redis_lease,
+        staleness=settings.redis_load_staleness,
+    )
 
 
 def _registry(settings: Settings) -> PluginRegistry:
@@ -204,9 +236,6 @@ class Container(containers.DeclarativeContainer):
     settings = providers.Dependency(instance_of=Settings)
     codec = providers.Singleton(OrjsonCodec)
     hasher = providers.Singleton(XxhashBlockHasher)
-    prefix_index = providers.Singleton(InMemoryPrefixIndex)
-    # The other processes' in-flight load: none until a shared store (--redis-url) is wired.
-    shared_load = providers.Singleton(LocalSharedLoad)
     datastore = providers.Singleton(Datastore)
     objectives = providers.Singleton(ObjectiveStore)
     request_states = providers.Singleton(RequestStates)
@@ -215,6 +244,11 @@ class Container(containers.DeclarativeContainer):
     metrics_observer = providers.Singleton(PrometheusObserver)
     tracing = providers.Singleton(build_tracing, settings)
     observer = providers.Singleton(EppObserver, metrics_observer, tracing)
+    # --- shared state (docs/shared-state.md): in process, or on Redis with --redis-url ---
+    redis_client = providers.Singleton(_redis_client, settings)
+    prefix_index = providers.Singleton(_prefix_index, settings, redis_client, observer)
+    # The other processes' in-flight load: none without --redis-url.
+    shared_load = providers.Singleton(_shared_load, settings, redis_client)
     scheduling_observer = providers.Singleton(SchedulingReporter, observer)
     observability = providers.Singleton(
         Observability,

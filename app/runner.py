@@ -87,6 +87,14 @@ async def serve(container: Container, stop: asyncio.Event) -> None:
     except OSError as exc:
         raise StartupError(str(exc)) from exc
     # Shared state before serving: the first requests already read and write it.
+    if settings.redis_url:
+        from adapters.redis import parse_redis_url
+
+        logger.info(
+            "shared state on %r, key prefix %s",
+            parse_redis_url(settings.redis_url),  # its repr never shows the password
+            settings.shared_key_prefix(),
+        )
     shared_load = container.shared_load()
     await shared_load.start()
     prefix_index = container.prefix_index()
@@ -98,6 +106,7 @@ async def serve(container: Container, stop: asyncio.Event) -> None:
         if isinstance(prefix_index, ResilientPrefixIndex):
             await prefix_index.stop()
         await shared_load.stop()
+        await _close_redis(container)
         await observability.stop()
         raise StartupError(str(exc)) from exc
     flow_controller = container.flow_controller()
@@ -131,8 +140,18 @@ async def serve(container: Container, stop: asyncio.Event) -> None:
         if isinstance(prefix_index, ResilientPrefixIndex):
             await prefix_index.stop()
         await shared_load.stop()  # withdraws this process's load from the pool
+        await _close_redis(container)  # after the index and the load: they use it
         await observability.stop()  # after the last request: flushes the traces
     logger.info("stopped")
+
+
+async def _close_redis(container: Container) -> None:
+    client = container.redis_client()
+    if client is not None:
+        try:
+            await client.aclose()
+        except Exception as exc:  # closing a client whose server is gone may fail
+            logger.debug("closing the redis client: %r", exc)
 
 
 async def _main(settings: Settings, customize: Callable[[Container], None] | None) -> int:

@@ -53,6 +53,13 @@ class Settings(BaseModel):
     ha_enable_leader_election: bool = False
     enable_cert_reload: bool = False
     uvloop: bool = True
+    # Shared state (docs/shared-state.md): empty redis_url keeps everything in process.
+    redis_url: str = ""
+    redis_key_prefix: str = ""
+    redis_deadline: float = Field(default=0.005, gt=0)
+    redis_lease: float = Field(default=10.0, gt=0)
+    redis_load_staleness: float = Field(default=0.02, gt=0)
+    redis_prefix_ttl: float = Field(default=3600.0, gt=0)
 
     @model_validator(mode="after")
     def _check(self) -> Settings:
@@ -63,4 +70,19 @@ class Settings(BaseModel):
             raise ValueError(
                 "exactly one of --pool-name, --endpoint-selector and --static-endpoints must be set"
             )
+        if "{" in self.redis_key_prefix or "}" in self.redis_key_prefix:
+            raise ValueError("--redis-key-prefix may not contain braces")
+        if self.redis_load_staleness >= self.redis_lease:
+            raise ValueError("--redis-load-staleness must be shorter than --redis-lease")
         return self
+
+    def shared_key_prefix(self) -> str:
+        """``--redis-key-prefix``, else ``epp:<pool-namespace>/<pool-name>`` (``epp:static``
+        in static mode, ``epp:<namespace>/selector/<selector>`` with ``--endpoint-selector``)."""
+        if self.redis_key_prefix:
+            return self.redis_key_prefix
+        if self.static_endpoints:
+            return "epp:static"
+        if self.pool_name:
+            return f"epp:{self.pool_namespace}/{self.pool_name}"
+        return f"epp:{self.pool_namespace}/selector/{self.endpoint_selector}"

@@ -26,6 +26,7 @@ from tests.support.extproc import (
     response_headers,
     set_headers,
 )
+from tests.support.redis import RedisServer, redis_available
 from tests.support.stack import ChildProcess, free_port, wait_for
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
@@ -217,3 +218,177 @@ async def test_sigterm_with_the_trace_collector_down_still_exits_promptly(
     log = process.child.log()
     assert "spans not all exported within 5s of shutdown" in log
     assert "Traceback" not in log
+
+
+def test_a_bad_redis_url_exits_2_naming_the_flag_without_the_password(tmp_path: Path) -> None:
+    process = Epp(tmp_path, "--redis-url", "memcached://epp:hunter2@127.0.0.1:6379")
+    process.child.start()
+    try:
+        assert process.child.wait(30) == 2
+    finally:
+        process.child.stop()
+    log = process.child.log()
+    assert "--redis-url" in log
+    assert "unknown scheme" in log
+    assert "hunter2" not in log
+
+
+async def test_with_redis_down_the_epp_still_becomes_ready_and_routes(tmp_path: Path) -> None:
+    closed = free_port()  # nothing listens there
+    process = Epp(tmp_path, "--redis-url", f"redis://epp:hunter2@127.0.0.1:{closed}")
+    process.child.start()
+    try:
+        await asyncio.to_thread(wait_for, process.serving, timeout=30, what="SERVING")
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{process.grpc_port}") as channel:
+            for prompt in ("first", "second"):
+                call = pb_grpc.ExternalProcessorStub(channel).Process()
+                await call.write(request_headers(envoy_headers()))
+                text = "a long shared system prompt " * 200 + prompt  # several blocks
+                body = f'{{"model": "m", "prompt": "{text}"}}'.encode()
+                await call.write(request_body(body, end_of_stream=True))
+                reply = await call.read()
+                await call.done_writing()
+                chosen = dict(set_headers(reply.request_headers.response))
+                destination = chosen["x-gateway-destination-endpoint"]
+                assert destination in {"127.0.0.41:8000", "127.0.0.42:8000"}
+        process.child.signal(signal.SIGTERM)
+        assert await asyncio.to_thread(process.child.wait, 30) == 0
+    finally:
+        process.child.stop()
+    log = process.child.log()
+    assert "Traceback" not in log
+    assert "hunter2" not in log
+    # Degraded once (one line per shared part), not once per request or per retry.
+    assert log.count("shared load: redis failed, using local state") == 1, log
+    assert log.count("shared prefix index degraded") == 1, log
+
+
+@pytest.fixture
+def redis_server() -> Iterator[RedisServer]:
+    if not redis_available():
+        pytest.fail("redis-server and redis-cli are not on PATH: run `make install`")
+    server = RedisServer()
+    server.start()
+    yield server
+    server.close()
+
+
+async def test_redis_coming_up_later_heals_the_shared_state(tmp_path: Path) -> None:
+    if not redis_available():
+        pytest.fail("redis-server and redis-cli are not on PATH: run `make install`")
+    server = RedisServer(port=free_port())  # not started yet: the port is closed
+    # The recovery probe has the routing budget, and its first call after the outage also
+    # connects: 50 ms rather than the 5 ms default, so a loaded test machine heals in time.
+    process = Epp(tmp_path, "--redis-url", server.url, "--redis-deadline", "50ms")
+    process.child.start()
+    try:
+        await asyncio.to_thread(wait_for, process.serving, timeout=30, what="SERVING")
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{process.grpc_port}") as channel:
+            call = pb_grpc.ExternalProcessorStub(channel).Process()
+            await call.write(request_headers(envoy_headers()))
+            text = "a long shared system prompt " * 200
+            await call.write(
+                request_body(f'{{"model": "m", "prompt": "{text}"}}'.encode(), end_of_stream=True)
+            )
+            await call.read()  # routed on local state; the index is degraded
+            await call.done_writing()
+        await asyncio.to_thread(
+            wait_for,
+            lambda: "shared prefix index degraded" in process.child.log(),
+            timeout=10,
+            what="the index to degrade",
+        )
+        server.start()
+        log_lines = (
+            "shared prefix index healthy again",
+            "shared load: redis answers again",
+        )
+        await asyncio.to_thread(
+            wait_for,
+            lambda: all(line in process.child.log() for line in log_lines),
+            timeout=30,
+            what="the shared state to heal",
+        )
+        # The add made while degraded was re-sent: the prompt's blocks are in redis.
+        await asyncio.to_thread(
+            wait_for,
+            lambda: server.cli("--raw", "KEYS", "epp:static:b:*").strip(),
+            timeout=10,
+            what="the re-sent prefix blocks",
+        )
+    finally:
+        process.child.stop()
+        server.close()
+
+
+#: Only the in-flight load decides: the one scorer reads it, its producer is created with it.
+LOAD_ONLY = """
+plugins:
+- type: token-load-scorer
+schedulingProfiles:
+- name: default
+  plugins:
+  - pluginRef: token-load-scorer
+"""
+
+
+async def test_one_replicas_in_flight_load_steers_another(
+    tmp_path: Path, redis_server: RedisServer
+) -> None:
+    prefix = "epp:load-test"
+    shared = ["--redis-url", redis_server.url, "--redis-key-prefix", prefix]
+    first = Epp(tmp_path / "a", *shared, "--config-text", LOAD_ONLY)
+    second = Epp(tmp_path / "b", *shared, "--config-text", LOAD_ONLY)
+    for process in (first, second):
+        process.child.log_path.parent.mkdir()
+        process.child.start()
+    body = b'{"model": "m", "prompt": "' + b"load " * 200 + b'"}'
+    try:
+        for process in (first, second):
+            await asyncio.to_thread(wait_for, process.serving, timeout=30, what="SERVING")
+        async with (
+            grpc.aio.insecure_channel(f"127.0.0.1:{first.grpc_port}") as first_channel,
+            grpc.aio.insecure_channel(f"127.0.0.1:{second.grpc_port}") as second_channel,
+        ):
+            # A request held in flight on the first replica: its load is booked there.
+            held = pb_grpc.ExternalProcessorStub(first_channel).Process()
+            await held.write(request_headers(envoy_headers()))
+            await held.write(request_body(body, end_of_stream=True))
+            reply = await held.read()
+            busy = dict(set_headers(reply.request_headers.response))[
+                "x-gateway-destination-endpoint"
+            ]
+            idle = ({"127.0.0.41:8000", "127.0.0.42:8000"} - {busy}).pop()
+            # ... and published (the first replica's hash holds it).
+            own_keys = f"{prefix}:load:{{{prefix}}}:p:*"
+            await asyncio.to_thread(
+                wait_for,
+                lambda: redis_server.cli("--raw", "KEYS", own_keys).strip(),
+                timeout=10,
+                what="the first replica's load in redis",
+            )
+
+            async def route_on_second() -> str:
+                call = pb_grpc.ExternalProcessorStub(second_channel).Process()
+                await call.write(request_headers(envoy_headers()))
+                await call.write(request_body(body, end_of_stream=True))
+                answer = await call.read()
+                await call.read()  # the body
+                await call.done_writing()
+                assert await call.code() == grpc.StatusCode.OK  # own booking released
+                return dict(set_headers(answer.request_headers.response))[
+                    "x-gateway-destination-endpoint"
+                ]
+
+            # The second replica reads the others' load every 20 ms: once it goes to the
+            # idle endpoint, it keeps going there (without the shared load, each of these
+            # would be a coin toss: both endpoints look idle to it).
+            deadline = time.monotonic() + 10
+            while await route_on_second() != idle:
+                assert time.monotonic() < deadline, "the second replica never saw the load"
+            chosen = [await route_on_second() for _ in range(6)]
+            assert chosen == [idle] * 6
+            await held.done_writing()
+    finally:
+        first.child.stop()
+        second.child.stop()

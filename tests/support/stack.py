@@ -7,6 +7,7 @@ process, stopped (SIGTERM, then SIGKILL after a deadline) when the stack closes.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import re
@@ -123,8 +124,12 @@ def envoy_config(
     epp_host: str = "127.0.0.1",
     ext_proc: bool = True,
     epp_tls: bool = True,
+    more_epp_ports: Sequence[int] = (),
 ) -> dict[str, Any]:
     """The shipped ``deploy/envoy/envoy.yaml`` with only ports and the EPP address changed.
+
+    ``more_epp_ports`` adds EPP replicas on ``epp_host`` to the ``epp`` cluster, which Envoy
+    balances round robin (as the shipped config says), one ext_proc stream per request.
 
     ``ext_proc=False`` drops the ext_proc filter (Envoy routing on a client-set
     ``x-gateway-destination-endpoint`` header: the benchmark's baseline), and with it the
@@ -146,10 +151,15 @@ def envoy_config(
         filters.insert(strip + 1, _TRUSTED_TEST_FILTER)
     for cluster in config["static_resources"]["clusters"]:
         if cluster["name"] == "epp":
-            endpoint = cluster["load_assignment"]["endpoints"][0]["lb_endpoints"][0]
-            endpoint["endpoint"]["address"]["socket_address"].update(
-                address=epp_host, port_value=epp_port
-            )
+            lb_endpoints = cluster["load_assignment"]["endpoints"][0]["lb_endpoints"]
+            template = json.dumps(lb_endpoints[0])
+            lb_endpoints[:] = []
+            for port in (epp_port, *more_epp_ports):
+                endpoint = json.loads(template)
+                endpoint["endpoint"]["address"]["socket_address"].update(
+                    address=epp_host, port_value=port
+                )
+                lb_endpoints.append(endpoint)
             if not epp_tls:
                 del cluster["transport_socket"]
     return config
@@ -221,6 +231,9 @@ class StackOptions:
     waits until the EPP reports SERVING unless ``wait_for_serving`` is false. ``envoy=False``
     starts no Envoy. ``epp_env`` is added to the EPP's environment (e.g. ``OTEL_*``).
     ``epp_module`` is the module run as the EPP (``python -m``; a benchmark's variant of it).
+    ``epp_replicas`` EPP processes start with the same flags (``epps``, ``replica_ports``);
+    Envoy's ``epp`` cluster lists them all, round robin. ``epp`` and the ``epp_*_port``
+    attributes are the first one's.
     """
 
     simulators: int = 3
@@ -231,6 +244,7 @@ class StackOptions:
     epp_args: Sequence[str] = ()
     epp_env: Mapping[str, str] = field(default_factory=dict)
     epp_module: str = "app"
+    epp_replicas: int = 1
     epp_discovery: Sequence[str] | None = None
     extra_endpoints: Sequence[str] = ()
     wait_for_serving: bool = True
@@ -255,6 +269,9 @@ class Stack:
     epp_metrics_port: int = 0
     epp: ChildProcess | None = None
     envoy: ChildProcess | None = None
+    epps: list[ChildProcess] = field(default_factory=list)
+    #: (ext_proc, health, metrics) port of each EPP in ``epps``.
+    replica_ports: list[tuple[int, int, int]] = field(default_factory=list)
 
     @property
     def url(self) -> str:
@@ -333,39 +350,61 @@ class Stack:
             else:
                 endpoints = [*self.simulator_addresses.values(), *o.extra_endpoints]
                 discovery = ["--static-endpoints", ",".join(endpoints)]
-            self.epp = self._spawn(
-                "epp",
-                [
-                    sys.executable,
-                    "-m",
-                    o.epp_module,
-                    "--bind-address",
-                    "127.0.0.1",
-                    "--grpc-port",
-                    "0",
-                    "--grpc-health-port",
-                    "0",
-                    "--metrics-port",
-                    "0",
-                    f"--secure-serving={str(o.epp_tls).lower()}",
-                    *discovery,
-                    *o.epp_args,
-                ],
-                o.epp_env,
-            )
-            wait_for(self._epp_ports, timeout=deadline, what="the EPP to listen")
+            for replica in range(max(1, o.epp_replicas)):
+                self.epps.append(self._spawn_epp(replica, discovery))
+            self.epp = self.epps[0]
+            for child in self.epps:
+                ports = wait_for(
+                    functools.partial(self._ports_of, child),
+                    timeout=deadline,
+                    what=f"{child.name} to listen",
+                )
+                self.replica_ports.append(ports)
+            self.epp_port, self.epp_health_port, self.epp_metrics_port = self.replica_ports[0]
             if o.wait_for_serving:
-                wait_for(self._epp_serving, timeout=deadline, what="the EPP to report SERVING")
+                for child, (_, health, _) in zip(self.epps, self.replica_ports, strict=True):
+                    wait_for(
+                        functools.partial(self._serving, child, health),
+                        timeout=deadline,
+                        what=f"{child.name} to report SERVING",
+                    )
 
         if o.envoy:
             self.envoy, self.envoy_port = self.start_envoy(ext_proc=o.epp, name="envoy")
+
+    def _spawn_epp(self, replica: int, discovery: Sequence[str]) -> ChildProcess:
+        o = self.options
+        return self._spawn(
+            "epp" if replica == 0 else f"epp-{replica + 1}",
+            [
+                sys.executable,
+                "-m",
+                o.epp_module,
+                "--bind-address",
+                "127.0.0.1",
+                "--grpc-port",
+                "0",
+                "--grpc-health-port",
+                "0",
+                "--metrics-port",
+                "0",
+                f"--secure-serving={str(o.epp_tls).lower()}",
+                *discovery,
+                *o.epp_args,
+            ],
+            o.epp_env,
+        )
 
     def epp_readiness(self) -> int | None:
         """The EPP's gRPC health status for ``readiness`` (a ``HealthCheckResponse``
         status), or ``None`` when the health port does not answer."""
         assert self.epp is not None
-        self.epp.check_alive()
-        with grpc.insecure_channel(f"127.0.0.1:{self.epp_health_port}") as channel:
+        return self._readiness(self.epp, self.epp_health_port)
+
+    @staticmethod
+    def _readiness(epp: ChildProcess, health_port: int) -> int | None:
+        epp.check_alive()
+        with grpc.insecure_channel(f"127.0.0.1:{health_port}") as channel:
             try:
                 response = health_pb2_grpc.HealthStub(channel).Check(
                     health_pb2.HealthCheckRequest(service="readiness"), timeout=1
@@ -385,6 +424,7 @@ class Stack:
                     listen_port=0,
                     admin_port=0,
                     epp_port=self.epp_port,
+                    more_epp_ports=[ports[0] for ports in self.replica_ports[1:]],
                     ext_proc=ext_proc,
                     epp_tls=o.epp_tls,
                 )
@@ -429,18 +469,18 @@ class Stack:
         )
         return envoy, port
 
-    def _epp_ports(self) -> bool:
-        """Read the ports the EPP bound (it was given port 0) from its start-up log line."""
-        assert self.epp is not None
-        self.epp.check_alive()
-        log = self.epp.log()
+    @classmethod
+    def _serving(cls, epp: ChildProcess, health_port: int) -> bool:
+        return bool(cls._readiness(epp, health_port) == health_pb2.HealthCheckResponse.SERVING)
+
+    @staticmethod
+    def _ports_of(epp: ChildProcess) -> tuple[int, int, int] | None:
+        """The (ext_proc, health, metrics) ports an EPP bound (it was given port 0), from
+        its start-up log lines."""
+        epp.check_alive()
+        log = epp.log()
         match = _SERVING_LINE.search(log)
         metrics = _METRICS_LINE.search(log)
         if match is None or metrics is None:
-            return False
-        self.epp_port, self.epp_health_port = int(match.group(1)), int(match.group(2))
-        self.epp_metrics_port = int(metrics.group(1))
-        return True
-
-    def _epp_serving(self) -> bool:
-        return bool(self.epp_readiness() == health_pb2.HealthCheckResponse.SERVING)
+            return None
+        return int(match.group(1)), int(match.group(2)), int(metrics.group(1))

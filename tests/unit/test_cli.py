@@ -173,3 +173,73 @@ def test_the_endpoint_selector_needs_target_ports(capsys: pytest.CaptureFixture[
         parse_settings(["--endpoint-selector", "app=vllm"])
     assert exited.value.code == 2
     assert "--endpoint-target-ports" in capsys.readouterr().err
+
+
+def test_shared_state_flags_default_to_in_process() -> None:
+    settings = parse_settings(STATIC)
+    assert settings.redis_url == ""
+    assert settings.redis_deadline == pytest.approx(0.005)
+    assert settings.redis_lease == pytest.approx(10.0)
+    assert settings.redis_load_staleness == pytest.approx(0.02)
+    assert settings.redis_prefix_ttl == pytest.approx(3600.0)
+    assert settings.shared_key_prefix() == "epp:static"
+
+
+def test_shared_state_flags() -> None:
+    settings = parse_settings(
+        [
+            "--pool-name",
+            "pool",
+            "--pool-namespace",
+            "ns",
+            "--redis-url",
+            "redis+cluster://10.0.0.1:6379,10.0.0.2",
+            "--redis-deadline",
+            "2ms",
+            "--redis-lease",
+            "5s",
+            "--redis-load-staleness=50ms",
+            "--redis-prefix-ttl",
+            "30m",
+        ]
+    )
+    assert settings.redis_url == "redis+cluster://10.0.0.1:6379,10.0.0.2"
+    assert settings.redis_deadline == pytest.approx(0.002)
+    assert settings.redis_lease == pytest.approx(5.0)
+    assert settings.redis_load_staleness == pytest.approx(0.05)
+    assert settings.redis_prefix_ttl == pytest.approx(1800.0)
+    assert settings.shared_key_prefix() == "epp:ns/pool"
+    explicit = parse_settings([*STATIC, "--redis-key-prefix", "epp:blue"])
+    assert explicit.shared_key_prefix() == "epp:blue"
+
+
+@pytest.mark.parametrize(
+    ("argv", "flag"),
+    [
+        (["--redis-url", "http://127.0.0.1:6379"], "--redis-url"),
+        (["--redis-url", "redis://127.0.0.1:notaport"], "--redis-url"),
+        (["--redis-url", "127.0.0.1:6379"], "--redis-url"),
+        (["--redis-deadline", "5"], "--redis-deadline"),
+        (["--redis-deadline", "0"], "--redis-deadline"),
+        (["--redis-lease", "soon"], "--redis-lease"),
+        (["--redis-load-staleness", "-1s"], "--redis-load-staleness"),
+        (["--redis-lease", "1s", "--redis-load-staleness", "2s"], "--redis-load-staleness"),
+        (["--redis-prefix-ttl", "1d"], "--redis-prefix-ttl"),
+        (["--redis-key-prefix", "epp:{x}"], "--redis-key-prefix"),
+    ],
+)
+def test_bad_shared_state_flags_exit_2_naming_the_flag(
+    argv: list[str], flag: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        parse_settings([*STATIC, *argv])
+    assert exited.value.code == 2
+    assert f"argument {flag}" in capsys.readouterr().err
+
+
+def test_a_bad_redis_url_never_shows_its_password(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        parse_settings([*STATIC, "--redis-url", "redis://u:s3cret@127.0.0.1:0"])
+    err = capsys.readouterr().err
+    assert "--redis-url" in err
+    assert "s3cret" not in err

@@ -1,0 +1,136 @@
+"""Several EPP replicas behind one Envoy, sharing their state on one real redis-server.
+
+Envoy's ``epp`` cluster lists three EPP processes, round robin, so consecutive requests are
+routed by different replicas. With ``--redis-url`` they share the prefix index: every
+request of one long prompt prefix lands on the model server the first one went to. Without
+it each replica learns alone, and the same traffic spreads (the control).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import urllib.request
+import uuid
+from collections.abc import Iterator, Sequence
+
+import aiohttp
+import orjson
+import pytest
+
+from tests.simulator import DEFAULT_MODEL, INSTANCE_HEADER
+from tests.support.redis import RedisServer, redis_available
+from tests.support.stack import Stack, StackOptions
+
+pytestmark = pytest.mark.e2e
+
+REPLICAS = 3
+#: Distinct long prefixes, each sent through every replica.
+PREFIXES = 4
+PER_PREFIX = 6
+
+
+@pytest.fixture(scope="module")
+def redis() -> Iterator[RedisServer]:
+    if not redis_available():
+        pytest.fail("redis-server and redis-cli are not on PATH: run `make install`")
+    server = RedisServer()
+    server.start()
+    yield server
+    server.close()
+
+
+def _counter(url: str, name: str) -> float:
+    """The sum of every sample of the counter ``name`` on one EPP's /metrics."""
+    with urllib.request.urlopen(url, timeout=5) as response:
+        text = response.read().decode()
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith((f"{name}{{", f"{name} "))
+    )
+
+
+def _metrics_urls(stack: Stack) -> list[str]:
+    return [f"http://127.0.0.1:{metrics}/metrics" for _, _, metrics in stack.replica_ports]
+
+
+def _prompt(prefix: int, question: int) -> bytes:
+    system = f"[tenant {prefix}] You answer questions about Kubernetes, briefly and exactly. "
+    prompt = system * 40 + f"Question {question}: what is object number {question}?"
+    return orjson.dumps({"model": DEFAULT_MODEL, "prompt": prompt, "max_tokens": 1})
+
+
+async def _send_all(stack: Stack, *, shared: bool) -> dict[int, list[str]]:
+    """Send every prefix's requests one at a time; which server served each, per prefix.
+    With shared state, each request's write to Redis is awaited before the next request
+    (the EPPs' acknowledged-writes counters), so no request races the previous one's add."""
+    urls = _metrics_urls(stack)
+    served: dict[int, list[str]] = {p: [] for p in range(PREFIXES)}
+    sent = 0
+    async with aiohttp.ClientSession() as session:
+        for question in range(PER_PREFIX):
+            for prefix in range(PREFIXES):
+                async with session.post(
+                    f"{stack.url}/v1/completions", data=_prompt(prefix, question)
+                ) as response:
+                    await response.read()
+                    assert response.status == 200, await response.text()
+                    served[prefix].append(response.headers[INSTANCE_HEADER])
+                sent += 1
+                if shared:
+                    await _until_written(urls, sent)
+    return served
+
+
+async def _until_written(urls: Sequence[str], count: int) -> None:
+    deadline = time.monotonic() + 10.0
+    name = "inference_extension_shared_state_writes_total"
+    while True:
+        written = await asyncio.to_thread(lambda: sum(_counter(u, name) for u in urls))
+        if written >= count:
+            return
+        assert time.monotonic() < deadline, f"{written} of {count} writes reached redis"
+        await asyncio.sleep(0.01)
+
+
+def _requests_per_replica(stack: Stack) -> list[float]:
+    return [_counter(url, "inference_objective_request_total") for url in _metrics_urls(stack)]
+
+
+async def test_replicas_sharing_redis_send_one_prefix_to_one_server(redis: RedisServer) -> None:
+    options = StackOptions(
+        simulators=3,
+        simulator_base_ip="127.0.0.62",
+        epp_replicas=REPLICAS,
+        epp_args=[
+            "--redis-url",
+            redis.url,
+            "--redis-key-prefix",
+            f"epp:e2e-{uuid.uuid4().hex[:8]}",
+            # A loaded test machine can pause a process for more than the 5 ms default;
+            # a miss would route on the replica's own index and make the test flaky.
+            "--redis-deadline",
+            "200ms",
+        ],
+    )
+    with Stack.run(options) as stack:
+        served = await _send_all(stack, shared=True)
+        per_replica = _requests_per_replica(stack)
+    assert all(count > 0 for count in per_replica), per_replica  # every replica routed
+    assert sum(per_replica) == PREFIXES * PER_PREFIX
+    for prefix, servers in served.items():
+        assert len(set(servers)) == 1, (prefix, servers)
+
+
+async def test_replicas_alone_spread_one_prefix_over_servers() -> None:
+    """The control: the same traffic without --redis-url. Each replica's first request of
+    a prefix is its own choice (random among equal scores), so all of a prefix's requests
+    land on one server only if every replica guessed the same; with 4 prefixes and 3
+    replicas, "no prefix split" has a probability of about (1/9)^4."""
+    options = StackOptions(simulators=3, simulator_base_ip="127.0.0.72", epp_replicas=REPLICAS)
+    with Stack.run(options) as stack:
+        served = await _send_all(stack, shared=False)
+        per_replica = _requests_per_replica(stack)
+    assert all(count > 0 for count in per_replica), per_replica
+    assert any(len(set(servers)) > 1 for servers in served.values()), served
