@@ -42,6 +42,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import os
 import re
 import signal
@@ -627,8 +628,14 @@ class Attack:
         argv[argv.index("--grpc-port") + 1] = str(stack.epp_port)
         new = stack._spawn("epp-restarted", argv, stack.options.epp_env)
         stack.epp = new
-        await asyncio.to_thread(wait_for, stack._epp_ports, timeout=60, what="the new EPP")
-        await asyncio.to_thread(wait_for, stack._epp_serving, timeout=60, what="SERVING")
+        ports = await asyncio.to_thread(
+            wait_for, functools.partial(Stack._ports_of, new), timeout=60, what="the new EPP"
+        )
+        stack.epps[0] = new
+        stack.replica_ports[0] = ports
+        stack.epp_port, stack.epp_health_port, stack.epp_metrics_port = ports
+        serving = functools.partial(Stack._serving, new, stack.epp_health_port)
+        await asyncio.to_thread(wait_for, serving, timeout=60, what="SERVING")
         self.notes.append(f"new EPP serving {time.monotonic() - started:.1f}s after SIGTERM")
         await asyncio.sleep(max(0.0, deadline - time.monotonic()))
 
