@@ -17,7 +17,7 @@ from redis.asyncio.cluster import RedisCluster as ClusterClient
 from adapters.redis import RedisClient, RedisPrefixIndex, connect
 from domain.prefixcache import InMemoryPrefixIndex
 from ports.prefix_index import PrefixIndex
-from tests.contract.conftest import BACKENDS
+from tests.contract.conftest import BACKENDS, CONTRACT_TIMEOUT
 from tests.support.redis import RedisCluster, RedisServer
 
 MakeIndex = Callable[[], PrefixIndex]
@@ -54,9 +54,13 @@ async def backend(request: pytest.FixtureRequest, key_prefix: str) -> AsyncItera
     name: str = request.param
     client: RedisClient | None = None
     if name == "redis":
-        client = connect(request.getfixturevalue("redis_server").url)
+        client = connect(
+            request.getfixturevalue("redis_server").url, socket_timeout=CONTRACT_TIMEOUT
+        )
     elif name == "redis-cluster":
-        client = connect(request.getfixturevalue("redis_cluster").url)
+        client = connect(
+            request.getfixturevalue("redis_cluster").url, socket_timeout=CONTRACT_TIMEOUT
+        )
     yield _Backend(name, client, key_prefix)
     if client is not None:
         await client.aclose()

@@ -13,7 +13,7 @@ import pytest
 from adapters.redis import RedisClient, RedisSharedLoad, connect
 from domain.sharedstate import BoardMember, LoadBoard
 from ports.shared_state import EndpointLoad, SharedLoad
-from tests.contract.conftest import BACKENDS
+from tests.contract.conftest import BACKENDS, CONTRACT_TIMEOUT
 
 LEASE = 0.6
 STALENESS = 0.02
@@ -64,9 +64,13 @@ async def pool(request: pytest.FixtureRequest, key_prefix: str) -> AsyncIterator
     name: str = request.param
     client: RedisClient | None = None
     if name == "redis":
-        client = connect(request.getfixturevalue("redis_server").url)
+        client = connect(
+            request.getfixturevalue("redis_server").url, socket_timeout=CONTRACT_TIMEOUT
+        )
     elif name == "redis-cluster":
-        client = connect(request.getfixturevalue("redis_cluster").url)
+        client = connect(
+            request.getfixturevalue("redis_cluster").url, socket_timeout=CONTRACT_TIMEOUT
+        )
     made = _Pool(client, key_prefix)
     yield made
     for load in made.started:

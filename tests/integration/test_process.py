@@ -387,7 +387,14 @@ async def test_one_replicas_in_flight_load_steers_another(
             while await route_on_second() != idle:
                 assert time.monotonic() < deadline, "the second replica never saw the load"
             chosen = [await route_on_second() for _ in range(6)]
-            assert chosen == [idle] * 6
+            if chosen != [idle] * 6:
+                notes = [
+                    line
+                    for process in (first, second)
+                    for line in process.child.log().splitlines()
+                    if "redis" in line or "shared" in line
+                ]
+                pytest.fail(f"went to {chosen}, idle is {idle}; shared-state log: {notes[-8:]}")
             await held.done_writing()
     finally:
         first.child.stop()
