@@ -9,9 +9,9 @@ STAMP := $(VENV)/.installed
 # tests load them through their entry points; a change to one's pyproject reinstalls.
 EXAMPLE_PROJECTS := $(wildcard examples/*/pyproject.toml)
 
-.PHONY: install redis check test demo bench clean
+.PHONY: install redis kubectl check test demo bench image clean
 
-install: $(STAMP) redis
+install: $(STAMP) redis kubectl
 
 # The Redis tests (tests/contract) start real redis-server processes: Debian's redis-server
 # and redis-tools packages, installed when missing (CI runs as root on a fresh Debian).
@@ -23,6 +23,16 @@ redis:
 	  "failed. Install Debian's redis-server and redis-tools packages" \
 	  "(apt-get install -y redis-server redis-tools, as root), or put a Redis >= 7" \
 	  "redis-server and redis-cli on PATH." >&2; exit 1; }
+
+# The manifest tests (tests/deploy) render deploy/kubernetes with `kubectl kustomize`: Debian's
+# kubernetes-client package, installed when no kubectl is on PATH.
+kubectl:
+	@command -v kubectl >/dev/null || \
+	( (apt-get update && apt-get install -y kubernetes-client) >/dev/null && \
+	  command -v kubectl >/dev/null ) || \
+	{ echo "make install: the tests need kubectl, and installing it failed. Install Debian's" \
+	  "kubernetes-client package (apt-get install -y kubernetes-client, as root), or put" \
+	  "any kubectl on PATH." >&2; exit 1; }
 
 $(STAMP): pyproject.toml $(EXAMPLE_PROJECTS)
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
