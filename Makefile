@@ -61,5 +61,18 @@ demo: install
 bench: install
 	$(BIN)/python -m tests.bench.extproc_overhead
 
+# The EPP's image from Containerfile, tagged with the project's version, with the first of
+# podman, docker or buildah on PATH; skipped (with a message) when there is none.
+VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
+IMAGE ?= epp:$(VERSION)
+image:
+	@builder=$$(command -v podman || command -v docker || command -v buildah || true); \
+	if [ -z "$$builder" ]; then \
+	  echo "make image: no podman, docker or buildah on PATH; skipped"; exit 0; fi; \
+	case "$$builder" in \
+	  *buildah) set -x; "$$builder" bud -f Containerfile -t $(IMAGE) . ;; \
+	  *) set -x; "$$builder" build -f Containerfile -t $(IMAGE) . ;; \
+	esac
+
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis
