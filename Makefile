@@ -9,9 +9,9 @@ STAMP := $(VENV)/.installed
 # tests load them through their entry points; a change to one's pyproject reinstalls.
 EXAMPLE_PROJECTS := $(wildcard examples/*/pyproject.toml)
 
-.PHONY: install redis check test demo bench clean
+.PHONY: install redis kubectl check test demo bench image clean
 
-install: $(STAMP) redis
+install: $(STAMP) redis kubectl
 
 # The Redis tests (tests/contract) start real redis-server processes: Debian's redis-server
 # and redis-tools packages, installed when missing (CI runs as root on a fresh Debian).
@@ -23,6 +23,16 @@ redis:
 	  "failed. Install Debian's redis-server and redis-tools packages" \
 	  "(apt-get install -y redis-server redis-tools, as root), or put a Redis >= 7" \
 	  "redis-server and redis-cli on PATH." >&2; exit 1; }
+
+# The manifest tests (tests/deploy) render deploy/kubernetes with `kubectl kustomize`: Debian's
+# kubernetes-client package, installed when no kubectl is on PATH.
+kubectl:
+	@command -v kubectl >/dev/null || \
+	( (apt-get update && apt-get install -y kubernetes-client) >/dev/null && \
+	  command -v kubectl >/dev/null ) || \
+	{ echo "make install: the tests need kubectl, and installing it failed. Install Debian's" \
+	  "kubernetes-client package (apt-get install -y kubernetes-client, as root), or put" \
+	  "any kubectl on PATH." >&2; exit 1; }
 
 $(STAMP): pyproject.toml $(EXAMPLE_PROJECTS)
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -50,6 +60,19 @@ demo: install
 
 bench: install
 	$(BIN)/python -m tests.bench.extproc_overhead
+
+# The EPP's image from Containerfile, tagged with the project's version, with the first of
+# podman, docker or buildah on PATH; skipped (with a message) when there is none.
+VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
+IMAGE ?= epp:$(VERSION)
+image:
+	@builder=$$(command -v podman || command -v docker || command -v buildah || true); \
+	if [ -z "$$builder" ]; then \
+	  echo "make image: no podman, docker or buildah on PATH; skipped"; exit 0; fi; \
+	case "$$builder" in \
+	  *buildah) set -x; "$$builder" bud -f Containerfile -t $(IMAGE) . ;; \
+	  *) set -x; "$$builder" build -f Containerfile -t $(IMAGE) . ;; \
+	esac
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis

@@ -1,0 +1,1 @@
+"""The deployment artefacts: Kubernetes manifests, rendered and validated; the Containerfile."""
