@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from dependency_injector import containers, providers
@@ -10,7 +11,7 @@ from adapters.envoy.extproc import StreamLimits
 from adapters.envoy.server import GrpcServers
 from adapters.envoy.tls import ServerCertificate, load_certificate, self_signed_certificate
 from adapters.jsoncodec.orjson_codec import OrjsonCodec
-from adapters.prometheus.exporter import PrometheusObserver
+from adapters.prometheus.exporter import PrometheusObserver, TextPage
 from adapters.redis import RedisClient, RedisPrefixIndex, RedisSharedLoad, connect
 from adapters.xxhash.block_hasher import XxhashBlockHasher
 from app.config.loader import LoadedConfig, load_config
@@ -36,6 +37,7 @@ from domain.scheduling.scheduler import Scheduler
 from domain.scheduling.types import Candidate
 from domain.sharedstate.load import LocalSharedLoad
 from domain.sharedstate.resilient_index import ResilientPrefixIndex
+from ports.access import RequestAuthorizer
 from ports.codec import JsonCodec
 from ports.datalayer import NotificationSource, PollingDataSource
 from ports.endpoints import EndpointSource
@@ -58,12 +60,32 @@ def _certificate(settings: Settings) -> ServerCertificate | None:
     return self_signed_certificate()
 
 
+def _reload_from(settings: Settings) -> Path | None:
+    return settings.cert_path if settings.enable_cert_reload else None
+
+
 def _endpoint_source(settings: Settings, objectives: ObjectiveSink) -> EndpointSource:
     if settings.static_endpoints:
         return StaticEndpointSource(parse_endpoint_list(settings.static_endpoints))
     from app.kubernetes import kubernetes_source  # imports the Kubernetes client lazily
 
     return kubernetes_source(settings, objectives)
+
+
+def _metrics_authorizer(settings: Settings) -> RequestAuthorizer | None:
+    if not settings.metrics_endpoint_auth:
+        return None
+    from app.kubernetes import metrics_authorizer  # imports the Kubernetes client lazily
+
+    return metrics_authorizer(settings)
+
+
+def _pprof_pages(settings: Settings) -> dict[str, TextPage]:
+    if not settings.enable_pprof:
+        return {}
+    from app.profiling import pprof_pages
+
+    return pprof_pages()
 
 
 def _redis_client(settings: Settings) -> RedisClient | None:
@@ -250,6 +272,8 @@ class Container(containers.DeclarativeContainer):
     # The other processes' in-flight load: none without --redis-url.
     shared_load = providers.Singleton(_shared_load, settings, redis_client)
     scheduling_observer = providers.Singleton(SchedulingReporter, observer)
+    metrics_authorizer = providers.Singleton(_metrics_authorizer, settings)
+    pprof_pages = providers.Singleton(_pprof_pages, settings)
     observability = providers.Singleton(
         Observability,
         settings=settings,
@@ -257,6 +281,8 @@ class Container(containers.DeclarativeContainer):
         tracing=tracing,
         datastore=datastore,
         prefix_index=prefix_index,
+        authorizer=metrics_authorizer,
+        pages=pprof_pages,
     )
     # --- end observability ---
     handle = providers.Singleton(
@@ -297,6 +323,9 @@ class Container(containers.DeclarativeContainer):
             idle_timeout=settings.provided.stream_idle_timeout,
         ),
         max_concurrent_streams=settings.provided.max_concurrent_streams,
+        reload_certificate_from=providers.Callable(_reload_from, settings),
+        max_receive_message_length=settings.provided.grpc_max_recv_msg_size,
+        max_send_message_length=settings.provided.grpc_max_send_msg_size,
     )
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from adapters.kubernetes import (
     EndpointSelectorSource,
     InferencePoolSource,
+    TokenReviewAuthorizer,
     api_client_from_environment,
     parse_label_selector,
 )
@@ -12,7 +13,7 @@ from app.settings import Settings
 from ports.endpoints import EndpointSource
 from ports.objectives import ObjectiveSink
 
-__all__ = ["kubernetes_source"]
+__all__ = ["kubernetes_source", "metrics_authorizer"]
 
 
 def kubernetes_source(settings: Settings, objectives: ObjectiveSink) -> EndpointSource:
@@ -33,3 +34,8 @@ def kubernetes_source(settings: Settings, objectives: ObjectiveSink) -> Endpoint
         selector=parse_label_selector(settings.endpoint_selector),
         target_ports=settings.endpoint_target_ports,
     )
+
+
+def metrics_authorizer(settings: Settings) -> TokenReviewAuthorizer:
+    """``--metrics-endpoint-auth``: tokens reviewed by the cluster's API server."""
+    return TokenReviewAuthorizer(api_client_from_environment(settings.kubeconfig))
