@@ -505,12 +505,12 @@ def _check_operations(parser: argparse.ArgumentParser, values: dict[str, object]
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    from app.runner import run
-
     settings = parse_settings(argv)
     if settings.tls_cipher_suites:
-        # Read by gRPC's core once, when it first makes TLS credentials: set before that.
+        # Read by gRPC's core once, when it loads: set before anything imports grpc.
         os.environ["GRPC_SSL_CIPHER_SUITES"] = ":".join(
             CIPHER_SUITES[name] for name in settings.tls_cipher_suites
         )
+    from app.runner import run
+
     sys.exit(run(settings))

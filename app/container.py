@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -15,6 +16,7 @@ from adapters.prometheus.exporter import PrometheusObserver, TextPage
 from adapters.redis import RedisClient, RedisPrefixIndex, RedisSharedLoad, connect
 from adapters.xxhash.block_hasher import XxhashBlockHasher
 from app.config.loader import LoadedConfig, load_config
+from app.config_watch import ConfigWatcher
 from app.flowcontrol import build_flow_controller
 from app.observability import EppObserver, Observability, build_tracing
 from app.plugins import KubernetesAccess, build_registry
@@ -49,6 +51,8 @@ from ports.shared_state import SharedLoad
 if TYPE_CHECKING:
     from kubernetes.client import ApiClient
 
+    from adapters.kubernetes import LeaderElector
+
 __all__ = ["Container", "build_container"]
 
 
@@ -78,6 +82,18 @@ def _metrics_authorizer(settings: Settings) -> RequestAuthorizer | None:
     from app.kubernetes import metrics_authorizer  # imports the Kubernetes client lazily
 
     return metrics_authorizer(settings)
+
+
+def _leader_elector(settings: Settings) -> LeaderElector | None:
+    if not settings.ha_enable_leader_election:
+        return None
+    from app.kubernetes import leader_elector
+
+    return leader_elector(settings)
+
+
+def _leader_check(elector: LeaderElector | None) -> Callable[[], bool] | None:
+    return elector.leader if elector is not None else None
 
 
 def _pprof_pages(settings: Settings) -> dict[str, TextPage]:
@@ -158,8 +174,8 @@ def _handle(
     )
 
 
-def _loaded_config(settings: Settings, registry: PluginRegistry, handle: Handle) -> LoadedConfig:
-    return load_config(_config_text(settings), registry=registry, handle=handle)
+def _loaded_config(text: str | None, registry: PluginRegistry, handle: Handle) -> LoadedConfig:
+    return load_config(text, registry=registry, handle=handle)
 
 
 def _flow_controller(
@@ -252,6 +268,37 @@ def _collectors(
     )
 
 
+def _config_watcher(
+    settings: Settings,
+    text: str | None,
+    loaded: LoadedConfig,
+    registry: PluginRegistry,
+    handle: Handle,
+    datastore: Datastore,
+    director: Director,
+    scheduling_observer: SchedulingObserver,
+    flow_controller: FlowController | None,
+    observer: Observer,
+) -> ConfigWatcher | None:
+    """``--watch-config-file``: reloads build the Director's plugins as start-up does."""
+    if not settings.watch_config_file or settings.config_file is None:
+        return None
+
+    def build_control(new: LoadedConfig) -> RequestControl:
+        return _request_control(new, settings, scheduling_observer, flow_controller, observer)
+
+    return ConfigWatcher(
+        settings.config_file,
+        running_text=text,
+        running=loaded,
+        registry=registry,
+        handle=handle,
+        datastore=datastore,
+        director=director,
+        build_control=build_control,
+    )
+
+
 class Container(containers.DeclarativeContainer):
     """Providers for everything the process runs. Tests override any of them."""
 
@@ -288,7 +335,8 @@ class Container(containers.DeclarativeContainer):
     handle = providers.Singleton(
         _handle, codec, hasher, prefix_index, datastore, observer, shared_load
     )
-    config = providers.Singleton(_loaded_config, settings, registry, handle)
+    config_text = providers.Singleton(_config_text, settings)
+    config = providers.Singleton(_loaded_config, config_text, registry, handle)
     flow_controller = providers.Singleton(_flow_controller, config, datastore, settings, observer)
     request_control = providers.Singleton(
         _request_control, config, settings, scheduling_observer, flow_controller, observer
@@ -306,7 +354,21 @@ class Container(containers.DeclarativeContainer):
         states=request_states,
         observer=observer,
     )
+    config_watcher = providers.Singleton(
+        _config_watcher,
+        settings,
+        config_text,
+        config,
+        registry,
+        handle,
+        datastore,
+        processor,
+        scheduling_observer,
+        flow_controller,
+        observer,
+    )
     certificate = providers.Singleton(_certificate, settings)
+    leader_elector = providers.Singleton(_leader_elector, settings)
     servers = providers.Singleton(
         GrpcServers,
         processor=processor,
@@ -326,6 +388,7 @@ class Container(containers.DeclarativeContainer):
         reload_certificate_from=providers.Callable(_reload_from, settings),
         max_receive_message_length=settings.provided.grpc_max_recv_msg_size,
         max_send_message_length=settings.provided.grpc_max_send_msg_size,
+        leader=providers.Callable(_leader_check, leader_elector),
     )
 
 

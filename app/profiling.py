@@ -60,6 +60,7 @@ profile?seconds=N      sampled CPU profile for N seconds (default 10, at most 60
 _IDLE = frozenset(
     {
         ("selectors.py", "select"),
+        ("runners.py", "run"),  # uvloop: its loop waits in C below this frame
         ("threading.py", "wait"),
         ("threading.py", "_wait_for_tstate_lock"),
         ("queue.py", "get"),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +37,8 @@ class GrpcServers:
     stream; past ``max_concurrent_streams`` ext_proc streams (0: no limit) a new one is
     refused with ``RESOURCE_EXHAUSTED``. With ``reload_certificate_from`` (a directory of
     ``tls.crt`` and ``tls.key``) a renewed certificate is served to new connections
-    (``CertificateReloader``). The message size limits apply to the ext_proc server.
+    (``CertificateReloader``). The message size limits apply to the ext_proc server. With
+    ``leader`` (leader election), readiness also needs ``leader()`` (``HealthServicer``).
     """
 
     def __init__(
@@ -54,6 +56,7 @@ class GrpcServers:
         reload_certificate_from: Path | None = None,
         max_receive_message_length: int = 64 * 1024 * 1024,
         max_send_message_length: int = 64 * 1024 * 1024,
+        leader: Callable[[], bool] | None = None,
     ) -> None:
         self._host = host
         self._grpc_port = grpc_port
@@ -67,7 +70,7 @@ class GrpcServers:
             ("grpc.max_receive_message_length", max_receive_message_length),
             ("grpc.max_send_message_length", max_send_message_length),
         ]
-        self.health = HealthServicer(processor.ready)
+        self.health = HealthServicer(processor.ready, leader)
         self._extproc = ExtProcServicer(processor, observer, limits)
         self._max_concurrent_streams = max_concurrent_streams or None
         self._health_on_extproc_port = health_on_extproc_port

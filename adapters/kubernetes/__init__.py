@@ -2,6 +2,7 @@
 metrics auth (TokenReview, SubjectAccessReview); leader election (Leases)."""
 
 from adapters.kubernetes.client import api_client_from_environment
+from adapters.kubernetes.leader import LeaderElector
 from adapters.kubernetes.metrics_auth import TokenReviewAuthorizer
 from adapters.kubernetes.pods import ACTIVE_PORTS_ANNOTATION, validate_target_ports
 from adapters.kubernetes.pool_source import POOL_GROUPS, InferencePoolSource
@@ -12,6 +13,7 @@ __all__ = [
     "POOL_GROUPS",
     "EndpointSelectorSource",
     "InferencePoolSource",
+    "LeaderElector",
     "TokenReviewAuthorizer",
     "api_client_from_environment",
     "parse_label_selector",

@@ -57,6 +57,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any, cast
 from urllib.parse import parse_qs, urlsplit
 
@@ -89,6 +90,7 @@ __all__ = [
     "pool_source",
     "running",
     "wait_until",
+    "write_kubeconfig",
 ]
 
 Obj = dict[str, Any]
@@ -1093,3 +1095,28 @@ def pool_source(api_client: ApiClient, **options: Any) -> InferencePoolSource:
         resync_backoff=(0.05, 0.2),
         **options,
     )
+
+
+def write_kubeconfig(path: Path, server_url: str) -> Path:
+    """A minimal kubeconfig for the loopback server (plain HTTP), namespace ``default``."""
+    path.write_text(
+        f"""apiVersion: v1
+kind: Config
+clusters:
+- name: loopback
+  cluster:
+    server: {server_url}
+users:
+- name: tester
+  user:
+    token: not-checked
+contexts:
+- name: loopback
+  context:
+    cluster: loopback
+    user: tester
+    namespace: default
+current-context: loopback
+"""
+    )
+    return path
