@@ -40,7 +40,11 @@ RETRY_PERIOD = 2.0
 
 
 def _now() -> datetime.datetime:
-    return datetime.datetime.now(datetime.UTC)
+    """Now, for a MicroTime field. The client writes it with ``isoformat()``, which drops
+    the fraction when it is zero, and the API server parses MicroTime with exactly six
+    fractional digits: a zero fraction is nudged to one microsecond."""
+    now = datetime.datetime.now(datetime.UTC)
+    return now if now.microsecond else now.replace(microsecond=1)
 
 
 class LeaderElector:

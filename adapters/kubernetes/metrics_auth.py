@@ -106,10 +106,11 @@ class TokenReviewAuthorizer:
 
     async def _review(self, token: str, path: str, key: tuple[bytes, str]) -> AccessVerdict:
         loop = asyncio.get_running_loop()
+        deadline = time.monotonic() + self._timeout
         try:
             verdict = await asyncio.wait_for(
-                loop.run_in_executor(self._workers, self._reviews, token, path),
-                self._timeout + 1,
+                loop.run_in_executor(self._workers, self._reviews, token, path, deadline),
+                self._timeout * 2 + 1,
             )
         except Exception as exc:  # refused, unreachable or slow: no verdict
             if not self._failing:
@@ -129,8 +130,12 @@ class TokenReviewAuthorizer:
             self._cache.popitem(last=False)
         return verdict
 
-    def _reviews(self, token: str, path: str) -> AccessVerdict:
-        """The TokenReview, then the SubjectAccessReview (blocking; a worker thread)."""
+    def _reviews(self, token: str, path: str, deadline: float) -> AccessVerdict:
+        """The TokenReview, then the SubjectAccessReview (blocking; a worker thread). A
+        review that waited for a worker past ``deadline`` is not made: its request has been
+        answered 503 meanwhile."""
+        if time.monotonic() > deadline:
+            raise TimeoutError("waited too long for a free reviewer")
         self.reviews += 1
         timeout = (self._timeout, self._timeout)
         review: Any = self._authn.create_token_review(
