@@ -33,6 +33,10 @@ class Datastore:
     def subscribe(self, listener: EndpointListener) -> None:
         self._listeners.append(listener)
 
+    @property
+    def listener_count(self) -> int:
+        return len(self._listeners)
+
     def unsubscribe_owned_by(self, owners: Collection[object]) -> int:
         """Drops the listeners that are bound methods of ``owners`` (the plugins of a config
         that was replaced); returns how many."""

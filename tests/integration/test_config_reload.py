@@ -22,15 +22,15 @@ from tests.support.kube_api import wait_until
 from .test_extproc_protocol import EnvoyStream
 
 
-def _config(profile: str) -> str:
+def _config(profile: str, scorer: str = "queue-scorer") -> str:
     return f"""
 plugins:
-- type: queue-scorer
+- type: {scorer}
 - type: max-score-picker
 schedulingProfiles:
 - name: {profile}
   plugins:
-  - pluginRef: queue-scorer
+  - pluginRef: {scorer}
   - pluginRef: max-score-picker
 """
 
@@ -158,3 +158,32 @@ async def test_a_reload_under_traffic_fails_no_request_and_takes_effect(
     assert "not reloaded, keeping the running one" in caplog.text
     assert "no-such-scorer" in caplog.text
     assert "featureGates: changed, which needs a restart" in caplog.text
+
+
+def test_reloads_leave_no_listeners_of_replaced_plugins_behind(tmp_path: Path) -> None:
+    """The prefix producer and the in-flight load subscribe to endpoint changes; a hundred
+    reloads must not leave a hundred generations of them subscribed."""
+    path = tmp_path / "config.yaml"
+    path.write_text(_config("alpha", "prefix-cache-scorer"))
+    container = build_container(
+        Settings(
+            static_endpoints="127.0.0.250:9",
+            metrics_endpoint_auth=False,
+            config_file=path,
+            watch_config_file=True,
+            tracing=False,
+        )
+    )
+    container.processor()
+    watcher = container.config_watcher()
+    assert watcher is not None
+    datastore = container.datastore()
+    listening = datastore.listener_count
+    assert listening > 0
+    for n in range(100):
+        text = _config(f"p{n}", "prefix-cache-scorer")
+        assert watcher.offer(text)
+        assert not watcher.offer(text.replace("max-score", "no-such"))
+    assert watcher.reloads == 100
+    assert watcher.refusals == 100
+    assert datastore.listener_count == listening
