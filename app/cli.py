@@ -97,6 +97,44 @@ def _count(text: str) -> int:
     return int(text)
 
 
+#: The TLS 1.2 suites of ``--tls-cipher-suites``: Go's names (the reference's flag) and the
+#: BoringSSL names gRPC takes. TLS 1.3 suites are not configurable in gRPC.
+CIPHER_SUITES = {
+    "TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256": "ECDHE-ECDSA-AES128-GCM-SHA256",
+    "TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384": "ECDHE-ECDSA-AES256-GCM-SHA384",
+    "TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256": "ECDHE-RSA-AES128-GCM-SHA256",
+    "TLS_ECDHE_RSA_WITH_AES_256_GCM_SHA384": "ECDHE-RSA-AES256-GCM-SHA384",
+    "TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256": "ECDHE-ECDSA-CHACHA20-POLY1305",
+    "TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305_SHA256": "ECDHE-RSA-CHACHA20-POLY1305",
+}
+
+
+def _tls_version(text: str) -> str:
+    if text == "VersionTLS12":
+        return text
+    if text == "VersionTLS13":
+        raise argparse.ArgumentTypeError(
+            "gRPC's Python server cannot be limited to TLS 1.3; it negotiates TLS 1.3 with "
+            "clients that offer it and never accepts less than TLS 1.2 (VersionTLS12)"
+        )
+    if text in ("VersionTLS10", "VersionTLS11"):
+        raise argparse.ArgumentTypeError(f"{text}: gRPC never accepts less than TLS 1.2")
+    raise argparse.ArgumentTypeError(f"{text!r} is not a TLS version (VersionTLS12)")
+
+
+def _cipher_suites(text: str) -> tuple[str, ...]:
+    names = tuple(n.strip() for n in text.split(",") if n.strip())
+    unknown = [n for n in names if n not in CIPHER_SUITES]
+    if unknown:
+        raise argparse.ArgumentTypeError(
+            f"{', '.join(unknown)}: not a TLS 1.2 cipher suite gRPC can use "
+            f"(one of {', '.join(CIPHER_SUITES)})"
+        )
+    if not names:
+        raise argparse.ArgumentTypeError("no cipher suite named")
+    return names
+
+
 def _selector(text: str) -> str:
     if not text:
         return text
@@ -264,10 +302,80 @@ def build_parser() -> argparse.ArgumentParser:
         "--log-format", choices=("text", "json"), default="text", help="log format (default text)"
     )
     _add_bool(parser, "--tracing", True, "OpenTelemetry tracing")
-    _add_bool(parser, "--enable-pprof", True, "accepted for compatibility; no effect")
-    _add_bool(parser, "--metrics-endpoint-auth", True, "accepted for compatibility; no effect")
-    _add_bool(parser, "--ha-enable-leader-election", False, "accepted for compatibility")
-    _add_bool(parser, "--enable-cert-reload", False, "accepted for compatibility; no effect")
+    _add_bool(
+        parser,
+        "--enable-pprof",
+        True,
+        "serve /debug/pprof/ on the metrics port: stacks of all asyncio tasks and threads, "
+        "and a sampled CPU profile",
+    )
+    _add_bool(
+        parser,
+        "--metrics-endpoint-auth",
+        True,
+        "require a bearer token on the metrics port, checked with a Kubernetes TokenReview "
+        "and a SubjectAccessReview (get on the path); must be false with --static-endpoints",
+    )
+    _add_bool(
+        parser,
+        "--ha-enable-leader-election",
+        False,
+        "active-passive: only the holder of a coordination.k8s.io Lease reports ready",
+    )
+    _add_bool(
+        parser,
+        "--enable-cert-reload",
+        False,
+        "serve a renewed tls.crt/tls.key from --cert-path to new connections without a restart",
+    )
+    _add_bool(
+        parser,
+        "--watch-config-file",
+        False,
+        "reload --config-file when it changes (a ConfigMap update); a bad new config is "
+        "logged and the running one kept",
+    )
+    _add(
+        parser,
+        "--grpc-max-recv-msg-size",
+        _bytes,
+        "64Mi",
+        "largest gRPC message the ext_proc server accepts",
+    )
+    _add(
+        parser,
+        "--grpc-max-send-msg-size",
+        _bytes,
+        "64Mi",
+        "largest gRPC message the ext_proc server sends",
+    )
+    parser.add_argument(
+        "--tls-min-version",
+        type=_tls_version,
+        default="VersionTLS12",
+        help="lowest TLS version on the ext_proc port; gRPC's TLS always refuses versions "
+        "below 1.2, and VersionTLS13 cannot be required with it (default VersionTLS12)",
+    )
+    parser.add_argument(
+        "--tls-cipher-suites",
+        type=_cipher_suites,
+        default=(),
+        help="comma-separated TLS 1.2 cipher suites (Go names, e.g. "
+        "TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256) for the ext_proc port; TLS 1.3 suites are "
+        "fixed by gRPC (default: gRPC's)",
+    )
+    parser.add_argument(
+        "--metrics-cert-dir",
+        type=Path,
+        default=None,
+        help="serve the metrics port over HTTPS with tls.crt and tls.key of this directory",
+    )
+    parser.add_argument(
+        "--metrics-client-ca-file",
+        type=Path,
+        default=None,
+        help="with --metrics-cert-dir: require client certificates signed by this CA (mTLS)",
+    )
     _add_bool(parser, "--uvloop", True, "run on uvloop when it is installed")
     parser.add_argument(
         "--redis-url",
@@ -343,6 +451,7 @@ def parse_settings(argv: Sequence[str] | None = None) -> Settings:
         parser.error(f"argument --cert-path: {values['cert_path']} is not a directory")
     if values["config_file"] is not None and not values["config_file"].is_file():
         parser.error(f"argument --config-file: {values['config_file']} is not a readable file")
+    _check_operations(parser, values)
     try:
         return Settings(**values)
     except ValidationError as exc:
@@ -351,8 +460,57 @@ def parse_settings(argv: Sequence[str] | None = None) -> Settings:
         parser.error(f"argument {field}: {first['msg']}")
 
 
+def _check_operations(parser: argparse.ArgumentParser, values: dict[str, object]) -> None:
+    """The flags of operations (issue 15) that need something else to be set."""
+    static = bool(values["static_endpoints"])
+    if static and values["metrics_endpoint_auth"]:
+        parser.error(
+            "argument --metrics-endpoint-auth: checks tokens with the Kubernetes API, which "
+            "--static-endpoints does not use; pass --metrics-endpoint-auth=false, then keep "
+            "the metrics port private or require client certificates (--metrics-cert-dir "
+            "with --metrics-client-ca-file)"
+        )
+    if static and values["ha_enable_leader_election"]:
+        parser.error(
+            "argument --ha-enable-leader-election: needs the Kubernetes API, which "
+            "--static-endpoints does not use"
+        )
+    if values["enable_cert_reload"] and not (values["secure_serving"] and values["cert_path"]):
+        parser.error(
+            "argument --enable-cert-reload: needs --secure-serving and --cert-path (the "
+            "self-signed certificate is never renewed)"
+        )
+    if values["watch_config_file"] and values["config_file"] is None:
+        parser.error("argument --watch-config-file: needs --config-file")
+    cert_dir = values["metrics_cert_dir"]
+    if cert_dir is not None:
+        assert isinstance(cert_dir, Path)
+        missing = [n for n in ("tls.crt", "tls.key") if not (cert_dir / n).is_file()]
+        if missing:
+            parser.error(f"argument --metrics-cert-dir: no {' or '.join(missing)} in {cert_dir}")
+    ca_file = values["metrics_client_ca_file"]
+    if ca_file is not None:
+        assert isinstance(ca_file, Path)
+        if cert_dir is None:
+            parser.error("argument --metrics-client-ca-file: needs --metrics-cert-dir")
+        if not ca_file.is_file():
+            parser.error(f"argument --metrics-client-ca-file: {ca_file} is not a file")
+    if values["tls_cipher_suites"] and not values["secure_serving"]:
+        parser.error("argument --tls-cipher-suites: needs --secure-serving")
+    for flag in ("grpc_max_recv_msg_size", "grpc_max_send_msg_size"):
+        size = values[flag]
+        assert isinstance(size, int)
+        if not 1024 <= size <= 2**31 - 1:
+            parser.error(f"argument --{flag.replace('_', '-')}: must be 1Ki to 2Gi-1 bytes")
+
+
 def main(argv: Sequence[str] | None = None) -> None:
+    settings = parse_settings(argv)
+    if settings.tls_cipher_suites:
+        # Read by gRPC's core once, when it loads: set before anything imports grpc.
+        os.environ["GRPC_SSL_CIPHER_SUITES"] = ":".join(
+            CIPHER_SUITES[name] for name in settings.tls_cipher_suites
+        )
     from app.runner import run
 
-    settings = parse_settings(argv)
     sys.exit(run(settings))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from dependency_injector import containers, providers
@@ -10,10 +12,11 @@ from adapters.envoy.extproc import StreamLimits
 from adapters.envoy.server import GrpcServers
 from adapters.envoy.tls import ServerCertificate, load_certificate, self_signed_certificate
 from adapters.jsoncodec.orjson_codec import OrjsonCodec
-from adapters.prometheus.exporter import PrometheusObserver
+from adapters.prometheus.exporter import PrometheusObserver, TextPage
 from adapters.redis import RedisClient, RedisPrefixIndex, RedisSharedLoad, connect
 from adapters.xxhash.block_hasher import XxhashBlockHasher
 from app.config.loader import LoadedConfig, load_config
+from app.config_watch import ConfigWatcher
 from app.flowcontrol import build_flow_controller
 from app.observability import EppObserver, Observability, build_tracing
 from app.plugins import KubernetesAccess, build_registry
@@ -36,6 +39,7 @@ from domain.scheduling.scheduler import Scheduler
 from domain.scheduling.types import Candidate
 from domain.sharedstate.load import LocalSharedLoad
 from domain.sharedstate.resilient_index import ResilientPrefixIndex
+from ports.access import RequestAuthorizer
 from ports.codec import JsonCodec
 from ports.datalayer import NotificationSource, PollingDataSource
 from ports.endpoints import EndpointSource
@@ -46,6 +50,8 @@ from ports.shared_state import SharedLoad
 
 if TYPE_CHECKING:
     from kubernetes.client import ApiClient
+
+    from adapters.kubernetes import LeaderElector
 
 __all__ = ["Container", "build_container"]
 
@@ -58,12 +64,44 @@ def _certificate(settings: Settings) -> ServerCertificate | None:
     return self_signed_certificate()
 
 
+def _reload_from(settings: Settings) -> Path | None:
+    return settings.cert_path if settings.enable_cert_reload else None
+
+
 def _endpoint_source(settings: Settings, objectives: ObjectiveSink) -> EndpointSource:
     if settings.static_endpoints:
         return StaticEndpointSource(parse_endpoint_list(settings.static_endpoints))
     from app.kubernetes import kubernetes_source  # imports the Kubernetes client lazily
 
     return kubernetes_source(settings, objectives)
+
+
+def _metrics_authorizer(settings: Settings) -> RequestAuthorizer | None:
+    if not settings.metrics_endpoint_auth:
+        return None
+    from app.kubernetes import metrics_authorizer  # imports the Kubernetes client lazily
+
+    return metrics_authorizer(settings)
+
+
+def _leader_elector(settings: Settings) -> LeaderElector | None:
+    if not settings.ha_enable_leader_election:
+        return None
+    from app.kubernetes import leader_elector
+
+    return leader_elector(settings)
+
+
+def _leader_check(elector: LeaderElector | None) -> Callable[[], bool] | None:
+    return elector.leader if elector is not None else None
+
+
+def _pprof_pages(settings: Settings) -> dict[str, TextPage]:
+    if not settings.enable_pprof:
+        return {}
+    from app.profiling import pprof_pages
+
+    return pprof_pages()
 
 
 def _redis_client(settings: Settings) -> RedisClient | None:
@@ -136,8 +174,8 @@ def _handle(
     )
 
 
-def _loaded_config(settings: Settings, registry: PluginRegistry, handle: Handle) -> LoadedConfig:
-    return load_config(_config_text(settings), registry=registry, handle=handle)
+def _loaded_config(text: str | None, registry: PluginRegistry, handle: Handle) -> LoadedConfig:
+    return load_config(text, registry=registry, handle=handle)
 
 
 def _flow_controller(
@@ -230,6 +268,37 @@ def _collectors(
     )
 
 
+def _config_watcher(
+    settings: Settings,
+    text: str | None,
+    loaded: LoadedConfig,
+    registry: PluginRegistry,
+    handle: Handle,
+    datastore: Datastore,
+    director: Director,
+    scheduling_observer: SchedulingObserver,
+    flow_controller: FlowController | None,
+    observer: Observer,
+) -> ConfigWatcher | None:
+    """``--watch-config-file``: reloads build the Director's plugins as start-up does."""
+    if not settings.watch_config_file or settings.config_file is None:
+        return None
+
+    def build_control(new: LoadedConfig) -> RequestControl:
+        return _request_control(new, settings, scheduling_observer, flow_controller, observer)
+
+    return ConfigWatcher(
+        settings.config_file,
+        running_text=text,
+        running=loaded,
+        registry=registry,
+        handle=handle,
+        datastore=datastore,
+        director=director,
+        build_control=build_control,
+    )
+
+
 class Container(containers.DeclarativeContainer):
     """Providers for everything the process runs. Tests override any of them."""
 
@@ -250,6 +319,8 @@ class Container(containers.DeclarativeContainer):
     # The other processes' in-flight load: none without --redis-url.
     shared_load = providers.Singleton(_shared_load, settings, redis_client)
     scheduling_observer = providers.Singleton(SchedulingReporter, observer)
+    metrics_authorizer = providers.Singleton(_metrics_authorizer, settings)
+    pprof_pages = providers.Singleton(_pprof_pages, settings)
     observability = providers.Singleton(
         Observability,
         settings=settings,
@@ -257,12 +328,15 @@ class Container(containers.DeclarativeContainer):
         tracing=tracing,
         datastore=datastore,
         prefix_index=prefix_index,
+        authorizer=metrics_authorizer,
+        pages=pprof_pages,
     )
     # --- end observability ---
     handle = providers.Singleton(
         _handle, codec, hasher, prefix_index, datastore, observer, shared_load
     )
-    config = providers.Singleton(_loaded_config, settings, registry, handle)
+    config_text = providers.Singleton(_config_text, settings)
+    config = providers.Singleton(_loaded_config, config_text, registry, handle)
     flow_controller = providers.Singleton(_flow_controller, config, datastore, settings, observer)
     request_control = providers.Singleton(
         _request_control, config, settings, scheduling_observer, flow_controller, observer
@@ -280,7 +354,21 @@ class Container(containers.DeclarativeContainer):
         states=request_states,
         observer=observer,
     )
+    config_watcher = providers.Singleton(
+        _config_watcher,
+        settings,
+        config_text,
+        config,
+        registry,
+        handle,
+        datastore,
+        processor,
+        scheduling_observer,
+        flow_controller,
+        observer,
+    )
     certificate = providers.Singleton(_certificate, settings)
+    leader_elector = providers.Singleton(_leader_elector, settings)
     servers = providers.Singleton(
         GrpcServers,
         processor=processor,
@@ -297,6 +385,10 @@ class Container(containers.DeclarativeContainer):
             idle_timeout=settings.provided.stream_idle_timeout,
         ),
         max_concurrent_streams=settings.provided.max_concurrent_streams,
+        reload_certificate_from=providers.Callable(_reload_from, settings),
+        max_receive_message_length=settings.provided.grpc_max_recv_msg_size,
+        max_send_message_length=settings.provided.grpc_max_send_msg_size,
+        leader=providers.Callable(_leader_check, leader_elector),
     )
 
 

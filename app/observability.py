@@ -15,18 +15,20 @@ import contextlib
 import importlib.metadata
 import logging
 import os
+import ssl
 from collections.abc import Mapping
 
 from adapters.otel.tracing import OtelTracing
-from adapters.prometheus.exporter import MetricsServer, PrometheusObserver
+from adapters.prometheus.exporter import MetricsServer, PrometheusObserver, TextPage
 from app.settings import Settings
 from domain.datalayer.pool_metrics import PoolMetricsReporter, PrefixIndexSizeReporter
 from domain.datastore.store import Datastore
+from ports.access import RequestAuthorizer
 from ports.metric_catalogue import EXTENSION_INFO
 from ports.observer import NoopObserver
 from ports.prefix_index import PrefixIndex
 
-__all__ = ["EppObserver", "Observability", "build_tracing"]
+__all__ = ["EppObserver", "Observability", "build_tracing", "metrics_ssl_context"]
 
 logger = logging.getLogger(__name__)
 
@@ -63,6 +65,22 @@ def build_tracing(
     return tracing
 
 
+def metrics_ssl_context(settings: Settings) -> ssl.SSLContext | None:
+    """HTTPS on the metrics port with ``--metrics-cert-dir``; client certificates signed by
+    ``--metrics-client-ca-file`` required when it is set (mTLS); else ``None`` (HTTP)."""
+    if settings.metrics_cert_dir is None:
+        return None
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    context.load_cert_chain(
+        settings.metrics_cert_dir / "tls.crt", settings.metrics_cert_dir / "tls.key"
+    )
+    if settings.metrics_client_ca_file is not None:
+        context.verify_mode = ssl.CERT_REQUIRED
+        context.load_verify_locations(cafile=settings.metrics_client_ca_file)
+    return context
+
+
 def _build_info() -> dict[str, str]:
     try:
         version = importlib.metadata.version("epp")
@@ -85,11 +103,18 @@ class Observability:
         tracing: OtelTracing | None,
         datastore: Datastore,
         prefix_index: PrefixIndex,
+        authorizer: RequestAuthorizer | None = None,
+        pages: Mapping[str, TextPage] | None = None,
     ) -> None:
         self.metrics = metrics
         self.tracing = tracing
         self.server = MetricsServer(
-            metrics.registry, host=settings.bind_address, port=settings.metrics_port
+            metrics.registry,
+            host=settings.bind_address,
+            port=settings.metrics_port,
+            authorizer=authorizer,
+            pages=pages,
+            ssl_context=metrics_ssl_context(settings),
         )
         self.pool = PoolMetricsReporter(
             datastore=datastore,

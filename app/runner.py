@@ -119,15 +119,26 @@ async def serve(container: Container, stop: asyncio.Event) -> None:
         asyncio.create_task(source.run(datastore), name="endpoint-source"),
         asyncio.create_task(_sweep(container.request_states()), name="request-state-sweep"),
     }
+    watcher = container.config_watcher()
+    if watcher is not None:
+        tasks.add(asyncio.create_task(watcher.run(), name="config-watch"))
+    # Every replica discovers and collects (a warm standby); only the leader is ready.
+    elector = container.leader_elector()
+    campaign = asyncio.create_task(elector.run(), name="leader-election") if elector else None
     try:
         stop_task = asyncio.create_task(stop.wait())
-        done, _ = await asyncio.wait({*tasks, stop_task}, return_when=asyncio.FIRST_COMPLETED)
+        waited = {*tasks, stop_task, *([campaign] if campaign else [])}
+        done, _ = await asyncio.wait(waited, return_when=asyncio.FIRST_COMPLETED)
         stop_task.cancel()
-        for task in done & tasks:
+        for task in done - {stop_task}:
             task.result()  # raises the background task's error
+        if campaign is not None:  # release the Lease first: a standby takes over meanwhile
+            await _cancel(campaign)
         logger.info("stopping: draining for up to %.1fs", settings.shutdown_grace_period)
         await servers.drain(settings.shutdown_grace_period)
     finally:
+        if campaign is not None:
+            await _cancel(campaign)
         for task in tasks:
             task.cancel()
         for task in tasks:
@@ -143,6 +154,12 @@ async def serve(container: Container, stop: asyncio.Event) -> None:
         await _close_redis(container)  # after the index and the load: they use it
         await observability.stop()  # after the last request: flushes the traces
     logger.info("stopped")
+
+
+async def _cancel(task: asyncio.Task[None]) -> None:
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
 
 
 async def _close_redis(container: Container) -> None:

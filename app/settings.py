@@ -52,6 +52,13 @@ class Settings(BaseModel):
     metrics_endpoint_auth: bool = True
     ha_enable_leader_election: bool = False
     enable_cert_reload: bool = False
+    watch_config_file: bool = False
+    grpc_max_recv_msg_size: int = Field(default=64 * 1024 * 1024, ge=1024, lt=2**31)
+    grpc_max_send_msg_size: int = Field(default=64 * 1024 * 1024, ge=1024, lt=2**31)
+    tls_min_version: Literal["VersionTLS12"] = "VersionTLS12"
+    tls_cipher_suites: tuple[str, ...] = ()
+    metrics_cert_dir: Path | None = None
+    metrics_client_ca_file: Path | None = None
     uvloop: bool = True
     # Shared state (docs/shared-state.md): empty redis_url keeps everything in process.
     redis_url: str = ""
@@ -70,6 +77,12 @@ class Settings(BaseModel):
             raise ValueError(
                 "exactly one of --pool-name, --endpoint-selector and --static-endpoints must be set"
             )
+        if self.static_endpoints and self.metrics_endpoint_auth:
+            raise ValueError(
+                "--metrics-endpoint-auth needs Kubernetes; false with --static-endpoints"
+            )
+        if self.static_endpoints and self.ha_enable_leader_election:
+            raise ValueError("--ha-enable-leader-election needs Kubernetes")
         if "{" in self.redis_key_prefix or "}" in self.redis_key_prefix:
             raise ValueError("--redis-key-prefix may not contain braces")
         if self.redis_load_staleness >= self.redis_lease:

@@ -17,21 +17,36 @@ _SERVING = health_pb2.HealthCheckResponse.SERVING
 _NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 
 
+_SERVICE_UNKNOWN = health_pb2.HealthCheckResponse.SERVICE_UNKNOWN
+
+
 class HealthServicer(health_pb2_grpc.HealthServicer):  # type: ignore[misc]
     """Every service is SERVING once ``ready()`` is true (the endpoint set is known).
 
     While draining after SIGTERM every service but ``liveness`` turns NOT_SERVING:
     the process is alive, just not taking new work.
+
+    With leader election (``leader`` given), as the reference: ``liveness`` is always
+    SERVING, the other names of ``SERVICE_NAMES`` are SERVING only while ``leader()`` is
+    true as well, and any other name is SERVICE_UNKNOWN.
     """
 
-    def __init__(self, ready: Callable[[], bool]) -> None:
+    def __init__(self, ready: Callable[[], bool], leader: Callable[[], bool] | None = None) -> None:
         self._ready = ready
+        self._leader = leader
         self._draining = False
 
     def start_draining(self) -> None:
         self._draining = True
 
     def _status(self, service: str) -> Any:
+        if self._leader is not None:
+            if service == "liveness":
+                return _SERVING
+            if service not in SERVICE_NAMES:
+                return _SERVICE_UNKNOWN
+            if not self._leader():
+                return _NOT_SERVING
         if not self._ready():
             return _NOT_SERVING
         if self._draining and service != "liveness":

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -11,7 +13,7 @@ from grpc_health.v1 import health_pb2_grpc
 
 from adapters.envoy.extproc import ExtProcServicer, StreamLimits
 from adapters.envoy.health import HealthServicer
-from adapters.envoy.tls import ServerCertificate
+from adapters.envoy.tls import CertificateReloader, ServerCertificate
 from ports.observer import Observer
 from ports.requests import RequestProcessor
 
@@ -20,8 +22,6 @@ __all__ = ["GrpcServers"]
 logger = logging.getLogger(__name__)
 
 _OPTIONS = [
-    ("grpc.max_receive_message_length", 64 * 1024 * 1024),
-    ("grpc.max_send_message_length", 64 * 1024 * 1024),
     ("grpc.so_reuseport", 0),
     ("grpc.keepalive_permit_without_calls", 1),
     ("grpc.http2.max_pings_without_data", 0),
@@ -35,7 +35,10 @@ class GrpcServers:
     ``drain`` turns readiness to NOT_SERVING, refuses new streams and waits up to
     ``grace`` seconds for in-flight streams before cancelling them. ``limits`` bound each
     stream; past ``max_concurrent_streams`` ext_proc streams (0: no limit) a new one is
-    refused with ``RESOURCE_EXHAUSTED``.
+    refused with ``RESOURCE_EXHAUSTED``. With ``reload_certificate_from`` (a directory of
+    ``tls.crt`` and ``tls.key``) a renewed certificate is served to new connections
+    (``CertificateReloader``). The message size limits apply to the ext_proc server. With
+    ``leader`` (leader election), readiness also needs ``leader()`` (``HealthServicer``).
     """
 
     def __init__(
@@ -50,12 +53,24 @@ class GrpcServers:
         observer: Observer | None = None,
         limits: StreamLimits | None = None,
         max_concurrent_streams: int = 0,
+        reload_certificate_from: Path | None = None,
+        max_receive_message_length: int = 64 * 1024 * 1024,
+        max_send_message_length: int = 64 * 1024 * 1024,
+        leader: Callable[[], bool] | None = None,
     ) -> None:
         self._host = host
         self._grpc_port = grpc_port
         self._health_port = health_port
         self._certificate = certificate
-        self.health = HealthServicer(processor.ready)
+        self.reloader: CertificateReloader | None = None
+        if certificate is not None and reload_certificate_from is not None:
+            self.reloader = CertificateReloader(reload_certificate_from, certificate)
+        self._extproc_options = [
+            *_OPTIONS,
+            ("grpc.max_receive_message_length", max_receive_message_length),
+            ("grpc.max_send_message_length", max_send_message_length),
+        ]
+        self.health = HealthServicer(processor.ready, leader)
         self._extproc = ExtProcServicer(processor, observer, limits)
         self._max_concurrent_streams = max_concurrent_streams or None
         self._health_on_extproc_port = health_on_extproc_port
@@ -65,14 +80,17 @@ class GrpcServers:
 
     async def start(self) -> None:
         extproc_server = grpc.aio.server(
-            options=_OPTIONS, maximum_concurrent_rpcs=self._max_concurrent_streams
+            options=self._extproc_options, maximum_concurrent_rpcs=self._max_concurrent_streams
         )
         pb_grpc.add_ExternalProcessorServicer_to_server(self._extproc, extproc_server)
         if self._health_on_extproc_port:
             health_pb2_grpc.add_HealthServicer_to_server(self.health, extproc_server)
         address = f"{self._host}:{self._grpc_port}"
         try:
-            if self._certificate is not None:
+            if self.reloader is not None:
+                credentials = self.reloader.credentials()
+                self.bound_grpc_port = extproc_server.add_secure_port(address, credentials)
+            elif self._certificate is not None:
                 credentials = grpc.ssl_server_credentials(
                     [(self._certificate.private_key_pem, self._certificate.certificate_pem)]
                 )
@@ -101,7 +119,9 @@ class GrpcServers:
             "ext_proc serving on %s:%d (%s), health on %s:%d",
             self._host,
             self.bound_grpc_port,
-            "TLS" if self._certificate else "plaintext",
+            ("TLS, certificate reloaded when renewed" if self.reloader else "TLS")
+            if self._certificate
+            else "plaintext",
             self._host,
             self.bound_health_port,
         )

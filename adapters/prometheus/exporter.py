@@ -31,8 +31,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import ssl
 from bisect import bisect_left
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from operator import itemgetter
 from typing import Any, cast
@@ -48,6 +49,7 @@ from prometheus_client.metrics_core import (
 from prometheus_client.metrics_core import Metric as MetricFamily
 from prometheus_client.utils import floatToGoString
 
+from ports.access import AccessVerdict, RequestAuthorizer
 from ports.metric_catalogue import (
     CATALOGUE,
     CounterMetric,
@@ -67,6 +69,7 @@ __all__ = [
     "REQUEST_DERIVED_LABELS",
     "MetricsServer",
     "PrometheusObserver",
+    "TextPage",
 ]
 
 logger = logging.getLogger(__name__)
@@ -369,29 +372,56 @@ class PrometheusObserver:
         logger.warning("%s (logged once per metric)", message)
 
 
+#: A text page beside ``/metrics``: called with the request's query parameters, it returns
+#: the HTTP status and the text (``/debug/pprof/...`` with ``--enable-pprof``).
+TextPage = Callable[[Mapping[str, str]], Awaitable[tuple[int, str]]]
+
+
 class MetricsServer:
     """Serves a registry as Prometheus text on ``GET /metrics`` (aiohttp on the event loop;
     the text is rendered in the server's own worker thread, so the loop keeps routing
     meanwhile; concurrent scrapes are rendered one after the other).
 
+    ``pages`` adds text pages at other paths. With an ``authorizer`` every request is
+    authorized first: a refusal is answered 401, 403 or 503 (``AccessVerdict``) and renders
+    nothing. With ``ssl_context`` the port serves HTTPS (and checks client certificates if
+    the context asks for them).
+
     ``start`` binds ``host:port`` (port 0: any free port, see ``bound_port``) and raises
     ``OSError`` naming ``--metrics-port`` when it cannot; ``stop`` closes it (idempotent).
     """
 
-    def __init__(self, registry: CollectorRegistry, *, host: str, port: int) -> None:
+    def __init__(
+        self,
+        registry: CollectorRegistry,
+        *,
+        host: str,
+        port: int,
+        authorizer: RequestAuthorizer | None = None,
+        pages: Mapping[str, TextPage] | None = None,
+        ssl_context: ssl.SSLContext | None = None,
+    ) -> None:
         self._registry = registry
         self._host = host
         self._port = port
+        self._authorizer = authorizer
+        self._pages = dict(pages or {})
+        self._ssl_context = ssl_context
         self._runner: web.AppRunner | None = None
         self._render: ThreadPoolExecutor | None = None
         self.bound_port = 0
 
     async def start(self) -> None:
-        app = web.Application()
+        middlewares = [self._authorize] if self._authorizer is not None else []
+        app = web.Application(middlewares=middlewares)
         app.router.add_get("/metrics", self._metrics)
+        for path in self._pages:
+            app.router.add_get(path, self._page)
         runner = web.AppRunner(app, access_log=None, handle_signals=False)
         await runner.setup()
-        site = web.TCPSite(runner, self._host, self._port, reuse_address=True)
+        site = web.TCPSite(
+            runner, self._host, self._port, reuse_address=True, ssl_context=self._ssl_context
+        )
         try:
             await site.start()
         except OSError as exc:
@@ -403,7 +433,14 @@ class MetricsServer:
         self._render = ThreadPoolExecutor(max_workers=1, thread_name_prefix="epp-metrics-render")
         address = runner.addresses[0]
         self.bound_port = int(address[1])
-        logger.info("metrics serving on %s:%d (/metrics)", self._host, self.bound_port)
+        logger.info(
+            "metrics serving on %s:%d (%s%s%s)",
+            self._host,
+            self.bound_port,
+            ", ".join(["/metrics", *self._pages]),
+            ", HTTPS" if self._ssl_context is not None else "",
+            ", bearer token required" if self._authorizer is not None else "",
+        )
 
     async def stop(self) -> None:
         runner, self._runner = self._runner, None
@@ -412,6 +449,25 @@ class MetricsServer:
         render, self._render = self._render, None
         if render is not None:
             render.shutdown(wait=False, cancel_futures=True)
+
+    @web.middleware
+    async def _authorize(
+        self,
+        request: web.Request,
+        handler: Callable[[web.Request], Awaitable[web.StreamResponse]],
+    ) -> web.StreamResponse:
+        assert self._authorizer is not None
+        verdict = await self._authorizer.authorize(
+            request.headers.get("Authorization"), request.path
+        )
+        if verdict is AccessVerdict.ALLOWED:
+            return await handler(request)
+        headers = {"WWW-Authenticate": "Bearer"} if verdict is AccessVerdict.UNAUTHENTICATED else {}
+        return web.Response(status=verdict.value, text=f"{verdict.name.lower()}\n", headers=headers)
+
+    async def _page(self, request: web.Request) -> web.Response:
+        status, text = await self._pages[request.path](request.query)
+        return web.Response(status=status, text=text, content_type="text/plain")
 
     async def _metrics(self, request: web.Request) -> web.Response:
         # The collectors snapshot each family's children with one ``list(dict.items())``

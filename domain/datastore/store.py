@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
 from domain.datastore.endpoint import Endpoint
 from ports.endpoints import EndpointEvent, EndpointEventKind
@@ -32,6 +32,22 @@ class Datastore:
 
     def subscribe(self, listener: EndpointListener) -> None:
         self._listeners.append(listener)
+
+    @property
+    def listener_count(self) -> int:
+        return len(self._listeners)
+
+    def unsubscribe_owned_by(self, owners: Collection[object]) -> int:
+        """Drops the listeners that are bound methods of ``owners`` (the plugins of a config
+        that was replaced); returns how many."""
+        kept = [
+            listener
+            for listener in self._listeners
+            if not any(getattr(listener, "__self__", None) is owner for owner in owners)
+        ]
+        dropped = len(self._listeners) - len(kept)
+        self._listeners = kept
+        return dropped
 
     # EndpointSink
     def apply(self, event: EndpointEvent) -> None:

@@ -151,6 +151,7 @@ class RequestExchangeState:
     __slots__ = (
         "_admitted",
         "_closed",
+        "_control",
         "_director",
         "_final_done",
         "_labels",
@@ -169,6 +170,9 @@ class RequestExchangeState:
 
     def __init__(self, director: Director, inbound: InboundRequest) -> None:
         self._director = director
+        # The plugins of the config this request started under, whatever a reload swaps in
+        # meanwhile (``--watch-config-file``): one request never mixes two configs.
+        self._control = director.control
         self.inbound = inbound
         self.parsed: ParsedRequest | None = None
         self.request: InferenceRequest | None = None
@@ -224,7 +228,7 @@ class RequestExchangeState:
         bytes to send on."""
         d = self._director
         headers = self.inbound.headers
-        parsed = d.control.parser.parse(body, headers)
+        parsed = self._control.parser.parse(body, headers)
         self.parsed = parsed
         incoming = target_model = parsed.model
         if not parsed.opaque:
@@ -258,7 +262,7 @@ class RequestExchangeState:
             fairness_id=headers.get(FAIRNESS_HEADER) or DEFAULT_FAIRNESS_ID,
             received_at=self._received_at,
         )
-        if d.control.explain_decisions:
+        if self._control.explain_decisions:
             request.explanations = {}
         self.request = request
         span.set_attribute("target_model", request.target_model)
@@ -268,7 +272,7 @@ class RequestExchangeState:
     async def _admit(self, request: InferenceRequest, span: Span) -> list[Candidate]:
         """Admission; the candidates it returns are looked up when the request may go."""
         d = self._director
-        control = d.control
+        control = self._control
         metadata = self.inbound.metadata
 
         def candidates() -> list[Candidate]:
@@ -289,7 +293,7 @@ class RequestExchangeState:
         self, request: InferenceRequest, candidates: list[Candidate], span: Span
     ) -> SchedulingResult:
         """Data producers, admitters, then the scheduler's profiles."""
-        control = self._director.control
+        control = self._control
         await self._prepare_data(request, candidates, span)
         for admitter in control.admitters:
             reason = await _guarded(
@@ -312,7 +316,7 @@ class RequestExchangeState:
     ) -> RoutingDecision:
         """PreRequest hooks, then the decision: endpoints (primary first), body, headers."""
         d = self._director
-        for hook in d.control.pre_request:
+        for hook in self._control.pre_request:
             hook_span = _plugin_span(d.observer, span, PRE_REQUEST_SPAN, hook.typed_name.name)
             try:
                 await _guarded(hook.typed_name, hook.pre_request(request, result))
@@ -351,11 +355,11 @@ class RequestExchangeState:
     async def _prepare_data(
         self, request: InferenceRequest, candidates: list[Candidate], span: Span
     ) -> None:
-        producers = self._director.control.data_producers
+        producers = self._control.data_producers
         if not producers:
             return
         observer = self._director.observer
-        timeout = self._director.control.prepare_data_timeout
+        timeout = self._control.prepare_data_timeout
         try:
             async with asyncio.timeout(timeout):
                 for producer in producers:
@@ -402,7 +406,7 @@ class RequestExchangeState:
             request_metadata=metadata,
         )
         self._response = response
-        for hook in self._director.control.response_header:
+        for hook in self._control.response_header:
             try:
                 await hook.response_header(request, response, self.target)
             except Exception:
@@ -410,7 +414,7 @@ class RequestExchangeState:
         reply_headers: tuple[tuple[str, str], ...] = ()
         if request.response_headers:
             reply_headers = tuple(request.response_headers)
-        if self._director.control.explain_decisions and request.scheduling_result:
+        if self._control.explain_decisions and request.scheduling_result:
             reply_headers += ((DECISION_HEADER, _explain(request)),)
         return ResponseHeadersReply(headers=reply_headers, streaming=self.streaming)
 
@@ -461,7 +465,7 @@ class RequestExchangeState:
         metrics.completed(self._labels, seconds, self._response_bytes, response.usage)
 
     async def _run_body_hooks(self, request: InferenceRequest, response: ResponseInfo) -> None:
-        for hook in self._director.control.response_body:
+        for hook in self._control.response_body:
             try:
                 await hook.response_body(request, response, self.target)
             except Exception:
@@ -493,7 +497,7 @@ class RequestExchangeState:
                 self._director.metrics.closed(self._labels)
             if self._admitted:
                 self._admitted = False
-                admission = self._director.control.admission
+                admission = self._control.admission
                 if admission is not None:
                     admission.done()
             self._scanner = None

@@ -44,6 +44,7 @@ async def _running(container: Container) -> AsyncIterator[asyncio.Event]:
 def _settings() -> Settings:
     return Settings(
         static_endpoints="127.0.0.250:9",  # never used: the source is swapped below
+        metrics_endpoint_auth=False,
         bind_address="127.0.0.1",
         grpc_port=0,
         grpc_health_port=0,

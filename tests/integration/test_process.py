@@ -45,6 +45,7 @@ class Epp:
                 "app",
                 "--static-endpoints",
                 "127.0.0.41:8000,127.0.0.42:8000",
+                "--metrics-endpoint-auth=false",
                 "--bind-address",
                 "127.0.0.1",
                 "--grpc-port",

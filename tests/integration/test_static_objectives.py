@@ -188,6 +188,7 @@ def _run_epp(*args: str) -> subprocess.CompletedProcess[str]:
             "app",
             "--static-endpoints",
             "127.0.0.1:9",
+            "--metrics-endpoint-auth=false",
             "--bind-address",
             "127.0.0.1",
             "--grpc-port",
@@ -228,6 +229,14 @@ def test_a_missing_file_is_a_usage_error(
 ) -> None:
     missing = tmp_path / "missing.yaml"
     with pytest.raises(SystemExit) as raised:
-        parse_settings(["--static-endpoints", "127.0.0.1:9", "--static-objectives", str(missing)])
+        parse_settings(
+            [
+                "--static-endpoints",
+                "127.0.0.1:9",
+                "--metrics-endpoint-auth=false",
+                "--static-objectives",
+                str(missing),
+            ]
+        )
     assert raised.value.code == 2
     assert f"argument --static-objectives: {missing} is not a file" in capsys.readouterr().err

@@ -3,10 +3,13 @@
 ``KubeApiServer`` serves, over plain HTTP/1.1 on 127.0.0.1, namespaced collections of core v1
 pods, InferencePools (``inference.networking.k8s.io/v1`` and
 ``inference.networking.x-k8s.io/v1alpha2``), InferenceObjectives and InferenceModelRewrites,
-plus discovery (``/api``, ``/apis``, ``/apis/<group>/<version>``). Objects live in memory with
-one monotonically increasing resourceVersion; the test changes them with ``create``, ``update``
-and ``delete``, which open watches see as ADDED/MODIFIED/DELETED events (label-selected watches
-see an object leaving or entering their selection as DELETED/ADDED, as from a real server).
+and coordination.k8s.io/v1 Leases, plus discovery (``/api``, ``/apis``,
+``/apis/<group>/<version>``). ``POST`` creates an object (409 AlreadyExists) and ``PUT``
+replaces one, with a 409 Conflict when its ``metadata.resourceVersion`` is not the stored one.
+Objects live in memory with one monotonically increasing resourceVersion; the test changes
+them with ``create``, ``update`` and ``delete``, which open watches see as
+ADDED/MODIFIED/DELETED events (label-selected watches see an object leaving or entering their
+selection as DELETED/ADDED, as from a real server).
 
 List supports ``labelSelector`` (``k=v``, ``k==v``, ``k!=v``, ``k``, ``!k``) and
 ``fieldSelector`` (``metadata.name=``, ``metadata.namespace=``). ``watch=true`` streams
@@ -20,6 +23,8 @@ resourceVersions expire: watching from one gets an ERROR event with a Status cod
 ``expire_watches()`` (compact, and end every open watch with that ERROR event),
 ``drop_watches()`` (close open watch connections mid-stream), ``pause_watches()`` /
 ``resume_watches()`` (open watches stop / resume sending, as a stalled connection would),
+``add_token()``/``grant()``/``revoke()``/``delay_reviews()`` (the answers of TokenReviews and
+SubjectAccessReviews, which it serves for ``create``),
 ``fail_requests()`` (answer the next matching requests with an HTTP error), and a log of the
 requests served. It runs in its own threads, independent of any event loop.
 
@@ -52,6 +57,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any, cast
 from urllib.parse import parse_qs, urlsplit
 
@@ -67,7 +73,10 @@ __all__ = [
     "INFERENCE_OBJECTIVES",
     "INFERENCE_POOLS_V1",
     "INFERENCE_POOLS_V1ALPHA2",
+    "LEASES",
     "PODS",
+    "SUBJECT_ACCESS_REVIEWS",
+    "TOKEN_REVIEWS",
     "KubeApiServer",
     "RecordingSink",
     "Resource",
@@ -81,6 +90,7 @@ __all__ = [
     "pool_source",
     "running",
     "wait_until",
+    "write_kubeconfig",
 ]
 
 Obj = dict[str, Any]
@@ -113,13 +123,23 @@ INFERENCE_OBJECTIVES = Resource(
 INFERENCE_MODEL_REWRITES = Resource(
     "inference.networking.x-k8s.io", "v1alpha2", "inferencemodelrewrites", "InferenceModelRewrite"
 )
+LEASES = Resource("coordination.k8s.io", "v1", "leases", "Lease")
 ALL_RESOURCES = (
     PODS,
     INFERENCE_POOLS_V1,
     INFERENCE_POOLS_V1ALPHA2,
     INFERENCE_OBJECTIVES,
     INFERENCE_MODEL_REWRITES,
+    LEASES,
 )
+#: Cluster-scoped reviews, served for ``create`` only (``POST``): never stored.
+TOKEN_REVIEWS = Resource("authentication.k8s.io", "v1", "tokenreviews", "TokenReview")
+SUBJECT_ACCESS_REVIEWS = Resource(
+    "authorization.k8s.io", "v1", "subjectaccessreviews", "SubjectAccessReview"
+)
+_REVIEWS = {
+    f"/apis/{r.group_version}/{r.plural}": r for r in (TOKEN_REVIEWS, SUBJECT_ACCESS_REVIEWS)
+}
 
 
 # -- object builders -----------------------------------------------------------------------
@@ -320,6 +340,9 @@ class KubeApiServer:
         self._failures: list[_Failure] = []
         self._requests: list[ServedRequest] = []
         self._connections: set[socket.socket] = set()
+        self._tokens: dict[str, Obj] = {}
+        self._grants: set[tuple[str, str, str]] = set()
+        self._review_delay = 0.0
         self._httpd = _HttpServer(("127.0.0.1", 0), _Handler, self)
         self._thread = threading.Thread(
             target=self._httpd.serve_forever,
@@ -416,6 +439,55 @@ class KubeApiServer:
         self._history.append(_Event(self._version, resource, kind, obj, old))
         self._cond.notify_all()
         return obj
+
+    # -- authentication and authorization (TokenReview, SubjectAccessReview) --
+
+    def add_token(
+        self, token: str, *, username: str, groups: Sequence[str] = (), uid: str = ""
+    ) -> None:
+        """A TokenReview of ``token`` authenticates it as ``username``."""
+        with self._cond:
+            self._tokens[token] = {"username": username, "groups": list(groups), "uid": uid}
+
+    def grant(self, username: str, path: str, verb: str = "get") -> None:
+        """A SubjectAccessReview allows ``username`` ``verb`` on the non-resource ``path``."""
+        with self._cond:
+            self._grants.add((username, path, verb))
+
+    def revoke(self, username: str, path: str, verb: str = "get") -> None:
+        with self._cond:
+            self._grants.discard((username, path, verb))
+
+    def delay_reviews(self, seconds: float) -> None:
+        """Reviews are answered only after ``seconds`` (0: at once), as a slow server."""
+        with self._cond:
+            self._review_delay = seconds
+
+    def _review(self, resource: Resource, body: Obj) -> tuple[int, Obj]:
+        spec = body.get("spec") or {}
+        with self._cond:
+            delay = self._review_delay
+        if delay:
+            time.sleep(delay)
+        with self._cond:
+            if resource == TOKEN_REVIEWS:
+                user = self._tokens.get(str(spec.get("token", "")))
+                status: Obj = {"authenticated": user is not None}
+                if user is not None:
+                    status["user"] = copy.deepcopy(user)
+                else:
+                    status["error"] = "invalid bearer token"
+            else:
+                attributes = spec.get("nonResourceAttributes") or {}
+                key = (spec.get("user"), attributes.get("path"), attributes.get("verb"))
+                status = {"allowed": key in self._grants}
+        return 201, {
+            "kind": resource.kind,
+            "apiVersion": resource.group_version,
+            "metadata": {},
+            "spec": spec,
+            "status": status,
+        }
 
     # -- test hooks --
 
@@ -769,6 +841,75 @@ class _Handler(BaseHTTPRequestHandler):
         else:
             self._json(200, api._list(query, selects))
 
+    def _body(self) -> Obj:
+        length = int(self.headers.get("Content-Length") or 0)
+        document = json.loads(self.rfile.read(length) or b"{}")
+        return document if isinstance(document, dict) else {}
+
+    def do_POST(self) -> None:
+        """Create: the reviews, or a new object in a namespaced collection (409 if it
+        exists)."""
+        api = self.server.api
+        path = urlsplit(self.path).path.rstrip("/")
+        body = self._body()
+        review = _REVIEWS.get(path)
+        query = api._route(path) if review is None else None
+        resource = review or (query.resource if query is not None else None)
+        api._log(path, {"verb": "create"}, resource)
+        if resource is None or (query is not None and (query.name or not query.namespace)):
+            self._json(404, _status(404, "NotFound", f"cannot create at {path}"))
+            return
+        failure = api._take_failure(resource, False)
+        if failure is not None:
+            phrase = HTTPStatus(failure).phrase.replace(" ", "")
+            self._json(failure, _status(failure, phrase, "injected failure"))
+            return
+        if review is not None:
+            answer = api._review(review, body)
+            with contextlib.suppress(OSError):  # a client that timed out is gone
+                self._json(*answer)
+            return
+        assert query is not None
+        assert query.namespace is not None
+        body.setdefault("metadata", {})["namespace"] = query.namespace
+        try:
+            created = api.create(resource, body)
+        except KeyError:
+            name = body["metadata"].get("name")
+            self._json(409, _status(409, "AlreadyExists", f"{resource.plural} {name} exists"))
+            return
+        self._json(201, created)
+
+    def do_PUT(self) -> None:
+        """Replace: a ``metadata.resourceVersion`` other than the stored one is a 409
+        Conflict, as optimistic concurrency on a real server."""
+        api = self.server.api
+        path = urlsplit(self.path).path.rstrip("/")
+        body = self._body()
+        query = api._route(path)
+        api._log(path, {"verb": "update"}, query.resource if query is not None else None)
+        if query is None or query.name is None or query.namespace is None:
+            self._json(404, _status(404, "NotFound", f"cannot replace at {path}"))
+            return
+        failure = api._take_failure(query.resource, False)
+        if failure is not None:
+            phrase = HTTPStatus(failure).phrase.replace(" ", "")
+            self._json(failure, _status(failure, phrase, "injected failure"))
+            return
+        body.setdefault("metadata", {})["namespace"] = query.namespace
+        with api._cond:
+            stored = api._objects[query.resource].get((query.namespace, query.name))
+            if stored is None:
+                self._json(404, _status(404, "NotFound", f"{query.name} not found"))
+                return
+            expected = body["metadata"].get("resourceVersion")
+            if expected and expected != stored["metadata"]["resourceVersion"]:
+                message = f"the object has been modified; {expected} is not the latest"
+                self._json(409, _status(409, "Conflict", message))
+                return
+            replaced = api.update(query.resource, body)
+        self._json(200, replaced)
+
     def _client_gone(self) -> bool:
         """Whether the client closed the connection (a watch request has no more to send)."""
         readable, _, _ = select.select([self.connection], [], [], 0)
@@ -954,3 +1095,28 @@ def pool_source(api_client: ApiClient, **options: Any) -> InferencePoolSource:
         resync_backoff=(0.05, 0.2),
         **options,
     )
+
+
+def write_kubeconfig(path: Path, server_url: str) -> Path:
+    """A minimal kubeconfig for the loopback server (plain HTTP), namespace ``default``."""
+    path.write_text(
+        f"""apiVersion: v1
+kind: Config
+clusters:
+- name: loopback
+  cluster:
+    server: {server_url}
+users:
+- name: tester
+  user:
+    token: not-checked
+contexts:
+- name: loopback
+  context:
+    cluster: loopback
+    user: tester
+    namespace: default
+current-context: loopback
+"""
+    )
+    return path

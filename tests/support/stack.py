@@ -349,7 +349,11 @@ class Stack:
                 discovery = list(o.epp_discovery)
             else:
                 endpoints = [*self.simulator_addresses.values(), *o.extra_endpoints]
-                discovery = ["--static-endpoints", ",".join(endpoints)]
+                discovery = [
+                    "--static-endpoints",
+                    ",".join(endpoints),
+                    "--metrics-endpoint-auth=false",  # no Kubernetes API to review tokens
+                ]
             for replica in range(max(1, o.epp_replicas)):
                 self.epps.append(self._spawn_epp(replica, discovery))
             self.epp = self.epps[0]

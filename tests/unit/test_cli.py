@@ -11,7 +11,11 @@ import pytest
 from app.cli import parse_settings
 from app.durations import parse_duration
 
-STATIC = ["--static-endpoints", "127.0.0.2:8000,127.0.0.3:8000"]
+STATIC = [
+    "--static-endpoints",
+    "127.0.0.2:8000,127.0.0.3:8000",
+    "--metrics-endpoint-auth=false",  # static mode has no Kubernetes API to review tokens
+]
 
 
 def test_defaults_match_the_reference() -> None:
@@ -138,7 +142,9 @@ def test_endpoint_source_flags(
 
 
 def test_ipv6_static_endpoints() -> None:
-    settings = parse_settings(["--static-endpoints", "[::1]:8000,127.0.0.2:8001"])
+    settings = parse_settings(
+        ["--static-endpoints", "[::1]:8000,127.0.0.2:8001", "--metrics-endpoint-auth=0"]
+    )
     assert settings.static_endpoints == "[::1]:8000,127.0.0.2:8001"
 
 

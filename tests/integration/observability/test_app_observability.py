@@ -45,6 +45,7 @@ async def _running(container: Container) -> AsyncIterator[None]:
 def _settings(**overrides: object) -> Settings:
     values: dict[str, object] = {
         "static_endpoints": "127.0.0.250:9",
+        "metrics_endpoint_auth": False,
         "bind_address": "127.0.0.1",
         "grpc_port": 0,
         "grpc_health_port": 0,

@@ -256,7 +256,7 @@ def test_k8s_source_in_static_mode_stops_the_load() -> None:
 
 # -- runtime -----------------------------------------------------------------------------------
 
-SETTINGS = Settings(static_endpoints="10.0.0.1:8000")
+SETTINGS = Settings(static_endpoints="10.0.0.1:8000", metrics_endpoint_auth=False)
 
 
 def endpoint(name: str) -> EndpointInfo:

@@ -241,7 +241,7 @@ def test_the_process_observer_sends_metrics_to_prometheus_and_spans_to_tracing()
 
 
 def test_tracing_follows_the_flag() -> None:
-    base = {"static_endpoints": "127.0.0.1:8000"}
+    base = {"static_endpoints": "127.0.0.1:8000", "metrics_endpoint_auth": False}
     assert build_tracing(Settings(**base, tracing=False)) is None  # type: ignore[arg-type]
     tracing = build_tracing(
         Settings(**base),  # type: ignore[arg-type]

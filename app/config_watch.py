@@ -1,0 +1,132 @@
+"""``--watch-config-file``: the EndpointPickerConfig reloaded when its file changes.
+
+Every ``interval`` seconds the file is read (through symlinks, so a ConfigMap volume's
+``..data`` swap is seen like an edit); when its text differs from the running config's, the
+new text is loaded in full (YAML, schema, every plugin built with fresh state) before
+anything changes. Only a config that loads replaces the running one, in one assignment on
+the event loop: requests already routing finish with the plugins they started with (the
+Director's exchanges keep their ``RequestControl``), new ones get the new plugins. A config
+that does not load is logged with the entry at fault, and the running one stays; so does a
+file that cannot be read.
+
+What a reload changes: the plugins and their parameters, the scheduling profiles, the
+profile handler, the parser, the saturation detector, the data producers, admitters and
+request/response hooks. What needs a restart: ``featureGates``, ``flowControl`` and
+``dataLayer`` (the flow controller and the collectors are built once); a new config that
+changes one of them is refused with a message naming it, and the running config stays.
+The replaced plugins stop hearing of endpoint changes (their datastore subscriptions are
+dropped) and are left to the garbage collector once their last request ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from app.config.decoding import parse_yaml
+from app.config.loader import ConfigError, LoadedConfig, load_config
+from app.plugins import PluginLoadError
+from domain.datastore.store import Datastore
+from domain.plugins.base import PluginRegistry
+from domain.plugins.handle import Handle
+from domain.plugins.plugin import PluginConfigError
+from domain.requestcontrol.director import Director, RequestControl
+
+__all__ = ["RESTART_SECTIONS", "ConfigWatcher"]
+
+logger = logging.getLogger(__name__)
+
+#: Sections a reload cannot apply: changing one needs a restart.
+RESTART_SECTIONS = ("featureGates", "flowControl", "dataLayer")
+
+
+def _sections(text: str | None) -> dict[str, Any]:
+    raw = parse_yaml(text) or {}
+    return {name: raw.get(name) for name in RESTART_SECTIONS}
+
+
+class ConfigWatcher:
+    """Watches ``path``; ``build_control`` turns a loaded config into the Director's
+    ``RequestControl`` (the same wiring as at start-up)."""
+
+    def __init__(
+        self,
+        path: Path,
+        *,
+        running_text: str | None,
+        running: LoadedConfig,
+        registry: PluginRegistry,
+        handle: Handle,
+        datastore: Datastore,
+        director: Director,
+        build_control: Callable[[LoadedConfig], RequestControl],
+        interval: float = 1.0,
+    ) -> None:
+        self._path = path
+        self._text = running_text
+        self._sections = _sections(running_text)
+        self._running = running
+        self._registry = registry
+        self._handle = handle
+        self._datastore = datastore
+        self._director = director
+        self._build_control = build_control
+        self._interval = interval
+        self._unreadable = False
+        self.reloads = 0
+        self.refusals = 0
+
+    async def run(self) -> None:
+        logger.info("watching %s for config changes every %gs", self._path, self._interval)
+        while True:
+            await asyncio.sleep(self._interval)
+            try:
+                text = await asyncio.to_thread(self._path.read_text)
+            except OSError as exc:
+                if not self._unreadable:
+                    self._unreadable = True
+                    logger.error(
+                        "config %s unreadable, keeping the running one: %s", self._path, exc
+                    )
+                continue
+            self._unreadable = False
+            self.offer(text)
+
+    def offer(self, text: str) -> bool:
+        """Applies ``text`` if it differs from the running config and loads; whether it did."""
+        if text == self._text:
+            return False
+        self._text = text  # a refused text is not retried until the file changes again
+        try:
+            sections = _sections(text)
+            changed = [name for name in RESTART_SECTIONS if sections[name] != self._sections[name]]
+            if changed:
+                raise ConfigError(f"{', '.join(changed)}: changed, which needs a restart")
+            handle = dataclasses.replace(self._handle, plugins={})
+            try:
+                loaded = load_config(text, registry=self._registry, handle=handle)
+                control = self._build_control(loaded)
+            except BaseException:
+                # the half-built plugins must not go on hearing of endpoints
+                self._datastore.unsubscribe_owned_by(list(handle.plugins.values()))
+                raise
+        except (ConfigError, PluginLoadError, PluginConfigError, ValueError) as exc:
+            self.refusals += 1
+            logger.error("config %s not reloaded, keeping the running one: %s", self._path, exc)
+            return False
+        old = self._running
+        self._director.control = control  # the swap: new requests use the new plugins
+        self._running = loaded
+        self._datastore.unsubscribe_owned_by(list(old.plugins.values()))
+        self.reloads += 1
+        logger.info(
+            "config %s reloaded: profiles %s; plugins %s",
+            self._path,
+            ", ".join(loaded.profiles),
+            ", ".join(str(p.typed_name) for p in loaded.plugins.values()),
+        )
+        return True

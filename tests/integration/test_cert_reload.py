@@ -1,0 +1,137 @@
+"""``--enable-cert-reload``: a renewed tls.crt/tls.key reaches new TLS connections of the
+ext_proc port without a restart; open streams keep going; a half-written pair is not used."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import ssl
+from pathlib import Path
+
+import grpc
+import pytest
+from cryptography import x509
+
+from adapters.envoy.server import GrpcServers
+from adapters.envoy.tls import ServerCertificate, load_certificate, self_signed_certificate
+from domain.datastore import Datastore
+from tests.support.director import configured_director
+from tests.support.extproc import completion, envoy_headers, request_body_chunks, request_headers
+
+from .test_extproc_protocol import ENDPOINT_IPS, EnvoyStream, endpoint_event
+
+
+def _write(directory: Path, name: str, data: bytes) -> None:
+    """Replace a file the way a Secret volume does: a new file renamed over the old one."""
+    partial = directory / f".{name}.new"
+    partial.write_bytes(data)
+    os.replace(partial, directory / name)
+
+
+def _served_subject(port: int) -> str:
+    """The subject CN of the certificate a new TLS connection to ``port`` is given."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    context.set_alpn_protocols(["h2"])
+    with (
+        socket.create_connection(("127.0.0.1", port), timeout=5) as raw,
+        context.wrap_socket(raw) as tls,
+    ):
+        der = tls.getpeercert(binary_form=True)
+    assert der is not None
+    name = x509.load_der_x509_certificate(der).subject
+    return str(name.get_attributes_for_oid(x509.NameOID.COMMON_NAME)[0].value)
+
+
+async def _subject(port: int) -> str:
+    return await asyncio.to_thread(_served_subject, port)
+
+
+async def test_a_renewed_pair_reaches_new_connections_and_open_streams_go_on(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="adapters.envoy.tls")
+    old, new = self_signed_certificate("epp-old"), self_signed_certificate("epp-new")
+    _write(tmp_path, "tls.crt", old.certificate_pem)
+    _write(tmp_path, "tls.key", old.private_key_pem)
+    datastore = Datastore()
+    for ip in ENDPOINT_IPS:
+        datastore.apply(endpoint_event(ip))
+    datastore.mark_synced()
+    servers = GrpcServers(
+        processor=configured_director(datastore),
+        host="127.0.0.1",
+        grpc_port=0,
+        health_port=0,
+        certificate=load_certificate(tmp_path),
+        reload_certificate_from=tmp_path,
+    )
+    await servers.start()
+    port = servers.bound_grpc_port
+    old_channel = grpc.aio.secure_channel(
+        f"127.0.0.1:{port}",
+        grpc.ssl_channel_credentials(root_certificates=old.certificate_pem),
+        options=[("grpc.ssl_target_name_override", "localhost")],
+    )
+    try:
+        assert await _subject(port) == "epp-old"
+        # a stream opened on the old certificate, in the middle of its request
+        open_stream = EnvoyStream(old_channel)
+        await open_stream.send(request_headers(envoy_headers()))
+
+        # half renewed: the new certificate with the old key is not a pair
+        _write(tmp_path, "tls.crt", new.certificate_pem)
+        assert await _subject(port) == "epp-old"
+        # half written: a truncated key
+        _write(tmp_path, "tls.key", new.private_key_pem[:40])
+        assert await _subject(port) == "epp-old"
+        assert "not reloaded" in caplog.text
+        # the whole pair
+        _write(tmp_path, "tls.key", new.private_key_pem)
+        assert await _subject(port) == "epp-new"
+        assert "serving the renewed certificate" in caplog.text
+
+        # the open stream finishes its request on its old connection
+        await open_stream.send(*request_body_chunks(completion()))
+        header_reply, _ = await open_stream.read_request_replies()
+        assert header_reply.request_headers.response.header_mutation.set_headers
+        await open_stream.finish()
+
+        # a new client trusting only the new certificate is served
+        async with grpc.aio.secure_channel(
+            f"127.0.0.1:{port}",
+            grpc.ssl_channel_credentials(root_certificates=new.certificate_pem),
+            options=[("grpc.ssl_target_name_override", "localhost")],
+        ) as new_channel:
+            stream = EnvoyStream(new_channel)
+            await stream.route(completion())
+            await stream.finish()
+        assert servers.reloader is not None
+        assert servers.reloader.reloads == 1
+    finally:
+        await old_channel.close()
+        await servers.drain(0)
+
+
+def test_the_reloader_keeps_serving_when_the_files_vanish(tmp_path: Path) -> None:
+    pair = self_signed_certificate()
+    _write(tmp_path, "tls.crt", pair.certificate_pem)
+    _write(tmp_path, "tls.key", pair.private_key_pem)
+    servers = GrpcServers(
+        processor=configured_director(Datastore()),
+        host="127.0.0.1",
+        grpc_port=0,
+        health_port=0,
+        certificate=ServerCertificate(
+            certificate_pem=pair.certificate_pem, private_key_pem=pair.private_key_pem
+        ),
+        reload_certificate_from=tmp_path,
+    )
+    reloader = servers.reloader
+    assert reloader is not None
+    (tmp_path / "tls.key").unlink()
+    assert reloader.fetch() is None
+    assert reloader.current.private_key_pem == pair.private_key_pem

@@ -1,0 +1,144 @@
+"""``--tls-cipher-suites`` on the ext_proc port and mTLS on the metrics port
+(``--metrics-cert-dir``, ``--metrics-client-ca-file``), on the EPP process."""
+
+from __future__ import annotations
+
+import datetime
+import socket
+import ssl
+import sys
+import urllib.request
+from pathlib import Path
+
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+
+from adapters.envoy.tls import self_signed_certificate
+from tests.support.stack import ChildProcess, free_port, wait_for
+
+_PEM = serialization.Encoding.PEM
+
+
+def _name(cn: str) -> x509.Name:
+    return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)])
+
+
+def _client_pair(tmp_path: Path) -> tuple[Path, Path, Path]:
+    """A CA file, and a client certificate and key signed by it."""
+    now = datetime.datetime.now(datetime.UTC)
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca = (
+        x509.CertificateBuilder()
+        .subject_name(_name("scrapers-ca"))
+        .issuer_name(_name("scrapers-ca"))
+        .public_key(ca_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(ca_key, hashes.SHA256())
+    )
+    key = ec.generate_private_key(ec.SECP256R1())
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(_name("prometheus"))
+        .issuer_name(ca.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .sign(ca_key, hashes.SHA256())
+    )
+    paths = tmp_path / "ca.crt", tmp_path / "client.crt", tmp_path / "client.key"
+    paths[0].write_bytes(ca.public_bytes(_PEM))
+    paths[1].write_bytes(cert.public_bytes(_PEM))
+    paths[2].write_bytes(
+        key.private_bytes(_PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    )
+    return paths
+
+
+def _tls12_handshake(port: int, cipher: str) -> str | None:
+    """The cipher a TLS 1.2 client offering only ``cipher`` gets; None when refused."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    context.maximum_version = ssl.TLSVersion.TLSv1_2
+    context.set_ciphers(cipher)
+    context.set_alpn_protocols(["h2"])
+    try:
+        with (
+            socket.create_connection(("127.0.0.1", port), timeout=5) as raw,
+            context.wrap_socket(raw) as tls,
+        ):
+            return tls.cipher()[0]  # type: ignore[index]
+    except (ssl.SSLError, OSError):
+        return None
+
+
+def _scrape(port: int, client: tuple[Path, Path] | None) -> int:
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    if client is not None:
+        context.load_cert_chain(*client)
+    with urllib.request.urlopen(
+        f"https://127.0.0.1:{port}/metrics", context=context, timeout=5
+    ) as response:
+        return int(response.status)
+
+
+def test_cipher_suites_and_metrics_mtls(tmp_path: Path) -> None:
+    ca, client_cert, client_key = _client_pair(tmp_path)
+    served = tmp_path / "metrics-tls"
+    served.mkdir()
+    pair = self_signed_certificate()
+    (served / "tls.crt").write_bytes(pair.certificate_pem)
+    (served / "tls.key").write_bytes(pair.private_key_pem)
+    grpc_port, health_port, metrics_port = free_port(), free_port(), free_port()
+    epp = ChildProcess(
+        "epp",
+        [
+            sys.executable,
+            "-m",
+            "app",
+            "--static-endpoints",
+            "127.0.0.1:9",
+            "--metrics-endpoint-auth=false",
+            "--bind-address",
+            "127.0.0.1",
+            "--grpc-port",
+            str(grpc_port),
+            "--grpc-health-port",
+            str(health_port),
+            "--metrics-port",
+            str(metrics_port),
+            "--tls-cipher-suites",
+            "TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384",
+            "--metrics-cert-dir",
+            str(served),
+            "--metrics-client-ca-file",
+            str(ca),
+        ],
+        tmp_path / "epp.log",
+    )
+    epp.start()
+    try:
+
+        def serving() -> bool:
+            epp.check_alive()
+            return "ext_proc serving" in epp.log()
+
+        wait_for(serving, timeout=60, what="the EPP to serve")
+        assert _tls12_handshake(grpc_port, "ECDHE-ECDSA-AES256-GCM-SHA384") == (
+            "ECDHE-ECDSA-AES256-GCM-SHA384"
+        )
+        assert _tls12_handshake(grpc_port, "ECDHE-ECDSA-AES128-GCM-SHA256") is None
+        assert _scrape(metrics_port, (client_cert, client_key)) == 200
+        with pytest.raises((ssl.SSLError, OSError)):
+            _scrape(metrics_port, None)  # no client certificate: the handshake fails
+    finally:
+        epp.stop()
