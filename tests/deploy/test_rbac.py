@@ -58,6 +58,18 @@ def test_the_epp_is_granted_exactly_what_its_code_calls(
     )
 
 
+def test_cluster_wide_bindings_name_the_service_accounts_namespace(
+    overlays: dict[str, list[Obj]],
+) -> None:
+    # the API server refuses a ClusterRoleBinding to a ServiceAccount without its namespace
+    for overlay, objects in overlays.items():
+        bindings = [o for o in objects if o["kind"] == "ClusterRoleBinding"]
+        assert bindings, overlay
+        for binding in bindings:
+            for subject in binding["subjects"]:
+                assert subject["kind"] != "ServiceAccount" or subject.get("namespace"), overlay
+
+
 def test_what_the_code_needs_today() -> None:
     needed, sites = code_grants()
     read = {"list", "watch"}
