@@ -37,7 +37,9 @@ sequences the prefix plugin sends, which always start at the chain's root. A seq
 starts elsewhere is keyed under its own first hash. ``size()`` is -1 (unknown).
 
 Every failure (connection refused or lost, timeout, an error reply, a reply of the wrong
-shape) is raised as ``ports.shared_state.SharedStateError``.
+shape) is raised as ``ports.shared_state.SharedStateError``: ``SharedStateReplyError`` when
+the server answered this call with an error or garbage, ``SharedStateWriteRefusedError`` when it
+is out of memory (``OOM``, under ``noeviction``).
 """
 
 from __future__ import annotations
@@ -52,7 +54,7 @@ from redis.asyncio.cluster import RedisCluster
 
 from adapters.redis.connection import RedisClient
 from adapters.redis.script import LuaScript, guarded
-from ports.shared_state import SharedStateError
+from ports.shared_state import SharedStateReplyError
 
 __all__ = ["DEFAULT_PREFIX_TTL", "RedisPrefixIndex"]
 
@@ -240,7 +242,7 @@ class RedisPrefixIndex:
             args = (endpoint, now, self._ttl_ms, capacity, self._prefix, root, packed)
             reply = await guarded("prefix add", _ADD_ONE_NODE.run(self._client, [lru], args))
             if not isinstance(reply, int):
-                raise SharedStateError(f"redis prefix add: unexpected reply {reply!r:.100}")
+                raise SharedStateReplyError(f"redis prefix add: unexpected reply {reply!r:.100}")
             return
         calls = [_ADD_LRU.run(self._client, [lru], (capacity, self._ttl_ms, root, packed))]
         if hashes:
@@ -304,20 +306,20 @@ def _members(operation: str, reply: object) -> list[bytes]:
         members = [m for m in reply if isinstance(m, bytes)]
         if len(members) == len(reply):
             return members
-    raise SharedStateError(f"redis {operation}: unexpected reply {reply!r:.100}")
+    raise SharedStateReplyError(f"redis {operation}: unexpected reply {reply!r:.100}")
 
 
 def _parse_counts(reply: object) -> dict[str, int]:
     """``[name, count, name, count, ...]`` → ``{name: count}``; anything else is an error."""
     if not isinstance(reply, list) or len(reply) % 2:
-        raise SharedStateError(f"redis prefix match: unexpected reply {reply!r:.100}")
+        raise SharedStateReplyError(f"redis prefix match: unexpected reply {reply!r:.100}")
     result: dict[str, int] = {}
     for i in range(0, len(reply), 2):
         name, count = reply[i], reply[i + 1]
         if not isinstance(name, bytes) or not isinstance(count, int) or count <= 0:
-            raise SharedStateError(f"redis prefix match: unexpected reply {reply!r:.100}")
+            raise SharedStateReplyError(f"redis prefix match: unexpected reply {reply!r:.100}")
         try:
             result[name.decode()] = count
         except UnicodeDecodeError as error:
-            raise SharedStateError(f"redis prefix match: endpoint name {error}") from error
+            raise SharedStateReplyError(f"redis prefix match: endpoint name {error}") from error
     return result

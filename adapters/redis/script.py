@@ -9,9 +9,17 @@ from typing import TypeVar
 
 from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
-from redis.exceptions import NoScriptError
+from redis.exceptions import (
+    ClusterDownError,
+    MasterDownError,
+    NoScriptError,
+    OutOfMemoryError,
+    ReadOnlyError,
+    ResponseError,
+    TryAgainError,
+)
 
-from ports.shared_state import SharedStateError
+from ports.shared_state import SharedStateError, SharedStateReplyError, SharedStateWriteRefusedError
 
 __all__ = ["LuaScript", "guarded"]
 
@@ -42,13 +50,30 @@ class LuaScript:
 
 
 async def guarded(operation: str, call: Awaitable[T]) -> T:
-    """Await ``call``; any failure is raised as ``SharedStateError`` naming ``operation``."""
+    """Await ``call``; any failure is raised as ``SharedStateError`` naming ``operation``:
+    ``SharedStateWriteRefusedError`` for an ``OOM`` reply (the server refuses writes only),
+    ``SharedStateReplyError`` for another error reply about this call (the server is up),
+    plain ``SharedStateError`` for the rest (connection, timeout, a cluster or server state
+    that makes every call fail: ``CLUSTERDOWN``, ``MASTERDOWN``, ``READONLY``, ``TRYAGAIN``)."""
     try:
         return await call
     except SharedStateError:
         raise
-    except Exception as error:
-        detail = str(error) or "no detail"
-        raise SharedStateError(
-            f"redis {operation} failed: {type(error).__name__}: {detail}"
+    except OutOfMemoryError as error:
+        raise SharedStateWriteRefusedError(
+            f"redis {operation} refused: out of memory: {error}"
         ) from error
+    except _SERVER_STATE as error:
+        raise SharedStateError(_describe(operation, error)) from error
+    except ResponseError as error:
+        raise SharedStateReplyError(_describe(operation, error)) from error
+    except Exception as error:
+        raise SharedStateError(_describe(operation, error)) from error
+
+
+_SERVER_STATE = (ClusterDownError, MasterDownError, ReadOnlyError, TryAgainError)
+
+
+def _describe(operation: str, error: BaseException) -> str:
+    detail = str(error) or "no detail"
+    return f"redis {operation} failed: {type(error).__name__}: {detail}"
