@@ -26,6 +26,7 @@ from urllib.parse import parse_qsl, unquote, urlsplit
 
 from redis.asyncio import Redis
 from redis.asyncio.cluster import ClusterNode, RedisCluster
+from redis.asyncio.connection import Connection
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
@@ -188,6 +189,7 @@ def connect(
             "ssl_check_hostname": parsed.ssl_check_hostname and parsed.ssl_cert_reqs != "none",
         }
     if parsed.cluster:
+        _send_asking_on_the_redirected_connection()
         return RedisCluster(
             startup_nodes=[ClusterNode(host, port) for host, port in parsed.nodes],
             require_full_coverage=False,
@@ -195,6 +197,34 @@ def connect(
         )
     host, port = parsed.nodes[0]
     return Redis(host=host, port=port, db=parsed.db, **common)
+
+
+def _send_asking_on_the_redirected_connection() -> None:
+    """Make redis-py's asyncio cluster client follow ``ASK`` redirections.
+
+    On ``ASK`` (a key already migrated while its slot moves) the client sends ``ASKING`` and
+    then the command as two calls on the target node, each taking a connection from the
+    node's free list (oldest first) and putting it back at the end. With two or more idle
+    connections the command goes out on another connection than ``ASKING``, the node
+    answers ``MOVED`` back to the old node, which answers ``ASK`` again, until the client
+    gives up ("TTL exhausted"): every call on a migrating slot failed. Here a released
+    connection is put back first in line (last in, first out), so the command takes the
+    connection ``ASKING`` was just sent on (nothing else runs in between: neither call
+    yields to the event loop between the release and the next acquire). Applied once; a
+    redis-py without that free list is left as it is.
+    """
+    release = getattr(ClusterNode, "release", None)
+    if release is None or getattr(release, "_lifo", False):
+        return
+
+    def lifo_release(self: ClusterNode, connection: Connection) -> None:
+        release(self, connection)
+        free = getattr(self, "_free", None)
+        if free and free[-1] is connection:
+            free.rotate(1)  # to the front: the next acquire (popleft) takes it
+
+    lifo_release._lifo = True  # type: ignore[attr-defined]
+    ClusterNode.release = lifo_release  # type: ignore[method-assign]
 
 
 def _redact(url: str) -> str:

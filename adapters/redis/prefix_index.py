@@ -157,16 +157,21 @@ return #evicted
 """,
 )
 
-# Cluster, the chain's node: KEYS = the first block key; ARGV = endpoint, now ms, ttl ms,
-# block-key prefix "P:b:{<root>}:", packed hashes.
+# Cluster, the chain's node: KEYS = every block key; ARGV = endpoint, now ms, ttl ms.
+# Every key is declared (not built in the script as on one server): while the chain's slot
+# migrates, Redis then answers TRYAGAIN or ASK for the whole call instead of letting the
+# script create, on the importing node, a key the old node still holds, which would make
+# the migration's MIGRATE fail with BUSYKEY. Off the routing path, so the client's cost of
+# one argument per key is paid after the reply to Envoy.
 _ADD_BLOCKS = LuaScript(
     "prefix-add-blocks",
-    _SPLIT
-    + _WRITE_BLOCKS
-    + """
-local hashes = split(ARGV[5])
-write_blocks(ARGV[4], hashes, ARGV[1], ARGV[2], tonumber(ARGV[3]))
-return #hashes
+    """
+local ep, now, ttl = ARGV[1], ARGV[2], tonumber(ARGV[3])
+for _, key in ipairs(KEYS) do
+  redis.call('HSET', key, ep, now)
+  redis.call('PEXPIRE', key, ttl)
+end
+return #KEYS
 """,
 )
 
@@ -247,8 +252,8 @@ class RedisPrefixIndex:
         calls = [_ADD_LRU.run(self._client, [lru], (capacity, self._ttl_ms, root, packed))]
         if hashes:
             base = f"{self._prefix}:b:{{{root}}}:"
-            blocks = (endpoint, now, self._ttl_ms, base, packed)
-            calls.append(_ADD_BLOCKS.run(self._client, [base + root], blocks))
+            keys = [base + packed[i : i + 16] for i in range(0, len(packed), 16)]
+            calls.append(_ADD_BLOCKS.run(self._client, keys, (endpoint, now, self._ttl_ms)))
         replies = await guarded("prefix add", _gather(calls))
         evicted = _members("prefix add", replies[0])
         if evicted:

@@ -11,12 +11,12 @@ from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import (
     ClusterDownError,
+    ClusterError,
     MasterDownError,
     NoScriptError,
     OutOfMemoryError,
     ReadOnlyError,
     ResponseError,
-    TryAgainError,
 )
 
 from ports.shared_state import SharedStateError, SharedStateReplyError, SharedStateWriteRefusedError
@@ -54,7 +54,9 @@ async def guarded(operation: str, call: Awaitable[T]) -> T:
     ``SharedStateWriteRefusedError`` for an ``OOM`` reply (the server refuses writes only),
     ``SharedStateReplyError`` for another error reply about this call (the server is up),
     plain ``SharedStateError`` for the rest (connection, timeout, a cluster or server state
-    that makes every call fail: ``CLUSTERDOWN``, ``MASTERDOWN``, ``READONLY``, ``TRYAGAIN``)."""
+    that makes every call fail: ``CLUSTERDOWN``, ``MASTERDOWN``, ``READONLY``). ``TRYAGAIN``
+    (a multi-key call while its slot migrates) and a cluster client that gave up following
+    redirections ("TTL exhausted") are about this call only: ``SharedStateReplyError``."""
     try:
         return await call
     except SharedStateError:
@@ -67,11 +69,17 @@ async def guarded(operation: str, call: Awaitable[T]) -> T:
         raise SharedStateError(_describe(operation, error)) from error
     except ResponseError as error:
         raise SharedStateReplyError(_describe(operation, error)) from error
+    except ClusterError as error:
+        if "TTL exhausted" in str(error):
+            # The cluster client followed MOVED/ASK/TRYAGAIN replies until it gave up:
+            # this call's slot is migrating (its keys are split between two nodes).
+            raise SharedStateReplyError(_describe(operation, error)) from error
+        raise SharedStateError(_describe(operation, error)) from error
     except Exception as error:
         raise SharedStateError(_describe(operation, error)) from error
 
 
-_SERVER_STATE = (ClusterDownError, MasterDownError, ReadOnlyError, TryAgainError)
+_SERVER_STATE = (ClusterDownError, MasterDownError, ReadOnlyError)
 
 
 def _describe(operation: str, error: BaseException) -> str:
