@@ -3,6 +3,7 @@ the one place where a Redis failure becomes ``SharedStateError``."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 from collections.abc import Awaitable, Sequence
 from typing import TypeVar
@@ -18,10 +19,13 @@ from redis.exceptions import (
     ReadOnlyError,
     ResponseError,
 )
+from redis.exceptions import (
+    ConnectionError as RedisConnectionError,
+)
 
 from ports.shared_state import SharedStateError, SharedStateReplyError, SharedStateWriteRefusedError
 
-__all__ = ["LuaScript", "guarded"]
+__all__ = ["LuaScript", "drop_idle_connections", "guarded"]
 
 T = TypeVar("T")
 
@@ -44,9 +48,23 @@ class LuaScript:
         self, client: Redis | RedisCluster, keys: Sequence[str], args: Sequence[Arg]
     ) -> object:
         try:
-            return await client.evalsha(self.sha, len(keys), *keys, *args)
-        except NoScriptError:
-            return await client.eval(self.source, len(keys), *keys, *args)
+            try:
+                return await client.evalsha(self.sha, len(keys), *keys, *args)
+            except NoScriptError:
+                return await client.eval(self.source, len(keys), *keys, *args)
+        except RedisConnectionError:
+            await drop_idle_connections(client)
+            raise
+
+
+async def drop_idle_connections(client: Redis | RedisCluster) -> None:
+    """After a lost connection, close the pool's idle ones too: a server that died took
+    them all, and each would otherwise fail once more after the server is back (one more
+    failure, one more degraded/healthy flap and its log lines per idle connection). The
+    cluster client does this per node itself."""
+    if isinstance(client, Redis):
+        with contextlib.suppress(Exception):
+            await client.connection_pool.disconnect(inuse_connections=False)
 
 
 async def guarded(operation: str, call: Awaitable[T]) -> T:
