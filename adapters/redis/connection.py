@@ -12,10 +12,13 @@ Query parameters (TLS only): ``ssl_ca_certs=<path of a PEM CA bundle>`` (default
 CAs), ``ssl_cert_reqs=required|optional|none`` (default ``required``),
 ``ssl_check_hostname=true|false`` (default ``true``). User and password are percent-decoded.
 
-Timeouts are small on purpose: the routing path has a few-millisecond budget (the domain also
-wraps each call in its own deadline), and a store that does not answer in time is treated as
-down. redis-py's own retries are off: a failed call fails at once, the caller degrades, and
-the next call tries again on a new connection.
+The routing path does not rely on these timeouts: the domain wraps each match in its own
+few-millisecond deadline (``--redis-deadline``) and cancels the call there. They bound what
+runs in the background (writes, the load's sync, the recovery probe): one second, so that a
+busy machine, or a reconnect after an outage, is not taken for a store that is down (with
+100 ms, one slow reply under load degraded the shared state and logged, and the probe could
+not heal it). redis-py's own retries are off: a failed call fails at once, the caller
+degrades, and the next call tries again on a new connection.
 """
 
 from __future__ import annotations
@@ -40,9 +43,9 @@ __all__ = [
 ]
 
 #: Seconds to open a TCP (and TLS) connection.
-DEFAULT_CONNECT_TIMEOUT = 0.25
+DEFAULT_CONNECT_TIMEOUT = 1.0
 #: Seconds to wait for a reply on an open connection.
-DEFAULT_SOCKET_TIMEOUT = 0.1
+DEFAULT_SOCKET_TIMEOUT = 1.0
 
 RedisClient = Redis | RedisCluster
 

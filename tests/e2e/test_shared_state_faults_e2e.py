@@ -162,8 +162,11 @@ async def test_redis_killed_and_restarted_empty_during_traffic() -> None:
                 assert await asyncio.to_thread(_all_serving, stack)
             assert traffic.statuses, "no request sent"
             assert set(traffic.statuses) == {200}, traffic.statuses
+            changes = [
+                [line for line in epp.log().splitlines() if "shared" in line] for epp in stack.epps
+            ]
             for text in (*DEGRADE_LINES, *HEAL_LINES):
-                assert _lines(stack, text) == [1] * REPLICAS, (text, _lines(stack, text))
+                assert _lines(stack, text) == [1] * REPLICAS, (text, changes)
             # Sharing again: a new prefix through every replica lands on one server.
             await _one_server_per_prefix(stack, [2000, 2001], per_prefix=4)
     finally:
