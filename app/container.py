@@ -123,7 +123,7 @@ def _prefix_index(
     )
 
 
-def _shared_load(settings: Settings, client: RedisClient | None) -> SharedLoad:
+def _shared_load(settings: Settings, client: RedisClient | None, observer: Observer) -> SharedLoad:
     if client is None:
         return LocalSharedLoad()
     return RedisSharedLoad(
@@ -131,6 +131,7 @@ def _shared_load(settings: Settings, client: RedisClient | None) -> SharedLoad:
         key_prefix=settings.shared_key_prefix(),
         lease=settings.redis_lease,
         staleness=settings.redis_load_staleness,
+        observer=observer,
     )
 
 
@@ -317,7 +318,7 @@ class Container(containers.DeclarativeContainer):
     redis_client = providers.Singleton(_redis_client, settings)
     prefix_index = providers.Singleton(_prefix_index, settings, redis_client, observer)
     # The other processes' in-flight load: none without --redis-url.
-    shared_load = providers.Singleton(_shared_load, settings, redis_client)
+    shared_load = providers.Singleton(_shared_load, settings, redis_client, observer)
     scheduling_observer = providers.Singleton(SchedulingReporter, observer)
     metrics_authorizer = providers.Singleton(_metrics_authorizer, settings)
     pprof_pages = providers.Singleton(_pprof_pages, settings)

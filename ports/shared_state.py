@@ -13,12 +13,29 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
-__all__ = ["EndpointLoad", "SharedLoad", "SharedStateError"]
+__all__ = [
+    "EndpointLoad",
+    "SharedLoad",
+    "SharedStateError",
+    "SharedStateReplyError",
+    "SharedStateWriteRefusedError",
+]
 
 
 class SharedStateError(Exception):
     """The shared store failed (connection refused or lost, timeout, an error reply, a reply
     that does not parse). The message says what; the caller degrades to local state."""
+
+
+class SharedStateReplyError(SharedStateError):
+    """The store is up and answered this one call with an error or a reply that does not
+    parse (a key of the wrong type, a script refused while a cluster slot migrates). That
+    call falls back to local state; the store stays in use for the others."""
+
+
+class SharedStateWriteRefusedError(SharedStateError):
+    """The store answered but refused a write (it is out of memory and evicts nothing).
+    Reads still work: the caller keeps reading the store and keeps its new writes local."""
 
 
 @dataclass(frozen=True, slots=True)

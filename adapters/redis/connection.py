@@ -12,10 +12,13 @@ Query parameters (TLS only): ``ssl_ca_certs=<path of a PEM CA bundle>`` (default
 CAs), ``ssl_cert_reqs=required|optional|none`` (default ``required``),
 ``ssl_check_hostname=true|false`` (default ``true``). User and password are percent-decoded.
 
-Timeouts are small on purpose: the routing path has a few-millisecond budget (the domain also
-wraps each call in its own deadline), and a store that does not answer in time is treated as
-down. redis-py's own retries are off: a failed call fails at once, the caller degrades, and
-the next call tries again on a new connection.
+The routing path does not rely on these timeouts: the domain wraps each match in its own
+few-millisecond deadline (``--redis-deadline``) and cancels the call there. They bound what
+runs in the background (writes, the load's sync, the recovery probe): one second, so that a
+busy machine, or a reconnect after an outage, is not taken for a store that is down (with
+100 ms, one slow reply under load degraded the shared state and logged, and the probe could
+not heal it). redis-py's own retries are off: a failed call fails at once, the caller
+degrades, and the next call tries again on a new connection.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from urllib.parse import parse_qsl, unquote, urlsplit
 
 from redis.asyncio import Redis
 from redis.asyncio.cluster import ClusterNode, RedisCluster
+from redis.asyncio.connection import Connection
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
@@ -39,9 +43,9 @@ __all__ = [
 ]
 
 #: Seconds to open a TCP (and TLS) connection.
-DEFAULT_CONNECT_TIMEOUT = 0.25
+DEFAULT_CONNECT_TIMEOUT = 1.0
 #: Seconds to wait for a reply on an open connection.
-DEFAULT_SOCKET_TIMEOUT = 0.1
+DEFAULT_SOCKET_TIMEOUT = 1.0
 
 RedisClient = Redis | RedisCluster
 
@@ -188,6 +192,7 @@ def connect(
             "ssl_check_hostname": parsed.ssl_check_hostname and parsed.ssl_cert_reqs != "none",
         }
     if parsed.cluster:
+        _send_asking_on_the_redirected_connection()
         return RedisCluster(
             startup_nodes=[ClusterNode(host, port) for host, port in parsed.nodes],
             require_full_coverage=False,
@@ -195,6 +200,34 @@ def connect(
         )
     host, port = parsed.nodes[0]
     return Redis(host=host, port=port, db=parsed.db, **common)
+
+
+def _send_asking_on_the_redirected_connection() -> None:
+    """Make redis-py's asyncio cluster client follow ``ASK`` redirections.
+
+    On ``ASK`` (a key already migrated while its slot moves) the client sends ``ASKING`` and
+    then the command as two calls on the target node, each taking a connection from the
+    node's free list (oldest first) and putting it back at the end. With two or more idle
+    connections the command goes out on another connection than ``ASKING``, the node
+    answers ``MOVED`` back to the old node, which answers ``ASK`` again, until the client
+    gives up ("TTL exhausted"): every call on a migrating slot failed. Here a released
+    connection is put back first in line (last in, first out), so the command takes the
+    connection ``ASKING`` was just sent on (nothing else runs in between: neither call
+    yields to the event loop between the release and the next acquire). Applied once; a
+    redis-py without that free list is left as it is.
+    """
+    release = getattr(ClusterNode, "release", None)
+    if release is None or getattr(release, "_lifo", False):
+        return
+
+    def lifo_release(self: ClusterNode, connection: Connection) -> None:
+        release(self, connection)
+        free = getattr(self, "_free", None)
+        if free and free[-1] is connection:
+            free.rotate(1)  # to the front: the next acquire (popleft) takes it
+
+    lifo_release._lifo = True  # type: ignore[attr-defined]
+    ClusterNode.release = lifo_release  # type: ignore[method-assign]
 
 
 def _redact(url: str) -> str:

@@ -37,7 +37,9 @@ sequences the prefix plugin sends, which always start at the chain's root. A seq
 starts elsewhere is keyed under its own first hash. ``size()`` is -1 (unknown).
 
 Every failure (connection refused or lost, timeout, an error reply, a reply of the wrong
-shape) is raised as ``ports.shared_state.SharedStateError``.
+shape) is raised as ``ports.shared_state.SharedStateError``: ``SharedStateReplyError`` when
+the server answered this call with an error or garbage, ``SharedStateWriteRefusedError`` when it
+is out of memory (``OOM``, under ``noeviction``).
 """
 
 from __future__ import annotations
@@ -52,7 +54,7 @@ from redis.asyncio.cluster import RedisCluster
 
 from adapters.redis.connection import RedisClient
 from adapters.redis.script import LuaScript, guarded
-from ports.shared_state import SharedStateError
+from ports.shared_state import SharedStateReplyError
 
 __all__ = ["DEFAULT_PREFIX_TTL", "RedisPrefixIndex"]
 
@@ -155,16 +157,21 @@ return #evicted
 """,
 )
 
-# Cluster, the chain's node: KEYS = the first block key; ARGV = endpoint, now ms, ttl ms,
-# block-key prefix "P:b:{<root>}:", packed hashes.
+# Cluster, the chain's node: KEYS = every block key; ARGV = endpoint, now ms, ttl ms.
+# Every key is declared (not built in the script as on one server): while the chain's slot
+# migrates, Redis then answers TRYAGAIN or ASK for the whole call instead of letting the
+# script create, on the importing node, a key the old node still holds, which would make
+# the migration's MIGRATE fail with BUSYKEY. Off the routing path, so the client's cost of
+# one argument per key is paid after the reply to Envoy.
 _ADD_BLOCKS = LuaScript(
     "prefix-add-blocks",
-    _SPLIT
-    + _WRITE_BLOCKS
-    + """
-local hashes = split(ARGV[5])
-write_blocks(ARGV[4], hashes, ARGV[1], ARGV[2], tonumber(ARGV[3]))
-return #hashes
+    """
+local ep, now, ttl = ARGV[1], ARGV[2], tonumber(ARGV[3])
+for _, key in ipairs(KEYS) do
+  redis.call('HSET', key, ep, now)
+  redis.call('PEXPIRE', key, ttl)
+end
+return #KEYS
 """,
 )
 
@@ -240,13 +247,13 @@ class RedisPrefixIndex:
             args = (endpoint, now, self._ttl_ms, capacity, self._prefix, root, packed)
             reply = await guarded("prefix add", _ADD_ONE_NODE.run(self._client, [lru], args))
             if not isinstance(reply, int):
-                raise SharedStateError(f"redis prefix add: unexpected reply {reply!r:.100}")
+                raise SharedStateReplyError(f"redis prefix add: unexpected reply {reply!r:.100}")
             return
         calls = [_ADD_LRU.run(self._client, [lru], (capacity, self._ttl_ms, root, packed))]
         if hashes:
             base = f"{self._prefix}:b:{{{root}}}:"
-            blocks = (endpoint, now, self._ttl_ms, base, packed)
-            calls.append(_ADD_BLOCKS.run(self._client, [base + root], blocks))
+            keys = [base + packed[i : i + 16] for i in range(0, len(packed), 16)]
+            calls.append(_ADD_BLOCKS.run(self._client, keys, (endpoint, now, self._ttl_ms)))
         replies = await guarded("prefix add", _gather(calls))
         evicted = _members("prefix add", replies[0])
         if evicted:
@@ -304,20 +311,20 @@ def _members(operation: str, reply: object) -> list[bytes]:
         members = [m for m in reply if isinstance(m, bytes)]
         if len(members) == len(reply):
             return members
-    raise SharedStateError(f"redis {operation}: unexpected reply {reply!r:.100}")
+    raise SharedStateReplyError(f"redis {operation}: unexpected reply {reply!r:.100}")
 
 
 def _parse_counts(reply: object) -> dict[str, int]:
     """``[name, count, name, count, ...]`` → ``{name: count}``; anything else is an error."""
     if not isinstance(reply, list) or len(reply) % 2:
-        raise SharedStateError(f"redis prefix match: unexpected reply {reply!r:.100}")
+        raise SharedStateReplyError(f"redis prefix match: unexpected reply {reply!r:.100}")
     result: dict[str, int] = {}
     for i in range(0, len(reply), 2):
         name, count = reply[i], reply[i + 1]
         if not isinstance(name, bytes) or not isinstance(count, int) or count <= 0:
-            raise SharedStateError(f"redis prefix match: unexpected reply {reply!r:.100}")
+            raise SharedStateReplyError(f"redis prefix match: unexpected reply {reply!r:.100}")
         try:
             result[name.decode()] = count
         except UnicodeDecodeError as error:
-            raise SharedStateError(f"redis prefix match: endpoint name {error}") from error
+            raise SharedStateReplyError(f"redis prefix match: endpoint name {error}") from error
     return result

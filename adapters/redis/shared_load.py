@@ -16,8 +16,21 @@ the sum over the other live processes, which becomes the local copy ``others()``
 On a failure the task logs once, keeps the last copy (``others()`` returns it until it is
 older than the lease, then nothing) and retries with backoff (up to one second). The first
 success after a failure logs once and republishes every total (the store may have restarted
-empty). ``stop()`` cancels the task and deletes this process's hash and live entry (best
-effort, bounded by the client's timeouts).
+empty). Each failed round trip counts in ``..._shared_state_errors_total{operation="load_sync"}``.
+
+Keys may vanish without an error (an ``allkeys-*`` eviction policy, a restart between two
+round trips): the script checks that this process's hash holds as many entries as it should
+and, when not, every total is written again at the next round trip. A server out of memory
+under ``noeviction`` refuses writes (``OOM``), but only a script's first write command: the
+script starts with a lease renewal (``PEXPIRE``, never refused), so its writes, a few hundred
+bytes per process, still land and the pool's load stays right on a full server. Were a write
+refused anyway, the script still reads the others' load, the task logs once (and once when
+writes are accepted again), and each refused round trip counts in
+``{operation="load_write"}``. Totals that do not parse or are negative are
+skipped, so a garbage value can never make a load negative.
+
+``stop()`` cancels the task and deletes this process's hash and live entry (best effort,
+bounded by the client's timeouts).
 """
 
 from __future__ import annotations
@@ -30,7 +43,9 @@ from collections.abc import Mapping
 
 from adapters.redis.connection import RedisClient
 from adapters.redis.script import LuaScript, guarded
-from ports.shared_state import EndpointLoad, SharedStateError
+from ports.metric_catalogue import SHARED_STATE_ERRORS
+from ports.observer import NoopObserver, Observer
+from ports.shared_state import EndpointLoad, SharedStateError, SharedStateReplyError
 
 __all__ = ["DEFAULT_LEASE", "DEFAULT_STALENESS", "RedisSharedLoad"]
 
@@ -39,23 +54,42 @@ logger = logging.getLogger(__name__)
 DEFAULT_LEASE = 10.0
 DEFAULT_STALENESS = 0.02
 _MAX_BACKOFF = 1.0
+_SYNC_LOAD = {"operation": "load_sync"}
+_WRITE_LOAD = {"operation": "load_write"}
 #: Seconds ``stop()`` waits for the task to end, then for the withdrawal.
 _STOP_TIMEOUT = 1.0
 
 # KEYS = live set, own hash; ARGV = own id, lease ms, process-hash key prefix, clear (0/1),
-# number of pairs to set, pairs (endpoint, "r t"), then endpoints to delete.
+# number of own entries expected after the writes, number of pairs to set, pairs (endpoint,
+# "r t"), then endpoints to delete.
+# Reply: a status, then (endpoint, requests, tokens) triples of the other live processes.
+# Status: "ok"; "lost" when the own hash does not hold what was written (evicted keys, a
+# server restarted empty): the caller writes everything again next time; or an OOM error's
+# text if the server refused a write (it should not: see the first PEXPIRE): the read still
+# runs.
 _SYNC = LuaScript(
     "load-sync",
     """
+local status = 'ok'
+local function write(...)
+  local r = redis.pcall(...)
+  if type(r) == 'table' and r.err then
+    if string.sub(r.err, 1, 3) ~= 'OOM' then error(r) end
+    if status == 'ok' or status == 'lost' then status = r.err end
+  end
+end
+-- First a write Redis never refuses: at maxmemory (noeviction) Redis refuses only a
+-- script's first write, so this script's few hundred bytes still land on a full server.
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local lease = tonumber(ARGV[2])
 if ARGV[4] == '1' then redis.call('DEL', KEYS[2]) end
-local nset = tonumber(ARGV[5])
-local i = 6
+local nset = tonumber(ARGV[6])
+local i = 7
 while nset > 0 do
   local n = math.min(nset, 500)
-  redis.call('HSET', KEYS[2], unpack(ARGV, i, i + 2 * n - 1))
+  write('HSET', KEYS[2], unpack(ARGV, i, i + 2 * n - 1))
   i = i + 2 * n
   nset = nset - n
 end
@@ -64,8 +98,9 @@ while i <= #ARGV do
   redis.call('HDEL', KEYS[2], unpack(ARGV, i, j))
   i = j + 1
 end
+if status == 'ok' and redis.call('HLEN', KEYS[2]) ~= tonumber(ARGV[5]) then status = 'lost' end
 redis.call('PEXPIRE', KEYS[2], lease)
-redis.call('ZADD', KEYS[1], now + lease, ARGV[1])
+write('ZADD', KEYS[1], now + lease, ARGV[1])
 redis.call('PEXPIRE', KEYS[1], lease)
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
 local ids = redis.call('ZRANGE', KEYS[1], 0, -1)
@@ -74,7 +109,7 @@ for _, id in ipairs(ids) do
   if id ~= ARGV[1] then
     local flat = redis.call('HGETALL', ARGV[3] .. id)
     for j = 1, #flat, 2 do
-      local r, k = string.match(flat[j + 1], '^(%-?%d+) (%-?%d+)$')
+      local r, k = string.match(flat[j + 1], '^(%d+) (%d+)$')
       if r then
         local ep = flat[j]
         if req[ep] == nil then req[ep] = 0; tok[ep] = 0; order[#order + 1] = ep end
@@ -84,7 +119,7 @@ for _, id in ipairs(ids) do
     end
   end
 end
-local out = {}
+local out = {status}
 for _, ep in ipairs(order) do
   out[#out + 1] = ep; out[#out + 1] = req[ep]; out[#out + 1] = tok[ep]
 end
@@ -104,10 +139,12 @@ class RedisSharedLoad:
         "_dirty",
         "_lease",
         "_live_key",
+        "_observer",
         "_own",
         "_own_key",
         "_process_id",
         "_process_prefix",
+        "_refused",
         "_republish",
         "_staleness",
         "_task",
@@ -120,6 +157,7 @@ class RedisSharedLoad:
         key_prefix: str,
         lease: float = DEFAULT_LEASE,
         staleness: float = DEFAULT_STALENESS,
+        observer: Observer | None = None,
     ) -> None:
         if not key_prefix or "{" in key_prefix or "}" in key_prefix:
             raise ValueError(f"key prefix must be non-empty, without braces: {key_prefix!r}")
@@ -138,6 +176,8 @@ class RedisSharedLoad:
         self._copy: dict[str, EndpointLoad] = {}
         self._copy_at = -float("inf")
         self._degraded = False
+        self._refused = False
+        self._observer = observer or NoopObserver()
         self._task: asyncio.Task[None] | None = None
 
     @property
@@ -148,6 +188,12 @@ class RedisSharedLoad:
     def degraded(self) -> bool:
         """True from the first failed round trip to the next successful one."""
         return self._degraded
+
+    @property
+    def writes_refused(self) -> bool:
+        """True while the server answers but refuses this process's writes (out of memory):
+        the others' load is still read; this process's is not published."""
+        return self._refused
 
     # SharedLoad port
     @property
@@ -192,7 +238,9 @@ class RedisSharedLoad:
     # Internals
     async def sync_once(self) -> None:
         """One round trip: write what changed, renew the lease, read the others' sum.
-        Raises ``SharedStateError``; the background task calls it every ``staleness``."""
+        Raises ``SharedStateError``; the background task calls it every ``staleness``.
+        A refused write (out of memory) or a lost own hash (evicted) does not raise: the
+        others' sum is still used, and everything is written again at the next call."""
         republish = self._republish
         dirty = list(self._own) if republish else list(self._dirty)
         self._dirty = set()
@@ -205,11 +253,13 @@ class RedisSharedLoad:
                 deleted.append(endpoint)
             else:
                 pairs += (endpoint, f"{load.requests} {load.tokens}")
+        held = sum(1 for load in self._own.values() if load.requests or load.tokens)
         args: list[str | int] = [
             self._process_id,
             max(1, round(self._lease * 1000)),
             self._process_prefix,
             1 if republish else 0,
+            held,
             len(pairs) // 2,
             *pairs,
             *deleted,
@@ -218,13 +268,29 @@ class RedisSharedLoad:
             reply = await guarded(
                 "load sync", _SYNC.run(self._client, [self._live_key, self._own_key], args)
             )
-            copy = _parse_loads(reply)
+            status, copy = _parse_loads(reply)
         except BaseException:
             # Not written: write it again next time (everything, the store may be empty).
             self._republish = True
             raise
         self._copy = copy
         self._copy_at = time.monotonic()
+        if status == b"ok":
+            if self._refused:
+                self._refused = False
+                logger.info("shared load: redis accepts writes again, load republished")
+                self._republish = True
+            return
+        self._republish = True  # evicted or refused: write every total next time
+        if status == b"lost":
+            return
+        self._observer.counter(SHARED_STATE_ERRORS, _WRITE_LOAD)
+        if not self._refused:
+            self._refused = True
+            logger.warning(
+                "shared load: redis refuses writes, reading the others' load only: %s",
+                status.decode(errors="replace")[:200],
+            )
 
     async def _run(self) -> None:
         delay = self._staleness
@@ -237,6 +303,7 @@ class RedisSharedLoad:
                 # redis-py can turn a cancellation inside a command into an error.
                 if me is not None and me.cancelling():
                     raise asyncio.CancelledError from error
+                self._observer.counter(SHARED_STATE_ERRORS, _SYNC_LOAD)
                 if not self._degraded:
                     self._degraded = True
                     logger.warning("shared load: redis failed, using local state: %s", error)
@@ -251,18 +318,19 @@ class RedisSharedLoad:
             await asyncio.sleep(max(0.0, delay - (time.monotonic() - started)))
 
 
-def _parse_loads(reply: object) -> dict[str, EndpointLoad]:
-    if not isinstance(reply, list) or len(reply) % 3:
-        raise SharedStateError(f"redis load sync: unexpected reply {reply!r:.100}")
+def _parse_loads(reply: object) -> tuple[bytes, dict[str, EndpointLoad]]:
+    """The script's status and the others' load; anything malformed is an error."""
+    if not isinstance(reply, list) or len(reply) % 3 != 1 or not isinstance(reply[0], bytes):
+        raise SharedStateReplyError(f"redis load sync: unexpected reply {reply!r:.100}")
     result: dict[str, EndpointLoad] = {}
-    for i in range(0, len(reply), 3):
+    for i in range(1, len(reply), 3):
         name, requests, tokens = reply[i : i + 3]
         if not isinstance(name, bytes) or not isinstance(requests, int):
-            raise SharedStateError(f"redis load sync: unexpected reply {reply!r:.100}")
-        if not isinstance(tokens, int):
-            raise SharedStateError(f"redis load sync: unexpected reply {reply!r:.100}")
+            raise SharedStateReplyError(f"redis load sync: unexpected reply {reply!r:.100}")
+        if not isinstance(tokens, int) or requests < 0 or tokens < 0:
+            raise SharedStateReplyError(f"redis load sync: unexpected reply {reply!r:.100}")
         try:
             result[name.decode()] = EndpointLoad(requests=requests, tokens=tokens)
         except UnicodeDecodeError as error:
-            raise SharedStateError(f"redis load sync: endpoint name {error}") from error
-    return result
+            raise SharedStateReplyError(f"redis load sync: endpoint name {error}") from error
+    return reply[0], result

@@ -20,12 +20,25 @@ Health (one log line and the degraded gauge on each change):
   budget, so stop waiting). An answered match resets the miss count.
 - *while degraded* ``match`` does not call the remote, ``add`` only records locally (the
   queued writes are dropped and counted), and a background probe (a one-hash ``match``
-  under ``budget``) runs after ``probe_initial`` seconds, doubling up to ``probe_max``.
-- *degraded → healthy* on the first answered probe; then a background rebuild re-sends, oldest
+  under ``probe_timeout``, 1 s by default: not the routing budget, so a busy machine and a
+  reconnect after an outage heal too) runs after ``probe_initial`` seconds, doubling up to
+  ``probe_max``. Degraded again within ``probe_max`` of healing, the probe keeps the delay
+  it had reached: a store that answers probes but fails requests flaps at most that often.
+- *degraded → healthy* on the first answered probe (degraded by deadline misses: the first
+  probe answered within ``budget``); then a background rebuild re-sends, oldest
   first, the removals seen while degraded and the recent adds this process made
   (``journal_hashes`` hashes at most, for endpoints still in the local index). The remote
   keys blocks by their chain's first hash, so the rebuild replays whole chains as they were
   added; a flat export of the local index would lose the chains.
+
+Not a change of health (the store is up):
+
+- an error reply or garbage about one call (``SharedStateReplyError``: a key of the wrong
+  type, a script refused while a cluster slot migrates): that call falls back, counted in
+  ``..._errors_total``; one warning at once, then at most one a minute with the count since;
+- a refused write (``SharedStateWriteRefusedError``: out of memory under ``noeviction``): the write
+  is dropped and counted (errors and dropped writes), one warning when writes start being
+  refused and one info line when one is accepted again; matches keep reading the remote.
 
 The background tasks run between ``start`` and ``stop``. ``clock`` times the round trips,
 ``sleep`` paces the probe; both are injectable for tests.
@@ -51,6 +64,7 @@ from ports.metric_catalogue import (
 )
 from ports.observer import NoopObserver, Observer
 from ports.prefix_index import PrefixIndex
+from ports.shared_state import SharedStateReplyError, SharedStateWriteRefusedError
 
 __all__ = ["ResilientPrefixIndex"]
 
@@ -61,6 +75,8 @@ _MATCH = {"operation": "match"}
 _ADD = {"operation": "add"}
 _REMOVE = {"operation": "remove_endpoint"}
 _PROBE = {"operation": "probe"}
+#: Seconds between two warnings about error replies (the first one is logged at once).
+_REPLY_WARNING_INTERVAL = 60.0
 #: The probe's chain: one hash nobody is expected to hold.
 _PROBE_HASHES = (0x5EED_0F_5EED_0F_5E,)
 
@@ -83,6 +99,7 @@ class ResilientPrefixIndex:
         journal_hashes: int = 262_144,
         probe_initial: float = 0.1,
         probe_max: float = 5.0,
+        probe_timeout: float = 1.0,
         clock: Callable[[], float] = time.perf_counter,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
@@ -92,6 +109,8 @@ class ResilientPrefixIndex:
             raise ValueError("miss_limit and max_pending must be >= 1, journal_hashes >= 0")
         if not 0 < probe_initial <= probe_max:
             raise ValueError("need 0 < probe_initial <= probe_max")
+        if not probe_timeout > 0:
+            raise ValueError(f"probe_timeout must be > 0, got {probe_timeout}")
         self.remote = remote
         self.local = local if local is not None else InMemoryPrefixIndex()
         self._observer = observer or NoopObserver()
@@ -102,9 +121,16 @@ class ResilientPrefixIndex:
         self._journal_limit = journal_hashes
         self._probe_initial = probe_initial
         self._probe_max = probe_max
+        self._probe_timeout = probe_timeout
+        self._probe_delay = probe_initial
+        self._healed_at = -float("inf")
         self._clock = clock
         self._sleep = sleep
         self._degraded = False
+        self._slow = False  # degraded by deadline misses, not by an error
+        self._writes_refused = False
+        self._reply_errors = 0
+        self._reply_warned_at = -float("inf")
         self._misses = 0
         self._pending: deque[_Write] = deque()
         self._wake = asyncio.Event()
@@ -122,6 +148,12 @@ class ResilientPrefixIndex:
     def degraded(self) -> bool:
         return self._degraded
 
+    @property
+    def writes_refused(self) -> bool:
+        """True from a write the remote refused (out of memory) to the next one it accepts;
+        matches still read the remote meanwhile."""
+        return self._writes_refused
+
     def pending_writes(self) -> int:
         return len(self._pending)
 
@@ -138,9 +170,14 @@ class ResilientPrefixIndex:
             self._observer.counter(SHARED_STATE_DEADLINE_MISSES, _NO_LABELS)
             self._misses += 1
             if self._misses >= self._miss_limit:
-                self._degrade(f"{self._misses} consecutive deadline misses of {self._budget}s")
+                self._degrade(
+                    f"{self._misses} consecutive deadline misses of {self._budget}s", slow=True
+                )
             return local
-        except Exception as exc:  # any remote failure degrades; never raise to routing
+        except SharedStateReplyError as exc:  # the store is up; this call fell back
+            self._reply_error(_MATCH, exc)
+            return local
+        except Exception as exc:  # any other remote failure degrades; never raise to routing
             self._failed(_MATCH, exc)
             return local
         self._observer.histogram(SHARED_STATE_ROUNDTRIP, _MATCH, self._clock() - start)
@@ -211,11 +248,40 @@ class ResilientPrefixIndex:
         self._observer.counter(SHARED_STATE_ERRORS, labels)
         self._degrade(f"{labels['operation']} failed: {exc!r}")
 
-    def _degrade(self, reason: str) -> None:
+    def _reply_error(self, labels: Mapping[str, str], exc: BaseException) -> None:
+        """An error reply or garbage: counted; logged at once, then at most once a minute
+        with the count since, so a poisoned key cannot flood the log or flap the state."""
+        self._observer.counter(SHARED_STATE_ERRORS, labels)
+        self._reply_errors += 1
+        now = self._clock()
+        if now - self._reply_warned_at >= _REPLY_WARNING_INTERVAL:
+            logger.warning(
+                "shared prefix index: %d error replies (%s fell back to local state), last: %s",
+                self._reply_errors,
+                labels["operation"],
+                exc,
+            )
+            self._reply_errors = 0
+            self._reply_warned_at = now
+
+    def _refused(self, exc: BaseException) -> None:
+        """The remote refuses writes (out of memory): counted; logged once per change."""
+        self._observer.counter(SHARED_STATE_ERRORS, _ADD)
+        self._observer.counter(SHARED_STATE_DROPPED_WRITES, _NO_LABELS)
+        if not self._writes_refused:
+            self._writes_refused = True
+            logger.warning(
+                "shared prefix index: redis refuses writes, new prefixes stay local "
+                "(matches still read it): %s",
+                exc,
+            )
+
+    def _degrade(self, reason: str, *, slow: bool = False) -> None:
         self._misses = 0
         if self._degraded:
             return
         self._degraded = True
+        self._slow = slow
         dropped = len(self._pending)
         self._pending.clear()
         if dropped:
@@ -230,22 +296,39 @@ class ResilientPrefixIndex:
             self._probe = asyncio.get_running_loop().create_task(self._probe_loop())
 
     async def _probe_loop(self) -> None:
-        delay = self._probe_initial
+        # Degraded again soon after healing (a store that answers probes but fails requests):
+        # keep the backoff reached so far, so the state flaps at most once per probe_max.
+        if self._clock() - self._healed_at < self._probe_max:
+            delay = min(self._probe_delay * 2, self._probe_max)
+        else:
+            delay = self._probe_initial
         while self._degraded:
+            self._probe_delay = delay
             await self._sleep(delay)
             start = self._clock()
             try:
-                async with asyncio.timeout(self._budget):
+                # Its own timeout, not the routing budget: the first call after an outage
+                # also reconnects, and a busy machine must heal too.
+                async with asyncio.timeout(self._probe_timeout):
                     await self.remote.match(_PROBE_HASHES)
+            except SharedStateReplyError:
+                pass  # an error reply: the store is up
             except Exception:  # still down: wait longer
                 delay = min(delay * 2, self._probe_max)
                 continue
-            self._observer.histogram(SHARED_STATE_ROUNDTRIP, _PROBE, self._clock() - start)
+            took = self._clock() - start
+            self._observer.histogram(SHARED_STATE_ROUNDTRIP, _PROBE, took)
+            if self._slow and took > self._budget:
+                # Degraded for being slow: heal only once a round trip fits the budget.
+                delay = min(delay * 2, self._probe_max)
+                continue
             self._recover()
 
     def _recover(self) -> None:
         self._degraded = False
+        self._slow = False
         self._misses = 0
+        self._healed_at = self._clock()
         removals = sorted(self._removed_while_degraded)
         self._removed_while_degraded.clear()
         writes = [w for w in self._journal if self.local.holds(w[1])]
@@ -288,11 +371,20 @@ class ResilientPrefixIndex:
         try:
             async with asyncio.timeout(self._write_timeout):
                 await self.remote.add(hashes, endpoint, capacity)
+        except SharedStateWriteRefusedError as exc:
+            self._refused(exc)
+            return False
+        except SharedStateReplyError as exc:
+            self._reply_error(_ADD, exc)
+            return True  # that write is lost; the next ones may land
         except Exception as exc:
             self._failed(_ADD, exc)
             return False
         self._observer.histogram(SHARED_STATE_ROUNDTRIP, _ADD, self._clock() - start)
         self._observer.counter(SHARED_STATE_WRITES, _NO_LABELS)
+        if self._writes_refused:
+            self._writes_refused = False
+            logger.info("shared prefix index: redis accepts writes again")
         return True
 
     async def _remote_remove(self, endpoint: str) -> bool:
@@ -300,6 +392,9 @@ class ResilientPrefixIndex:
         try:
             async with asyncio.timeout(self._write_timeout):
                 await self.remote.remove_endpoint(endpoint)
+        except SharedStateReplyError as exc:
+            self._reply_error(_REMOVE, exc)
+            return True
         except Exception as exc:
             self._failed(_REMOVE, exc)
             self._removed_while_degraded.add(endpoint)

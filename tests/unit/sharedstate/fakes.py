@@ -7,7 +7,7 @@ import asyncio
 from collections.abc import Callable, Mapping, Sequence
 
 from domain.prefixcache import InMemoryPrefixIndex
-from ports.shared_state import SharedStateError
+from ports.shared_state import SharedStateError, SharedStateReplyError, SharedStateWriteRefusedError
 
 __all__ = ["FakeRemoteIndex", "StepSleep", "until"]
 
@@ -16,14 +16,20 @@ class FakeRemoteIndex:
     """A remote ``PrefixIndex`` over an in-memory index.
 
     ``failing``: every call raises ``SharedStateError``. ``slow``: the named operations
-    (``match``, ``add``, ``remove_endpoint``) never answer (until cancelled). ``calls``
-    lists every operation called, answered or not.
+    (``match``, ``add``, ``remove_endpoint``) never answer (until cancelled). ``latency``:
+    every call answers after that many seconds. ``garbage``: the named operations raise
+    ``SharedStateReplyError`` (an error reply; the store is up). ``full``: ``add`` raises
+    ``SharedStateWriteRefusedError`` (out of memory). ``calls`` lists every operation
+    called, answered or not.
     """
 
     def __init__(self) -> None:
         self.index = InMemoryPrefixIndex()
         self.failing = False
         self.slow: set[str] = set()
+        self.latency = 0.0
+        self.garbage: set[str] = set()
+        self.full = False
         self.calls: list[str] = []
 
     async def _enter(self, operation: str) -> None:
@@ -32,6 +38,12 @@ class FakeRemoteIndex:
             raise SharedStateError("connection refused")
         if operation in self.slow:
             await asyncio.Event().wait()
+        if self.latency:
+            await asyncio.sleep(self.latency)
+        if operation in self.garbage:
+            raise SharedStateReplyError("WRONGTYPE Operation against a key holding the wrong kind")
+        if operation == "add" and self.full:
+            raise SharedStateWriteRefusedError("OOM command not allowed")
 
     async def match(self, hashes: Sequence[int]) -> Mapping[str, int]:
         await self._enter("match")

@@ -172,6 +172,120 @@ async def test_the_probe_backoff_is_capped() -> None:
         await rig.index.stop()
 
 
+async def test_the_probe_has_its_own_timeout_not_the_routing_budget(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A busy machine (or a reconnect after an outage) answers slower than the 5 ms routing
+    budget: the probe still heals the state, under its own timeout."""
+    rig = Rig(budget=0.005, probe_timeout=2.0)
+    await rig.index.start()
+    try:
+        rig.remote.failing = True
+        await rig.index.match(H)
+        assert rig.index.degraded
+        rig.remote.failing = False
+        rig.remote.latency = 0.05  # ten times the budget, far under the probe's timeout
+        await rig.sleep.release()
+        await until(lambda: not rig.index.degraded)
+        assert rig.sleep.delays == [0.1]  # the first probe healed
+    finally:
+        await rig.index.stop()
+
+
+async def test_degraded_by_misses_heals_once_a_probe_fits_the_budget(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger=LOGGER)
+    rig = Rig(budget=0.005, miss_limit=2)
+    await rig.index.start()
+    try:
+        rig.remote.slow.add("match")
+        for _ in range(2):
+            await rig.index.match(H)
+        assert rig.index.degraded
+        rig.remote.slow.clear()
+        rig.remote.latency = 0.05  # answers, but slower than every request's budget
+        await rig.sleep.release()
+        await rig.sleep.release()
+        assert rig.index.degraded  # healing now would only degrade again
+        assert rig.sleep.delays == [0.1, 0.2, 0.4]
+        rig.remote.latency = 0.0
+        await rig.sleep.release()
+        await until(lambda: not rig.index.degraded)
+        assert len(_lines(caplog)) == 2  # degraded, healthy: one line per change
+    finally:
+        await rig.index.stop()
+
+
+async def test_degraded_again_soon_after_healing_keeps_the_backoff() -> None:
+    """A store that answers probes but fails requests flaps at most once per probe_max."""
+    rig = Rig(probe_initial=0.1, probe_max=5.0)
+    await rig.index.start()
+    try:
+        delays = []
+        for _ in range(3):
+            rig.remote.failing = True
+            await rig.index.match(H)
+            assert rig.index.degraded
+            rig.remote.failing = False
+            await rig.sleep.release()
+            await until(lambda: not rig.index.degraded)
+            delays.append(rig.sleep.delays[-1])
+        assert delays == [0.1, 0.2, 0.4]
+    finally:
+        await rig.index.stop()
+
+
+async def test_error_replies_fall_back_per_call_and_warn_once(
+    rig: Rig, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Garbage or an error reply about one key: that call routes on local state, the store
+    stays in use for the others, and a flood of them is one warning, not one per request."""
+    caplog.set_level(logging.INFO, logger=LOGGER)
+    await rig.index.add(H[:3], "a", 10)
+    await rig.index.flush()
+    rig.remote.garbage = {"match", "add", "remove_endpoint"}
+    for _ in range(20):
+        assert await rig.index.match(H[:3]) == {"a": 3}
+    await rig.index.add(H[:4], "b", 10)
+    await rig.index.flush()
+    await rig.index.remove_endpoint("b")
+    assert not rig.index.degraded
+    assert rig.count(SHARED_STATE_ERRORS, operation="match") == 20
+    assert rig.count(SHARED_STATE_ERRORS, operation="add") == 1
+    assert rig.count(SHARED_STATE_ERRORS, operation="remove_endpoint") == 1
+    (line,) = _lines(caplog)
+    assert "error replies" in line
+    assert "WRONGTYPE" in line
+    rig.remote.garbage.clear()
+    rig.remote.index.add_sync(H[:5], "c", 10)
+    assert (await rig.index.match(H[:5]))["c"] == 5  # the store was used all along
+
+
+async def test_refused_writes_keep_matching_the_remote_and_log_each_change_once(
+    rig: Rig, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger=LOGGER)
+    rig.remote.full = True
+    for endpoint in ("a", "b", "c"):
+        await rig.index.add(H[:3], endpoint, 10)
+        await rig.index.flush()
+    assert rig.index.writes_refused
+    assert not rig.index.degraded
+    assert rig.count(SHARED_STATE_ERRORS, operation="add") == 3
+    assert rig.count(SHARED_STATE_DROPPED_WRITES) == 3
+    rig.remote.index.add_sync(H[:5], "other", 10)
+    assert (await rig.index.match(H[:5]))["other"] == 5
+    rig.remote.full = False
+    await rig.index.add(H[:3], "d", 10)
+    await rig.index.flush()
+    assert not rig.index.writes_refused
+    lines = _lines(caplog)
+    assert len(lines) == 2, lines
+    assert "refuses writes" in lines[0]
+    assert "accepts writes again" in lines[1]
+
+
 async def test_a_failed_write_degrades_and_is_counted(rig: Rig) -> None:
     rig.remote.failing = True
     await rig.index.add(H[:2], "a", 10)
