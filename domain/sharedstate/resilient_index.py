@@ -1,11 +1,14 @@
 """``ResilientPrefixIndex``: a remote (shared) ``PrefixIndex`` behind a deadline, with the
 process's own ``InMemoryPrefixIndex`` as fallback. What callers see never raises.
 
-- ``match`` awaits the remote for at most ``budget`` seconds (the event loop's timer: the
-  remote call is cancelled at the deadline, so the remote must tolerate cancellation). Past
+- ``match`` awaits the remote for at most ``budget`` seconds (the event loop's timer). Past
   it, or on any error, the request gets the local index's match and a deadline miss or an
-  error is counted. An answered match is merged with the local one (per endpoint, the larger
-  count): the local index holds this process's adds that have not reached the remote yet.
+  error is counted. A late remote call is not cancelled but left to finish in the
+  background (its answer dropped): cancelling a command mid-reply makes a client drop its
+  connection, so every miss would cost the next request a reconnect (a TLS handshake on
+  ``rediss://``) and one slow moment would cascade into more misses. An answered match
+  is merged with the local one (per endpoint, the larger count): the local index holds
+  this process's adds that have not reached the remote yet.
 - ``add`` records locally at once and queues the write for the remote; one background task
   sends the queue in order. The request never awaits the remote. At most ``max_pending``
   writes wait; past that a write is dropped and counted.
@@ -39,6 +42,10 @@ Not a change of health (the store is up):
 - a refused write (``SharedStateWriteRefusedError``: out of memory under ``noeviction``): the write
   is dropped and counted (errors and dropped writes), one warning when writes start being
   refused and one info line when one is accepted again; matches keep reading the remote.
+
+``start`` warms the remote: ``warm_connections`` concurrent one-hash matches under
+``probe_timeout`` open that many connections and load the match script before the first
+request would pay for them; a failure there counts as a failed match (degraded, probed).
 
 The background tasks run between ``start`` and ``stop``. ``clock`` times the round trips,
 ``sleep`` paces the probe; both are injectable for tests.
@@ -83,6 +90,13 @@ _PROBE_HASHES = (0x5EED_0F_5EED_0F_5E,)
 _Write = tuple[tuple[int, ...], str, int]
 
 
+def _drop_outcome(call: asyncio.Future[Mapping[str, int]]) -> None:
+    """Retrieve a late remote call's outcome (so an error is not reported as never
+    retrieved); the request it was for has routed already."""
+    if not call.cancelled():
+        call.exception()
+
+
 class ResilientPrefixIndex:
     """A ``PrefixIndex`` that never raises and never waits past ``budget`` on the remote."""
 
@@ -100,6 +114,7 @@ class ResilientPrefixIndex:
         probe_initial: float = 0.1,
         probe_max: float = 5.0,
         probe_timeout: float = 1.0,
+        warm_connections: int = 4,
         clock: Callable[[], float] = time.perf_counter,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
@@ -122,6 +137,7 @@ class ResilientPrefixIndex:
         self._probe_initial = probe_initial
         self._probe_max = probe_max
         self._probe_timeout = probe_timeout
+        self._warm_connections = max(0, warm_connections)
         self._probe_delay = probe_initial
         self._healed_at = -float("inf")
         self._clock = clock
@@ -163,10 +179,15 @@ class ResilientPrefixIndex:
         if self._degraded or not hashes:
             return local
         start = self._clock()
+        call = asyncio.ensure_future(self.remote.match(hashes))
         try:
             async with asyncio.timeout(self._budget):
-                remote = await self.remote.match(hashes)
+                remote = await asyncio.shield(call)
         except TimeoutError:
+            if call.done():
+                _drop_outcome(call)
+            else:
+                call.add_done_callback(_drop_outcome)
             self._observer.counter(SHARED_STATE_DEADLINE_MISSES, _NO_LABELS)
             self._misses += 1
             if self._misses >= self._miss_limit:
@@ -221,8 +242,20 @@ class ResilientPrefixIndex:
         self._running = True
         self._observer.gauge(SHARED_STATE_DEGRADED, _NO_LABELS, 1.0 if self._degraded else 0.0)
         self._writer = asyncio.get_running_loop().create_task(self._write_loop())
+        if not self._degraded and self._warm_connections:
+            await self._warm()
         if self._degraded:
             self._start_probe()
+
+    async def _warm(self) -> None:
+        calls = [self.remote.match(_PROBE_HASHES) for _ in range(self._warm_connections)]
+        try:
+            async with asyncio.timeout(self._probe_timeout):
+                await asyncio.gather(*calls)
+        except SharedStateReplyError as exc:
+            self._reply_error(_MATCH, exc)
+        except Exception as exc:  # the first requests would find the same: degrade now
+            self._failed(_MATCH, exc)
 
     async def flush(self) -> None:
         """Wait until every queued write was sent or dropped (between start and stop)."""

@@ -20,7 +20,7 @@ class FakeRemoteIndex:
     every call answers after that many seconds. ``garbage``: the named operations raise
     ``SharedStateReplyError`` (an error reply; the store is up). ``full``: ``add`` raises
     ``SharedStateWriteRefusedError`` (out of memory). ``calls`` lists every operation
-    called, answered or not.
+    called, answered or not; ``answered`` those that returned.
     """
 
     def __init__(self) -> None:
@@ -31,6 +31,7 @@ class FakeRemoteIndex:
         self.garbage: set[str] = set()
         self.full = False
         self.calls: list[str] = []
+        self.answered: list[str] = []
 
     async def _enter(self, operation: str) -> None:
         self.calls.append(operation)
@@ -47,6 +48,7 @@ class FakeRemoteIndex:
 
     async def match(self, hashes: Sequence[int]) -> Mapping[str, int]:
         await self._enter("match")
+        self.answered.append("match")
         return self.index.match_sync(hashes)
 
     async def add(self, hashes: Sequence[int], endpoint: str, capacity: int) -> None:

@@ -71,7 +71,7 @@ async def test_conforms_to_the_port(rig: Rig) -> None:
 
 async def test_an_answered_match_is_the_remotes_merged_with_the_local_one(rig: Rig) -> None:
     rig.remote.index.add_sync(H[:4], "other-process-pod", 10)
-    await rig.index.add(H[:2], "a", 10)  # not sent yet: the local index knows it
+    rig.index.local.add_sync(H[:2], "a", 10)  # an add not sent yet: only local knows it
     assert await rig.index.match(H[:4]) == {"other-process-pod": 4, "a": 2}
     answered = [r for r in rig.observer.histograms if r.metric is SHARED_STATE_ROUNDTRIP]
     assert [r.labels for r in answered] == [{"operation": "match"}]
@@ -89,6 +89,37 @@ async def test_a_slow_match_answers_from_local_at_the_deadline_and_is_counted(
     assert rig.count(SHARED_STATE_DEADLINE_MISSES) == 1
     assert not rig.index.degraded
     assert _lines(caplog) == []
+
+
+async def test_a_late_match_is_left_to_finish_not_cancelled(rig: Rig) -> None:
+    # Cancelling a command mid-reply makes a Redis client drop the connection: the next
+    # request would pay a reconnect. The late call finishes in the background instead.
+    rig.remote.latency = 0.05  # ten times the budget
+    rig.remote.answered.clear()
+    assert await rig.index.match(H[:3]) == {}
+    assert rig.count(SHARED_STATE_DEADLINE_MISSES) == 1
+    assert rig.remote.answered == []
+    await until(lambda: rig.remote.answered == ["match"])
+
+
+async def test_start_warms_the_remote_and_degrades_if_it_fails(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    rig = Rig(warm_connections=3)
+    await rig.index.start()
+    try:
+        assert rig.remote.answered == ["match"] * 3  # before any request
+        assert not rig.index.degraded
+    finally:
+        await rig.index.stop()
+    down = Rig()
+    down.remote.failing = True
+    await down.index.start()
+    try:
+        assert down.index.degraded  # the first request does not wait for a dead store
+        assert len([line for line in _lines(caplog) if "degraded" in line]) == 1
+    finally:
+        await down.index.stop()
 
 
 async def test_consecutive_misses_degrade_once_and_stop_waiting_for_the_remote(
