@@ -16,7 +16,9 @@ from app.config.parameters import parse_duration_value, parse_quantity_value
 
 __all__ = [
     "API_VERSION",
+    "API_VERSIONS",
     "KIND",
+    "LLMD_API_VERSION",
     "DataLayerSection",
     "DataSourceSpec",
     "DefaultPriorityBandSpec",
@@ -31,6 +33,9 @@ __all__ = [
 ]
 
 API_VERSION = "inference.networking.x-k8s.io/v1alpha1"
+#: The group the reference moved EndpointPickerConfig to in 2026 (accepted as well).
+LLMD_API_VERSION = "llm-d.ai/v1alpha1"
+API_VERSIONS = (LLMD_API_VERSION, API_VERSION)
 KIND = "EndpointPickerConfig"
 
 #: A non-negative whole Kubernetes quantity (``10Gi``, ``5000``).
@@ -134,7 +139,8 @@ class FlowControlSpec(_Strict):
 
 class EndpointPickerConfigSpec(_Strict):
     """The whole document. ``apiVersion``/``kind`` may be left out; when given they must be
-    the reference's."""
+    the reference's (``apiVersion`` ``llm-d.ai/v1alpha1`` or the older
+    ``inference.networking.x-k8s.io/v1alpha1``)."""
 
     api_version: str | None = Field(default=None, alias="apiVersion")
     kind: str | None = None
@@ -153,8 +159,9 @@ class EndpointPickerConfigSpec(_Strict):
     @field_validator("api_version")
     @classmethod
     def _check_api_version(cls, value: str | None) -> str | None:
-        if value is not None and value != API_VERSION:
-            raise ValueError(f"must be {API_VERSION!r}, got {value!r}")
+        if value is not None and value not in API_VERSIONS:
+            allowed = " or ".join(repr(v) for v in API_VERSIONS)
+            raise ValueError(f"must be {allowed}, got {value!r}")
         return value
 
     @field_validator("kind")

@@ -149,11 +149,20 @@ def test_api_version_and_kind_are_optional() -> None:
 
 
 @pytest.mark.parametrize(
+    "api_version", ["llm-d.ai/v1alpha1", "inference.networking.x-k8s.io/v1alpha1"]
+)
+def test_both_api_groups_are_accepted(api_version: str) -> None:
+    text = f"apiVersion: {api_version}\nkind: EndpointPickerConfig\n" + CONFORMANCE_EXAMPLE
+    assert list(load(text).profiles) == ["conformance-profile"]
+
+
+@pytest.mark.parametrize(
     ("text", "message"),
     [
         (
             "apiVersion: v1\n",
-            "apiVersion: must be 'inference.networking.x-k8s.io/v1alpha1', got 'v1'",
+            "apiVersion: must be 'llm-d.ai/v1alpha1' or"
+            " 'inference.networking.x-k8s.io/v1alpha1', got 'v1'",
         ),
         ("kind: Config\n", "kind: must be 'EndpointPickerConfig', got 'Config'"),
         ("plugin: []\n", "plugin: unknown field"),
