@@ -26,6 +26,11 @@ IN_TREE_MODULES = (
     "domain.scheduling.plugins.header_filter",
     "domain.scheduling.plugins.prefix_cache_scorer",
     "domain.scheduling.plugins.prefix_affinity_filter",
+    "domain.scheduling.plugins.utilization_filter",
+    "domain.scheduling.plugins.no_hit_lru_scorer",
+    "domain.scheduling.plugins.endpoint_attribute_filter",
+    "domain.scheduling.plugins.endpoint_attribute_scorer",
+    "domain.scheduling.plugins.header_profile_handler",
     # request control
     "domain.requestcontrol.plugins.prefix_producer",
     "domain.requestcontrol.plugins.inflight_load",

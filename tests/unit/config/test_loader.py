@@ -1108,7 +1108,12 @@ def test_in_tree_consumers_of_in_flight_load_get_its_producer() -> None:
 
 HANDLERS_NEEDING_PROFILES = {"disagg-profile-handler", "pd-profile-handler"}
 #: Types with required parameters (version, kind) or an API server: tested on their own.
-NEEDING_PARAMETERS = {"k8s-notification-source"}
+NEEDING_PARAMETERS = {
+    "k8s-notification-source",
+    "utilization-filter",
+    "endpoint-attribute-filter",
+    "endpoint-attribute-scorer",
+}
 
 
 def test_every_in_tree_type_loads_with_its_defaults() -> None:
