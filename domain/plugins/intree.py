@@ -31,6 +31,8 @@ IN_TREE_MODULES = (
     "domain.scheduling.plugins.endpoint_attribute_filter",
     "domain.scheduling.plugins.endpoint_attribute_scorer",
     "domain.scheduling.plugins.header_profile_handler",
+    "domain.scheduling.plugins.session_affinity_filter",
+    "domain.scheduling.plugins.session_affinity_scorer",
     # request control
     "domain.requestcontrol.plugins.prefix_producer",
     "domain.requestcontrol.plugins.inflight_load",
