@@ -203,6 +203,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_bool(
         parser,
+        "--emit-endpoint-scores",
+        False,
+        "put the primary profile's per-endpoint scores in the envoy.lb dynamic metadata"
+        " (x-gateway-destination-endpoint-scores)",
+    )
+    _add_bool(
+        parser,
         "--disable-endpoint-subset-filter",
         False,
         "ignore the gateway's envoy.lb.subset_hint metadata",

@@ -185,6 +185,7 @@ def _request_control(
         prepare_data_timeout=settings.prepare_data_timeout,
         subset_filter=not settings.disable_endpoint_subset_filter,
         explain_decisions=settings.explain_decisions,
+        emit_endpoint_scores=settings.emit_endpoint_scores,
     )
 
 
