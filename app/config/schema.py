@@ -29,6 +29,7 @@ __all__ = [
     "PluginRefSpec",
     "PriorityBandSpec",
     "ProfilePluginRef",
+    "RequestHandlerSection",
     "SchedulingProfileSpec",
 ]
 
@@ -80,6 +81,12 @@ class PluginRefSpec(_Strict):
     """A section that names one plugin (``parser``, ``saturationDetector``)."""
 
     plugin_ref: str = Field(alias="pluginRef")
+
+
+class RequestHandlerSection(_Strict):
+    """``requestHandler``: the parsers, in the order their path claims are tried."""
+
+    parsers: Annotated[list[PluginRefSpec], _OrEmpty] = Field(default_factory=list)
 
 
 class ExtractorSpec(_Strict):
@@ -155,6 +162,7 @@ class EndpointPickerConfigSpec(_Strict):
     data_layer: DataLayerSection | None = Field(default=None, alias="dataLayer")
     flow_control: FlowControlSpec | None = Field(default=None, alias="flowControl")
     parser: PluginRefSpec | None = None
+    request_handler: RequestHandlerSection | None = Field(default=None, alias="requestHandler")
 
     @field_validator("api_version")
     @classmethod

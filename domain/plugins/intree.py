@@ -41,6 +41,7 @@ IN_TREE_MODULES = (
     "domain.requestcontrol.plugins.served_verifier",
     "domain.requestcontrol.plugins.openai_parser",
     "domain.requestcontrol.plugins.passthrough_parser",
+    "domain.requestcontrol.plugins.anthropic_parser",
     # data layer
     "domain.datalayer.plugins.core_metrics_extractor",
     "domain.datalayer.plugins.endpoint_notification_source",

@@ -13,6 +13,7 @@ from app.plugins import build_registry
 from domain.plugins.base import Plugin, PluginRegistry
 from domain.plugins.handle import Handle
 from domain.plugins.hooks import ParameterizedPlugin
+from domain.requestcontrol.parsers import ParserRouter
 from tests.unit.config import (
     DetectorDouble,
     DisaggHandlerDouble,
@@ -1019,7 +1020,11 @@ def test_in_tree_no_config() -> None:
     ]
     assert loaded.profiles["default"].picker.typed_name.type == "max-score-picker"
     assert loaded.profile_handler.typed_name.type == "single-profile-handler"
-    assert loaded.parser.typed_name.type == "openai-parser"
+    assert isinstance(loaded.parser, ParserRouter)
+    assert [p.typed_name.type for p in loaded.parser.parsers] == [
+        "openai-parser",
+        "anthropic-parser",
+    ]
     assert loaded.saturation_detector.typed_name.type == "utilization-detector"
     assert names(loaded.data_producers) == ["approx-prefix-cache-producer"]
     if "metrics-data-source" in registry and "core-metrics-extractor" in registry:
