@@ -67,7 +67,10 @@ __all__ = [
     "INFERENCE_OBJECTIVES",
     "INFERENCE_POOLS_V1",
     "INFERENCE_POOLS_V1ALPHA2",
+    "LLMD_INFERENCE_MODEL_REWRITES",
+    "LLMD_INFERENCE_OBJECTIVES",
     "PODS",
+    "WITH_LLMD_RESOURCES",
     "KubeApiServer",
     "RecordingSink",
     "Resource",
@@ -112,6 +115,22 @@ INFERENCE_OBJECTIVES = Resource(
 )
 INFERENCE_MODEL_REWRITES = Resource(
     "inference.networking.x-k8s.io", "v1alpha2", "inferencemodelrewrites", "InferenceModelRewrite"
+)
+LLMD_INFERENCE_OBJECTIVES = Resource(
+    "llm-d.ai", "v1alpha2", "inferenceobjectives", "InferenceObjective"
+)
+LLMD_INFERENCE_MODEL_REWRITES = Resource(
+    "llm-d.ai", "v1alpha2", "inferencemodelrewrites", "InferenceModelRewrite"
+)
+#: What a cluster with the llm-d.ai CRDs installed as well serves.
+WITH_LLMD_RESOURCES = (
+    PODS,
+    INFERENCE_POOLS_V1,
+    INFERENCE_POOLS_V1ALPHA2,
+    INFERENCE_OBJECTIVES,
+    INFERENCE_MODEL_REWRITES,
+    LLMD_INFERENCE_OBJECTIVES,
+    LLMD_INFERENCE_MODEL_REWRITES,
 )
 ALL_RESOURCES = (
     PODS,
@@ -203,6 +222,7 @@ def inference_objective(
     priority: int | None = None,
     pool_group: str | None = None,
     namespace: str = "default",
+    api_version: str = "inference.networking.x-k8s.io/v1alpha2",
 ) -> Obj:
     """An InferenceObjective referring to ``pool``."""
     pool_ref: Obj = {"name": pool}
@@ -212,7 +232,7 @@ def inference_objective(
     if priority is not None:
         spec["priority"] = priority
     return {
-        "apiVersion": "inference.networking.x-k8s.io/v1alpha2",
+        "apiVersion": api_version,
         "kind": "InferenceObjective",
         "metadata": {"name": name, "namespace": namespace},
         "spec": spec,
@@ -227,6 +247,7 @@ def model_rewrite(
     pool_group: str | None = None,
     created: str | None = None,
     namespace: str = "default",
+    api_version: str = "inference.networking.x-k8s.io/v1alpha2",
 ) -> Obj:
     """An InferenceModelRewrite: ``rules`` are ``(match models, [(target model, weight)])``."""
     pool_ref: Obj = {"name": pool}
@@ -236,7 +257,7 @@ def model_rewrite(
     if created is not None:
         metadata["creationTimestamp"] = created
     return {
-        "apiVersion": "inference.networking.x-k8s.io/v1alpha2",
+        "apiVersion": api_version,
         "kind": "InferenceModelRewrite",
         "metadata": metadata,
         "spec": {
