@@ -294,7 +294,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--redis-deadline",
         _duration,
         "5ms",
-        "the routing path's budget for the shared prefix match; past it, the local index",
+        "the routing path's budget for the shared prefix match (past it, the local index)"
+        " and for each session-binding read or write (past it, unbound)",
     )
     _add(parser, "--redis-lease", _duration, "10s", "how long a process's published load lives")
     _add(

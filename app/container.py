@@ -11,7 +11,13 @@ from adapters.envoy.server import GrpcServers
 from adapters.envoy.tls import ServerCertificate, load_certificate, self_signed_certificate
 from adapters.jsoncodec.orjson_codec import OrjsonCodec
 from adapters.prometheus.exporter import PrometheusObserver
-from adapters.redis import RedisClient, RedisPrefixIndex, RedisSharedLoad, connect
+from adapters.redis import (
+    RedisClient,
+    RedisPrefixIndex,
+    RedisSessionStore,
+    RedisSharedLoad,
+    connect,
+)
 from adapters.xxhash.block_hasher import XxhashBlockHasher
 from app.config.loader import LoadedConfig, load_config
 from app.flowcontrol import build_flow_controller
@@ -36,12 +42,14 @@ from domain.scheduling.scheduler import Scheduler
 from domain.scheduling.types import Candidate
 from domain.sharedstate.load import LocalSharedLoad
 from domain.sharedstate.resilient_index import ResilientPrefixIndex
+from domain.sharedstate.sessions import InMemorySessionStore
 from ports.codec import JsonCodec
 from ports.datalayer import NotificationSource, PollingDataSource
 from ports.endpoints import EndpointSource
 from ports.objectives import ObjectiveSink
 from ports.observer import Observer
 from ports.prefix_index import BlockHasher, PrefixIndex
+from ports.sessions import SessionStore
 from ports.shared_state import SharedLoad
 
 if TYPE_CHECKING:
@@ -96,6 +104,12 @@ def _shared_load(settings: Settings, client: RedisClient | None) -> SharedLoad:
     )
 
 
+def _sessions(settings: Settings, client: RedisClient | None) -> SessionStore:
+    if client is None:
+        return InMemorySessionStore()
+    return RedisSessionStore(client, key_prefix=settings.shared_key_prefix())
+
+
 def _registry(settings: Settings) -> PluginRegistry:
     """Every plugin type; Kubernetes-backed ones reach the API unless in static mode."""
     if settings.static_endpoints:
@@ -125,6 +139,8 @@ def _handle(
     datastore: Datastore,
     observer: Observer,
     shared_load: SharedLoad,
+    sessions: SessionStore,
+    settings: Settings,
 ) -> Handle:
     return Handle(
         codec=codec,
@@ -133,6 +149,8 @@ def _handle(
         datastore=datastore,
         observer=observer,
         shared_load=shared_load,
+        sessions=sessions,
+        shared_state_deadline=settings.redis_deadline,
     )
 
 
@@ -250,6 +268,8 @@ class Container(containers.DeclarativeContainer):
     prefix_index = providers.Singleton(_prefix_index, settings, redis_client, observer)
     # The other processes' in-flight load: none without --redis-url.
     shared_load = providers.Singleton(_shared_load, settings, redis_client)
+    # The session_id bindings of session affinity: shared too with --redis-url.
+    sessions = providers.Singleton(_sessions, settings, redis_client)
     scheduling_observer = providers.Singleton(SchedulingReporter, observer)
     observability = providers.Singleton(
         Observability,
@@ -261,7 +281,15 @@ class Container(containers.DeclarativeContainer):
     )
     # --- end observability ---
     handle = providers.Singleton(
-        _handle, codec, hasher, prefix_index, datastore, observer, shared_load
+        _handle,
+        codec,
+        hasher,
+        prefix_index,
+        datastore,
+        observer,
+        shared_load,
+        sessions,
+        settings,
     )
     config = providers.Singleton(_loaded_config, settings, registry, handle)
     flow_controller = providers.Singleton(_flow_controller, config, datastore, settings, observer)

@@ -29,7 +29,8 @@ class Handle:
     finds the plugins configured before it in ``plugins``. ``shared_load`` is the in-flight
     load the pool's other EPP processes booked (``LocalSharedLoad``, none, unless the app
     wires a shared store). ``sessions`` holds the session bindings of the ``session_id``
-    session-affinity strategy (in memory unless the app wires a shared store).
+    session-affinity strategy (in memory unless the app wires a shared store), each read or
+    write of which may take ``shared_state_deadline`` seconds on the request path.
     """
 
     codec: JsonCodec
@@ -41,6 +42,8 @@ class Handle:
     observer: Observer = field(default_factory=NoopObserver)
     shared_load: SharedLoad = field(default_factory=LocalSharedLoad)
     sessions: SessionStore = field(default_factory=InMemorySessionStore)
+    #: Seconds a shared store may take per call on the request path (``--redis-deadline``).
+    shared_state_deadline: float = 0.005
     plugins: dict[str, Plugin] = field(default_factory=dict)
 
     def add_plugin(self, plugin: Plugin) -> None:

@@ -15,20 +15,27 @@ Either way the session's endpoint is looked up among this request's candidates b
 an endpoint no longer in the pool, or one of another pool (another namespace) matches no
 candidate and the request is routed as if it had none; it is never an error. ``profileName``
 picks the profile whose chosen endpoint is remembered (the primary profile when empty).
+
+The store is asked under a budget (the Handle's ``shared_state_deadline``, ``--redis-deadline``,
+per read or write): a store that fails
+or is slow (a shared store that is down) leaves the session unbound for that request, never
+fails it; the failure is logged when the store's state changes, not per request.
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import logging
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass, field
 
 from domain.plugins.state import StateKey
 from domain.scheduling.types import Candidate, InferenceRequest, SchedulingResult
 from ports.endpoints import EndpointInfo
 from ports.sessions import SessionStore
+from ports.shared_state import SharedStateError
 
 __all__ = [
     "ENCODED_ENDPOINT_HEADER",
@@ -146,7 +153,13 @@ class SessionAffinityParameters:
 class SessionAffinity:
     """The session logic of one plugin instance (``owner`` namespaces its state)."""
 
-    def __init__(self, owner: str, parameters: SessionAffinityParameters, store: SessionStore):
+    def __init__(
+        self,
+        owner: str,
+        parameters: SessionAffinityParameters,
+        store: SessionStore,
+        budget: float,
+    ) -> None:
         self._owner = owner
         self.stateless = parameters.strategy == ENCODED_ENDPOINT_HEADER
         self.header = parameters.encoded_endpoint_header_config.header.strip().lower()
@@ -155,6 +168,8 @@ class SessionAffinity:
         self._ttl = config.eviction_ttl_seconds
         self._profile = parameters.profile_name
         self._store = store
+        self._store_failing = False
+        self._budget = budget
 
     def _session_id(self, request: InferenceRequest) -> str | None:
         for name in self._sources:
@@ -173,7 +188,7 @@ class SessionAffinity:
         session = self._session_id(request)
         if session is None:
             return
-        bound = await self._store.get(self._store_key(session))
+        bound = await self._guarded(self._store.get(self._store_key(session)))
         if bound is not None:
             request.state.put(self._owner, _BOUND, bound)
 
@@ -209,7 +224,28 @@ class SessionAffinity:
         target = self.target(result)
         if session is None or target is None:
             return
-        await self._store.put(self._store_key(session), endpoint_key(target.info), self._ttl)
+        await self._guarded(
+            self._store.put(self._store_key(session), endpoint_key(target.info), self._ttl)
+        )
+
+    async def _guarded(self, call: Awaitable[str | None]) -> str | None:
+        """``call`` under the budget; a failure or timeout gives None."""
+        try:
+            async with asyncio.timeout(self._budget):
+                result = await call
+        except (SharedStateError, TimeoutError) as exc:
+            if not self._store_failing:
+                self._store_failing = True
+                logger.warning(
+                    "%s: the session store failed (%s); sessions route as unbound until it answers",
+                    self._owner,
+                    str(exc) or type(exc).__name__,
+                )
+            return None
+        if self._store_failing:
+            self._store_failing = False
+            logger.info("%s: the session store answers again", self._owner)
+        return result
 
     def respond(self, request: InferenceRequest) -> None:
         """``encoded_endpoint_header``: put the token of the chosen endpoint on the

@@ -34,7 +34,9 @@ class SessionAffinityScorer:
         self, typed_name: TypedName, parameters: SessionAffinityParameters, handle: Handle
     ) -> None:
         self._typed_name = typed_name
-        self._session = SessionAffinity(typed_name.name, parameters, handle.sessions)
+        self._session = SessionAffinity(
+            typed_name.name, parameters, handle.sessions, handle.shared_state_deadline
+        )
 
     @property
     def typed_name(self) -> TypedName:

@@ -3,6 +3,7 @@ ignored, config checks; and the in-memory session store."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 from collections.abc import Mapping, Sequence
@@ -25,6 +26,7 @@ from domain.scheduling.interfaces import Filter, Scorer
 from domain.scheduling.types import Candidate, InferenceRequest, ProfileRunResult, SchedulingResult
 from domain.sharedstate.sessions import InMemorySessionStore
 from ports.endpoints import EndpointAddress, EndpointInfo
+from ports.shared_state import SharedStateError
 from tests.support.scheduling import cycle, inference_request, plugin_handle
 from tests.unit.requestcontrol import FakeClock
 
@@ -278,3 +280,38 @@ async def test_store_expires_and_stays_bounded() -> None:
     assert len(store) == 3
     assert await store.get("b") is None
     assert await store.get("f") == "e"
+
+
+# --- a store that fails or stalls ---------------------------------------------------------------
+
+
+class _BrokenStore:
+    """A shared store that is down (raises) or hangs (never answers)."""
+
+    def __init__(self, *, hang: bool) -> None:
+        self.hang = hang
+
+    async def _fail(self) -> None:
+        if self.hang:
+            await asyncio.Event().wait()
+        raise SharedStateError("redis session get failed: ConnectionError: refused")
+
+    async def get(self, key: str) -> str | None:
+        await self._fail()
+        return None
+
+    async def put(self, key: str, endpoint: str, ttl: float) -> None:
+        await self._fail()
+
+
+@pytest.mark.parametrize("hang", [False, True])
+async def test_a_failing_store_routes_as_unbound(
+    hang: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    handle = plugin_handle()
+    handle.sessions = _BrokenStore(hang=hang)
+    plugin = _plugin("session-affinity-filter", SESSION_ID, handle)
+    for i in range(3):
+        request = _request({"x-session-id": "s"}, request_id=f"r{i}")
+        assert await _route(plugin, request, POOL, chosen="b") == ["a", "b", "c"]
+    assert caplog.text.count("the session store failed") == 1
