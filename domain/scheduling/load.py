@@ -12,17 +12,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from domain.datalayer.attributes import (
-    IN_FLIGHT_LOAD,
-    PREFIX_CACHE_MATCH_INFO,
-    InFlightLoad,
-    PrefixCacheMatchInfo,
-)
+from domain.datalayer.attributes import PREFIX_CACHE_MATCH_INFO, PrefixCacheMatchInfo
 from domain.requesthandling.openai import ApiKind, ParsedRequest
 from domain.scheduling.types import Candidate, InferenceRequest
 from ports.codec import JsonCodec
 
-__all__ = ["in_flight_tokens", "input_tokens", "round_half_up", "uncached_tokens"]
+__all__ = ["input_tokens", "round_half_up", "uncached_tokens"]
 
 
 def round_half_up(value: float) -> int:
@@ -63,11 +58,3 @@ def uncached_tokens(candidate: Candidate, tokens: int) -> int:
     if isinstance(info, PrefixCacheMatchInfo) and info.match_blocks > 0:
         return max(0, tokens - info.match_blocks * info.block_size_tokens)
     return tokens
-
-
-def in_flight_tokens(candidate: Candidate) -> int | None:
-    """The tokens in flight on ``candidate`` (its ``InFlightLoad``), None when unknown."""
-    load = candidate.attributes.get(IN_FLIGHT_LOAD)
-    if isinstance(load, InFlightLoad):
-        return max(load.tokens, 0)
-    return None

@@ -26,13 +26,13 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from domain.datalayer.attributes import IN_FLIGHT_LOAD, PREFIX_CACHE_MATCH_INFO
+from domain.datalayer.attributes import IN_FLIGHT_LOAD, PREFIX_CACHE_MATCH_INFO, InFlightLoad
 from domain.datalayer.attributes import PrefixCacheMatchInfo as _MatchInfo
 from domain.plugins.base import Plugin, PluginRegistry, TypedName
 from domain.plugins.handle import Handle
 from domain.plugins.hooks import ConsumerPlugin
 from domain.scheduling.interfaces import CycleState
-from domain.scheduling.load import in_flight_tokens, input_tokens, uncached_tokens
+from domain.scheduling.load import input_tokens
 from domain.scheduling.types import Candidate, InferenceRequest
 from ports.codec import JsonCodec
 
@@ -107,40 +107,49 @@ class PrefixAffinityFilter(ConsumerPlugin):
         if self._exploration > 0.0 and self._rng.random() < self._exploration:
             return candidates
         threshold = self._threshold
+        gated = self._penalty_ms > 0
+        prompt = input_tokens(request, self._codec) if gated else 0
         sticky: list[Candidate] = []
-        others: list[Candidate] = []
+        # The fewest tokens ahead of this prompt (in flight + its uncached part) on each
+        # side; -1: no candidate of that side has an InFlightLoad. One pass, inlined: this
+        # runs for every candidate of every request.
+        best_sticky = best_other = -1
+        others = False
         for c in candidates:
-            (sticky if _ratio(c) >= threshold else others).append(c)
+            attributes = c.attributes
+            info = attributes.get(PREFIX_CACHE_MATCH_INFO)
+            cached = 0
+            is_sticky = False
+            if info.__class__ is _MatchInfo:
+                total = info.total_blocks
+                if total > 0:
+                    matched = info.match_blocks
+                    is_sticky = matched / total >= threshold
+                    cached = matched * info.block_size_tokens
+            if is_sticky:
+                sticky.append(c)
+            else:
+                others = True
+            if not gated:
+                continue
+            load = attributes.get(IN_FLIGHT_LOAD)
+            if load.__class__ is not InFlightLoad:
+                continue
+            ahead = max(load.tokens, 0) + max(prompt - cached, 0)
+            if is_sticky:
+                if best_sticky < 0 or ahead < best_sticky:
+                    best_sticky = ahead
+            elif best_other < 0 or ahead < best_other:
+                best_other = ahead
         if not sticky:
             return candidates
-        if not others or self._penalty_ms <= 0:
+        if not others or not gated:
             return sticky
-        prompt = input_tokens(request, self._codec)
-        best_sticky = self._best_ttft_ms(sticky, prompt)
-        best_other = self._best_ttft_ms(others, prompt)
-        if best_sticky is None or best_other is None:
+        if best_sticky < 0 or best_other < 0:
             return candidates  # no load signal: the gate cannot tell, keep everyone
-        if best_sticky - best_other > self._penalty_ms:
+        if (best_sticky - best_other) * self._ms_per_token > self._penalty_ms:
             return candidates
         return sticky
-
-    def _best_ttft_ms(self, candidates: Sequence[Candidate], prompt: int) -> float | None:
-        best: int | None = None
-        for c in candidates:
-            flight = in_flight_tokens(c)
-            if flight is None:
-                continue
-            tokens = flight + uncached_tokens(c, prompt)
-            if best is None or tokens < best:
-                best = tokens
-        return None if best is None else best * self._ms_per_token
-
-
-def _ratio(candidate: Candidate) -> float:
-    info = candidate.attributes.get(PREFIX_CACHE_MATCH_INFO)
-    if isinstance(info, _MatchInfo) and info.total_blocks > 0:
-        return info.match_blocks / info.total_blocks
-    return 0.0
 
 
 def _factory(name: str, parameters: PrefixAffinityFilterParameters, handle: Handle) -> Plugin:

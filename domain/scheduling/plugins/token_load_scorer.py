@@ -12,12 +12,17 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from domain.datalayer.attributes import IN_FLIGHT_LOAD
+from domain.datalayer.attributes import (
+    IN_FLIGHT_LOAD,
+    PREFIX_CACHE_MATCH_INFO,
+    InFlightLoad,
+    PrefixCacheMatchInfo,
+)
 from domain.plugins.base import Plugin, PluginRegistry, TypedName
 from domain.plugins.handle import Handle
 from domain.plugins.hooks import ConsumerPlugin
 from domain.scheduling.interfaces import DISTRIBUTION, CycleState
-from domain.scheduling.load import in_flight_tokens, input_tokens, uncached_tokens
+from domain.scheduling.load import input_tokens
 from domain.scheduling.types import Candidate, InferenceRequest
 from ports.codec import JsonCodec
 
@@ -69,9 +74,18 @@ class TokenLoadScorer(ConsumerPlugin):
         threshold = self._threshold
         prompt = input_tokens(request, self._codec)
         scores: list[float] = []
-        for c in candidates:
-            tokens = (in_flight_tokens(c) or 0) + uncached_tokens(c, prompt)
-            scores.append(1.0 - min(tokens, threshold) / threshold)
+        append = scores.append
+        for c in candidates:  # inlined: this runs for every candidate of every request
+            attributes = c.attributes
+            tokens = prompt
+            info = attributes.get(PREFIX_CACHE_MATCH_INFO)
+            if info.__class__ is PrefixCacheMatchInfo:
+                cached = info.match_blocks * info.block_size_tokens
+                tokens = prompt - cached if cached < prompt else 0
+            load = attributes.get(IN_FLIGHT_LOAD)
+            if load.__class__ is InFlightLoad and load.tokens > 0:
+                tokens += load.tokens
+            append(1.0 - tokens / threshold if tokens < threshold else 0.0)
         return scores
 
 
