@@ -12,6 +12,8 @@ from adapters.kubernetes.api import (
     INFERENCE_MODEL_REWRITES,
     INFERENCE_OBJECTIVES,
     INFERENCE_POOLS_V1,
+    LLMD_INFERENCE_MODEL_REWRITES,
+    LLMD_INFERENCE_OBJECTIVES,
     PODS,
 )
 
@@ -46,7 +48,14 @@ def test_the_role_grants_read_access_to_what_discovery_watches_and_nothing_else(
         granted |= {(g, r) for g in rule["apiGroups"] for r in rule["resources"]}
     watched = {
         (resource.group, resource.plural)
-        for resource in (PODS, INFERENCE_POOLS_V1, INFERENCE_OBJECTIVES, INFERENCE_MODEL_REWRITES)
+        for resource in (
+            PODS,
+            INFERENCE_POOLS_V1,
+            INFERENCE_OBJECTIVES,
+            INFERENCE_MODEL_REWRITES,
+            LLMD_INFERENCE_OBJECTIVES,
+            LLMD_INFERENCE_MODEL_REWRITES,
+        )
     }
     assert granted == watched
     assert set(rbac) == {"ServiceAccount", "Role", "RoleBinding"}  # nothing cluster-wide

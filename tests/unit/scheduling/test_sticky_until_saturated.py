@@ -8,6 +8,8 @@ from typing import Any
 
 import pytest
 
+from app.config import ConfigError, load_config
+from app.plugins import build_registry
 from domain.datalayer.attributes import (
     IN_FLIGHT_LOAD,
     PREFIX_CACHE_MATCH_INFO,
@@ -21,6 +23,7 @@ from domain.scheduling.interfaces import Filter, Scorer
 from domain.scheduling.plugins import prefix_affinity_filter, token_load_scorer
 from domain.scheduling.plugins.prefix_affinity_filter import PrefixAffinityFilterParameters
 from domain.scheduling.types import Candidate, InferenceRequest, ProfileRunResult, SchedulingResult
+from tests.bench.profiles import sticky_config
 from tests.support.scheduling import candidate, cycle, inference_request, plugin_handle
 
 PEAK = 1000.0  # tokens per second: 1 token = 1 ms of estimated TTFT
@@ -201,3 +204,57 @@ async def test_without_output_tokens_only_the_uncached_input_is_booked() -> None
     params = InFlightLoadParameters(add_estimated_output_tokens=False)
     assert await _booked(params, 6) == 400
     assert await _booked(params, 10) == 0
+
+
+# --- config through the loader ----------------------------------------------------------------
+
+
+def test_the_sticky_profile_loads_with_the_new_api_group() -> None:
+    loaded = load_config(sticky_config(), registry=build_registry(), handle=plugin_handle())
+    profile = loaded.profiles["default"]
+    assert [f.typed_name.type for f in profile.filters] == [prefix_affinity_filter.TYPE]
+    assert [w.scorer.typed_name.type for w in profile.scorers] == [token_load_scorer.TYPE]
+    assert profile.picker.typed_name.type == "max-score-picker"
+    assert {p.typed_name.type for p in loaded.data_producers} == {
+        "approx-prefix-cache-producer",
+        "inflight-load-producer",
+    }
+
+
+@pytest.mark.parametrize(
+    ("entry", "message"),
+    [
+        (
+            "{type: prefix-cache-affinity-filter, parameters: {peakPrefillThroughput: 0}}",
+            "plugins[0].parameters.peakPrefillThroughput: must be a finite number > 0",
+        ),
+        (
+            "{type: prefix-cache-affinity-filter, parameters: {maxTTFTPenaltyMs: -5}}",
+            "plugins[0].parameters.maxTTFTPenaltyMs: must be >= 0",
+        ),
+        (
+            "{type: prefix-cache-affinity-filter, parameters: {ttftSource: latencyPredictor}}",
+            "plugins[0].parameters.ttftSource: latencyPredictor needs a latency predictor",
+        ),
+        (
+            "{type: prefix-cache-affinity-filter, parameters: {explorationProbability: 1.5}}",
+            "plugins[0].parameters.explorationProbability: must be within [0, 1]",
+        ),
+        (
+            "{type: token-load-scorer, parameters: {queueThresholdTokens: 0}}",
+            "plugins[0].parameters.queueThresholdTokens: must be > 0",
+        ),
+        (
+            "{type: inflight-load-producer, parameters: {addEstimatedOutputTokens: 1}}",
+            "plugins[0].parameters.addEstimatedOutputTokens",
+        ),
+        (
+            "{type: header-profile-handler, parameters: {headerName: ''}}",
+            "plugins[0].parameters.headerName: must not be empty",
+        ),
+    ],
+)
+def test_out_of_range_parameters_stop_start_up_naming_the_entry(entry: str, message: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        load_config(f"plugins:\n- {entry}\n", registry=build_registry(), handle=plugin_handle())
+    assert message in str(caught.value)
