@@ -241,6 +241,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_bool(
         parser,
+        "--emit-endpoint-scores",
+        False,
+        "put the primary profile's per-endpoint scores in the envoy.lb dynamic metadata"
+        " (x-gateway-destination-endpoint-scores)",
+    )
+    _add_bool(
+        parser,
         "--disable-endpoint-subset-filter",
         False,
         "ignore the gateway's envoy.lb.subset_hint metadata",
@@ -395,7 +402,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--redis-deadline",
         _duration,
         "5ms",
-        "the routing path's budget for the shared prefix match; past it, the local index",
+        "the routing path's budget for the shared prefix match (past it, the local index)"
+        " and for each session-binding read or write (past it, unbound)",
     )
     _add(parser, "--redis-lease", _duration, "10s", "how long a process's published load lives")
     _add(

@@ -13,7 +13,13 @@ from adapters.envoy.server import GrpcServers
 from adapters.envoy.tls import ServerCertificate, load_certificate, self_signed_certificate
 from adapters.jsoncodec.orjson_codec import OrjsonCodec
 from adapters.prometheus.exporter import PrometheusObserver, TextPage
-from adapters.redis import RedisClient, RedisPrefixIndex, RedisSharedLoad, connect
+from adapters.redis import (
+    RedisClient,
+    RedisPrefixIndex,
+    RedisSessionStore,
+    RedisSharedLoad,
+    connect,
+)
 from adapters.xxhash.block_hasher import XxhashBlockHasher
 from app.config.loader import LoadedConfig, load_config
 from app.config_watch import ConfigWatcher
@@ -39,6 +45,7 @@ from domain.scheduling.scheduler import Scheduler
 from domain.scheduling.types import Candidate
 from domain.sharedstate.load import LocalSharedLoad
 from domain.sharedstate.resilient_index import ResilientPrefixIndex
+from domain.sharedstate.sessions import InMemorySessionStore
 from ports.access import RequestAuthorizer
 from ports.codec import JsonCodec
 from ports.datalayer import NotificationSource, PollingDataSource
@@ -46,6 +53,7 @@ from ports.endpoints import EndpointSource
 from ports.objectives import ObjectiveSink
 from ports.observer import Observer
 from ports.prefix_index import BlockHasher, PrefixIndex
+from ports.sessions import SessionStore
 from ports.shared_state import SharedLoad
 
 if TYPE_CHECKING:
@@ -135,6 +143,12 @@ def _shared_load(settings: Settings, client: RedisClient | None, observer: Obser
     )
 
 
+def _sessions(settings: Settings, client: RedisClient | None) -> SessionStore:
+    if client is None:
+        return InMemorySessionStore()
+    return RedisSessionStore(client, key_prefix=settings.shared_key_prefix())
+
+
 def _registry(settings: Settings) -> PluginRegistry:
     """Every plugin type; Kubernetes-backed ones reach the API unless in static mode."""
     if settings.static_endpoints:
@@ -164,6 +178,8 @@ def _handle(
     datastore: Datastore,
     observer: Observer,
     shared_load: SharedLoad,
+    sessions: SessionStore,
+    settings: Settings,
 ) -> Handle:
     return Handle(
         codec=codec,
@@ -172,6 +188,8 @@ def _handle(
         datastore=datastore,
         observer=observer,
         shared_load=shared_load,
+        sessions=sessions,
+        shared_state_deadline=settings.redis_deadline,
     )
 
 
@@ -224,6 +242,7 @@ def _request_control(
         prepare_data_timeout=settings.prepare_data_timeout,
         subset_filter=not settings.disable_endpoint_subset_filter,
         explain_decisions=settings.explain_decisions,
+        emit_endpoint_scores=settings.emit_endpoint_scores,
     )
 
 
@@ -319,6 +338,8 @@ class Container(containers.DeclarativeContainer):
     prefix_index = providers.Singleton(_prefix_index, settings, redis_client, observer)
     # The other processes' in-flight load: none without --redis-url.
     shared_load = providers.Singleton(_shared_load, settings, redis_client, observer)
+    # The session_id bindings of session affinity: shared too with --redis-url.
+    sessions = providers.Singleton(_sessions, settings, redis_client)
     scheduling_observer = providers.Singleton(SchedulingReporter, observer)
     metrics_authorizer = providers.Singleton(_metrics_authorizer, settings)
     pprof_pages = providers.Singleton(_pprof_pages, settings)
@@ -334,7 +355,15 @@ class Container(containers.DeclarativeContainer):
     )
     # --- end observability ---
     handle = providers.Singleton(
-        _handle, codec, hasher, prefix_index, datastore, observer, shared_load
+        _handle,
+        codec,
+        hasher,
+        prefix_index,
+        datastore,
+        observer,
+        shared_load,
+        sessions,
+        settings,
     )
     config_text = providers.Singleton(_config_text, settings)
     config = providers.Singleton(_loaded_config, config_text, registry, handle)

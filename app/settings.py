@@ -36,6 +36,7 @@ class Settings(BaseModel):
     kubeconfig: Path | None = None
     prepare_data_timeout: float = Field(default=0.4, gt=0)
     explain_decisions: bool = False
+    emit_endpoint_scores: bool = False
     disable_endpoint_subset_filter: bool = False
     refresh_metrics_interval: float = Field(default=0.05, gt=0)
     refresh_prometheus_metrics_interval: float = Field(default=5.0, gt=0)

@@ -22,6 +22,8 @@ __all__ = [
     "INFERENCE_OBJECTIVES",
     "INFERENCE_POOLS_V1",
     "INFERENCE_POOLS_V1ALPHA2",
+    "LLMD_INFERENCE_MODEL_REWRITES",
+    "LLMD_INFERENCE_OBJECTIVES",
     "PODS",
     "KubeObject",
     "RequestTimeout",
@@ -70,6 +72,16 @@ INFERENCE_OBJECTIVES = ResourceType(
 )
 INFERENCE_MODEL_REWRITES = ResourceType(
     group="inference.networking.x-k8s.io",
+    version="v1alpha2",
+    plural="inferencemodelrewrites",
+    kind="InferenceModelRewrite",
+)
+#: The llm-d router's 2026 group for the same two kinds; when served, it wins over the above.
+LLMD_INFERENCE_OBJECTIVES = ResourceType(
+    group="llm-d.ai", version="v1alpha2", plural="inferenceobjectives", kind="InferenceObjective"
+)
+LLMD_INFERENCE_MODEL_REWRITES = ResourceType(
+    group="llm-d.ai",
     version="v1alpha2",
     plural="inferencemodelrewrites",
     kind="InferenceModelRewrite",

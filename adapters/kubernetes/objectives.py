@@ -5,6 +5,10 @@ set) is the pool's group, count. Objectives map ``metadata.name`` to ``spec.prio
 when unset). Every rule of a rewrite becomes one ``ModelRewriteRule`` per ``matches[].model.value``
 (a rule without matches applies to every model: match ``""``), with the resource's
 ``creationTimestamp`` as ``created`` and the rule's index as ``order``.
+
+Both kinds exist in two API groups: ``llm-d.ai/v1alpha2`` (the llm-d router's, 2026) and
+``inference.networking.x-k8s.io/v1alpha2``. When the cluster serves the newer group, only
+its resources count; the older group's count only where the newer is not served.
 """
 
 from __future__ import annotations
@@ -21,6 +25,9 @@ from ports.objectives import ModelRewriteRule, ModelRewriteTarget, ObjectiveSink
 __all__ = ["ObjectiveTracker", "objective_priority", "references_pool", "rewrite_rules"]
 
 _LOG = logging.getLogger(__name__)
+
+NEWER_GROUP = "llm-d.ai/v1alpha2"
+LEGACY_GROUP = "inference.networking.x-k8s.io/v1alpha2"
 
 
 def references_pool(obj: KubeObject, *, pool_name: str, pool_group: str) -> bool:
@@ -61,10 +68,45 @@ def rewrite_rules(obj: KubeObject) -> list[ModelRewriteRule]:
     return rules
 
 
+class _Collection:
+    """The objects of one kind from one group's watch."""
+
+    __slots__ = ("absent", "objects", "synced")
+
+    def __init__(self) -> None:
+        self.objects: dict[str, KubeObject] = {}
+        self.synced = False
+        self.absent = False
+
+
+class _Kind:
+    """One kind (objectives or rewrites) watched in the newer ``llm-d.ai`` group and the
+    legacy ``inference.networking.x-k8s.io`` group. The newer wins whenever its CRD is
+    served (its watch synced); the legacy group counts only once the newer one is known
+    not to be served (as in the reference: when both exist, only the new ones count)."""
+
+    __slots__ = ("legacy", "newer", "what")
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+        self.newer = _Collection()
+        self.legacy = _Collection()
+
+    def effective(self) -> dict[str, KubeObject] | None:
+        """The objects that count, or None while that is not known yet."""
+        if self.newer.synced:
+            return self.newer.objects
+        if self.newer.absent and self.legacy.synced:
+            return self.legacy.objects
+        return None
+
+
 class ObjectiveTracker:
     """Keeps the pool's objectives and rewrites from watch events; lives on the event loop.
 
-    Reports the complete sets to the sink once the respective list is synced, then after every
+    Each kind is watched in two groups (``llm-d.ai/v1alpha2``, the newer, and
+    ``inference.networking.x-k8s.io/v1alpha2``); see ``_Kind`` for which one counts. Reports
+    the complete sets to the sink once the counting watch is synced, then after every
     change that alters them.
     """
 
@@ -72,40 +114,48 @@ class ObjectiveTracker:
         self._sink = sink
         self._pool_name = pool_name
         self._pool_group = pool_group
-        self._objectives: dict[str, KubeObject] = {}
-        self._rewrites: dict[str, KubeObject] = {}
-        self._objectives_synced = False
-        self._rewrites_synced = False
+        self._objectives = _Kind("InferenceObjective")
+        self._rewrites = _Kind("InferenceModelRewrite")
         self._published_priorities: dict[str, int | None] | None = None
         self._published_rules: list[ModelRewriteRule] | None = None
 
     def on_objective(self, event: WatchEvent) -> None:
-        if event.kind is WatchEventKind.ABSENT:
-            _LOG.info(
-                "InferenceObjective is not served by the API server "
-                "(inference.networking.x-k8s.io/v1alpha2); objectives are not watched"
-            )
-            return
-        if event.kind is WatchEventKind.SYNCED:
-            self._objectives_synced = True
-        else:
-            self._track(self._objectives, event)
-        if self._objectives_synced:
-            self._publish_objectives()
+        """An event of the ``llm-d.ai`` InferenceObjective watch."""
+        self._on(self._objectives, self._objectives.newer, event, NEWER_GROUP)
+        self._publish_objectives()
+
+    def on_legacy_objective(self, event: WatchEvent) -> None:
+        """An event of the ``inference.networking.x-k8s.io`` InferenceObjective watch."""
+        self._on(self._objectives, self._objectives.legacy, event, LEGACY_GROUP)
+        self._publish_objectives()
 
     def on_rewrite(self, event: WatchEvent) -> None:
+        self._on(self._rewrites, self._rewrites.newer, event, NEWER_GROUP)
+        self._publish_rules()
+
+    def on_legacy_rewrite(self, event: WatchEvent) -> None:
+        self._on(self._rewrites, self._rewrites.legacy, event, LEGACY_GROUP)
+        self._publish_rules()
+
+    def _on(self, kind: _Kind, collection: _Collection, event: WatchEvent, group: str) -> None:
         if event.kind is WatchEventKind.ABSENT:
-            _LOG.info(
-                "InferenceModelRewrite is not served by the API server "
-                "(inference.networking.x-k8s.io/v1alpha2); model rewrites are not watched"
-            )
+            collection.absent = True
+            if kind.newer.absent and kind.legacy.absent:
+                _LOG.info(
+                    "%s is not served (neither %s nor %s); it is not watched",
+                    kind.what,
+                    NEWER_GROUP,
+                    LEGACY_GROUP,
+                )
             return
         if event.kind is WatchEventKind.SYNCED:
-            self._rewrites_synced = True
-        else:
-            self._track(self._rewrites, event)
-        if self._rewrites_synced:
-            self._publish_rules()
+            if not collection.synced and collection is kind.newer:
+                _LOG.info(
+                    "%s: the %s resources count (%s is ignored)", kind.what, group, LEGACY_GROUP
+                )
+            collection.synced = True
+            return
+        self._track(collection.objects, event)
 
     def _track(self, objects: dict[str, KubeObject], event: WatchEvent) -> None:
         obj = event.object or {}
@@ -120,15 +170,19 @@ class ObjectiveTracker:
             objects.pop(name, None)
 
     def _publish_objectives(self) -> None:
-        priorities = {
-            name: objective_priority(obj) for name, obj in sorted(self._objectives.items())
-        }
+        objects = self._objectives.effective()
+        if objects is None:
+            return
+        priorities = {name: objective_priority(obj) for name, obj in sorted(objects.items())}
         if priorities != self._published_priorities:
             self._published_priorities = priorities
             self._sink.set_objectives(dict(priorities))
 
     def _publish_rules(self) -> None:
-        rules = [rule for _, obj in sorted(self._rewrites.items()) for rule in rewrite_rules(obj)]
+        objects = self._rewrites.effective()
+        if objects is None:
+            return
+        rules = [rule for _, obj in sorted(objects.items()) for rule in rewrite_rules(obj)]
         if rules != self._published_rules:
             self._published_rules = rules
             self._sink.set_rules(tuple(rules))

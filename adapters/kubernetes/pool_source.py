@@ -23,6 +23,8 @@ from adapters.kubernetes.api import (
     INFERENCE_OBJECTIVES,
     INFERENCE_POOLS_V1,
     INFERENCE_POOLS_V1ALPHA2,
+    LLMD_INFERENCE_MODEL_REWRITES,
+    LLMD_INFERENCE_OBJECTIVES,
     PODS,
     KubeObject,
     ResourceApi,
@@ -182,8 +184,13 @@ class _PoolRun:
                 pool_group=self._pool_resource.group,
             )
             discovering = dataclasses.replace(self._options, require_discovery=True)
-            self._start_watch(self._api(INFERENCE_OBJECTIVES), tracker.on_objective, discovering)
-            self._start_watch(self._api(INFERENCE_MODEL_REWRITES), tracker.on_rewrite, discovering)
+            for resource, on_event in (
+                (LLMD_INFERENCE_OBJECTIVES, tracker.on_objective),
+                (INFERENCE_OBJECTIVES, tracker.on_legacy_objective),
+                (LLMD_INFERENCE_MODEL_REWRITES, tracker.on_rewrite),
+                (INFERENCE_MODEL_REWRITES, tracker.on_legacy_rewrite),
+            ):
+                self._start_watch(self._api(resource), on_event, discovering)
 
     async def close(self) -> None:
         await stop_all(self._watches)

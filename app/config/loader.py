@@ -46,6 +46,7 @@ from domain.requestcontrol.interfaces import (
     ResponseHeaderProcessor,
     SaturationDetector,
 )
+from domain.requestcontrol.parsers import ParserRouter
 from domain.scheduling.interfaces import ProfileHandler
 from domain.scheduling.profile import SchedulerProfile
 
@@ -85,6 +86,8 @@ DEFAULT_CONFIG: dict[str, Any] = {
 }
 
 DEFAULT_PARSER = "openai-parser"
+#: Added beside the default parser when no parser is configured (``/v1/messages``).
+ANTHROPIC_PARSER = "anthropic-parser"
 DEFAULT_SATURATION_DETECTOR = "utilization-detector"
 
 
@@ -178,12 +181,30 @@ def _feature_gates(spec: EndpointPickerConfigSpec) -> frozenset[str]:
 
 
 def _parser(instances: PluginInstances, spec: EndpointPickerConfigSpec) -> Parser:
+    """``requestHandler.parsers`` (several: a ``ParserRouter``), else the legacy ``parser``,
+    else ``openai-parser`` plus, when registered, ``anthropic-parser``."""
+    handler = spec.request_handler
+    if handler is not None and handler.parsers:
+        if spec.parser is not None:
+            raise ConfigError("parser: give either parser or requestHandler.parsers, not both")
+        parsers: list[Parser] = [
+            instances.section_ref(ref, f"requestHandler.parsers[{i}].pluginRef", Parser, "parser")
+            for i, ref in enumerate(handler.parsers)
+        ]
+        names = [p.typed_name.name for p in parsers]
+        for i, name in enumerate(names):
+            if name in names[:i]:
+                raise ConfigError(f'requestHandler.parsers[{i}]: "{name}" is listed twice')
+        return parsers[0] if len(parsers) == 1 else ParserRouter(parsers)
     ref = spec.parser
     if ref is not None:
         found: Parser = instances.section_ref(ref, "parser.pluginRef", Parser, "parser")
         return found
     parser: Parser = instances.required_default(DEFAULT_PARSER, "parser", Parser, "parser")
-    return parser
+    if ANTHROPIC_PARSER not in instances.registry:
+        return parser
+    anthropic: Parser = instances.required_default(ANTHROPIC_PARSER, "parser", Parser, "parser")
+    return ParserRouter([parser, anthropic])
 
 
 def _saturation_detector(

@@ -16,7 +16,9 @@ from app.config.parameters import parse_duration_value, parse_quantity_value
 
 __all__ = [
     "API_VERSION",
+    "API_VERSIONS",
     "KIND",
+    "LLMD_API_VERSION",
     "DataLayerSection",
     "DataSourceSpec",
     "DefaultPriorityBandSpec",
@@ -27,10 +29,14 @@ __all__ = [
     "PluginRefSpec",
     "PriorityBandSpec",
     "ProfilePluginRef",
+    "RequestHandlerSection",
     "SchedulingProfileSpec",
 ]
 
 API_VERSION = "inference.networking.x-k8s.io/v1alpha1"
+#: The group the reference moved EndpointPickerConfig to in 2026 (accepted as well).
+LLMD_API_VERSION = "llm-d.ai/v1alpha1"
+API_VERSIONS = (LLMD_API_VERSION, API_VERSION)
 KIND = "EndpointPickerConfig"
 
 #: A non-negative whole Kubernetes quantity (``10Gi``, ``5000``).
@@ -75,6 +81,12 @@ class PluginRefSpec(_Strict):
     """A section that names one plugin (``parser``, ``saturationDetector``)."""
 
     plugin_ref: str = Field(alias="pluginRef")
+
+
+class RequestHandlerSection(_Strict):
+    """``requestHandler``: the parsers, in the order their path claims are tried."""
+
+    parsers: Annotated[list[PluginRefSpec], _OrEmpty] = Field(default_factory=list)
 
 
 class ExtractorSpec(_Strict):
@@ -134,7 +146,8 @@ class FlowControlSpec(_Strict):
 
 class EndpointPickerConfigSpec(_Strict):
     """The whole document. ``apiVersion``/``kind`` may be left out; when given they must be
-    the reference's."""
+    the reference's (``apiVersion`` ``llm-d.ai/v1alpha1`` or the older
+    ``inference.networking.x-k8s.io/v1alpha1``)."""
 
     api_version: str | None = Field(default=None, alias="apiVersion")
     kind: str | None = None
@@ -149,12 +162,14 @@ class EndpointPickerConfigSpec(_Strict):
     data_layer: DataLayerSection | None = Field(default=None, alias="dataLayer")
     flow_control: FlowControlSpec | None = Field(default=None, alias="flowControl")
     parser: PluginRefSpec | None = None
+    request_handler: RequestHandlerSection | None = Field(default=None, alias="requestHandler")
 
     @field_validator("api_version")
     @classmethod
     def _check_api_version(cls, value: str | None) -> str | None:
-        if value is not None and value != API_VERSION:
-            raise ValueError(f"must be {API_VERSION!r}, got {value!r}")
+        if value is not None and value not in API_VERSIONS:
+            allowed = " or ".join(repr(v) for v in API_VERSIONS)
+            raise ValueError(f"must be {allowed}, got {value!r}")
         return value
 
     @field_validator("kind")

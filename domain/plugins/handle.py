@@ -10,9 +10,11 @@ from dataclasses import dataclass, field
 from domain.datastore.store import Datastore
 from domain.plugins.plugin import Plugin, PluginConfigError
 from domain.sharedstate.load import LocalSharedLoad
+from domain.sharedstate.sessions import InMemorySessionStore
 from ports.codec import JsonCodec
 from ports.observer import NoopObserver, Observer
 from ports.prefix_index import BlockHasher, PrefixIndex
+from ports.sessions import SessionStore
 from ports.shared_state import SharedLoad
 
 __all__ = ["Handle"]
@@ -26,7 +28,9 @@ class Handle:
     receives the plugins' metrics and spans (a no-op unless the app wires one). A factory
     finds the plugins configured before it in ``plugins``. ``shared_load`` is the in-flight
     load the pool's other EPP processes booked (``LocalSharedLoad``, none, unless the app
-    wires a shared store).
+    wires a shared store). ``sessions`` holds the session bindings of the ``session_id``
+    session-affinity strategy (in memory unless the app wires a shared store), each read or
+    write of which may take ``shared_state_deadline`` seconds on the request path.
     """
 
     codec: JsonCodec
@@ -37,6 +41,9 @@ class Handle:
     clock: Callable[[], float] = time.monotonic
     observer: Observer = field(default_factory=NoopObserver)
     shared_load: SharedLoad = field(default_factory=LocalSharedLoad)
+    sessions: SessionStore = field(default_factory=InMemorySessionStore)
+    #: Seconds a shared store may take per call on the request path (``--redis-deadline``).
+    shared_state_deadline: float = 0.005
     plugins: dict[str, Plugin] = field(default_factory=dict)
 
     def add_plugin(self, plugin: Plugin) -> None:

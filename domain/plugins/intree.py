@@ -26,6 +26,13 @@ IN_TREE_MODULES = (
     "domain.scheduling.plugins.header_filter",
     "domain.scheduling.plugins.prefix_cache_scorer",
     "domain.scheduling.plugins.prefix_affinity_filter",
+    "domain.scheduling.plugins.utilization_filter",
+    "domain.scheduling.plugins.no_hit_lru_scorer",
+    "domain.scheduling.plugins.endpoint_attribute_filter",
+    "domain.scheduling.plugins.endpoint_attribute_scorer",
+    "domain.scheduling.plugins.header_profile_handler",
+    "domain.scheduling.plugins.session_affinity_filter",
+    "domain.scheduling.plugins.session_affinity_scorer",
     # request control
     "domain.requestcontrol.plugins.prefix_producer",
     "domain.requestcontrol.plugins.inflight_load",
@@ -34,6 +41,7 @@ IN_TREE_MODULES = (
     "domain.requestcontrol.plugins.served_verifier",
     "domain.requestcontrol.plugins.openai_parser",
     "domain.requestcontrol.plugins.passthrough_parser",
+    "domain.requestcontrol.plugins.anthropic_parser",
     # data layer
     "domain.datalayer.plugins.core_metrics_extractor",
     "domain.datalayer.plugins.endpoint_notification_source",

@@ -81,6 +81,9 @@ PREFILLER_HEADER = "x-prefiller-host-port"
 PREFILL_PROFILE = "prefill"
 DEFAULT_FAIRNESS_ID = "default-flow"
 DECISION_HEADER = "x-epp-decision"
+#: The ``envoy.lb`` key of the per-endpoint scores (``--emit-endpoint-scores``).
+ENDPOINT_SCORES_KEY = "x-gateway-destination-endpoint-scores"
+LB_METADATA_NAMESPACE = "envoy.lb"
 
 ORCHESTRATION_SPAN = "gateway.request_orchestration"
 PREPARE_DATA_SPAN = "gateway.prepare_data"
@@ -103,6 +106,8 @@ class RequestControl:
     prepare_data_timeout: float = 0.4
     subset_filter: bool = True
     explain_decisions: bool = False
+    #: Put the primary profile's scores in ``envoy.lb`` (``ENDPOINT_SCORES_KEY``).
+    emit_endpoint_scores: bool = False
     #: Legacy admission (shed sheddable requests when saturated) unless flow control is on.
     admission: Admission | None = None
 
@@ -264,6 +269,8 @@ class RequestExchangeState:
         )
         if self._control.explain_decisions:
             request.explanations = {}
+        if d.control.emit_endpoint_scores:
+            request.profile_scores = {}
         self.request = request
         span.set_attribute("target_model", request.target_model)
         span.set_attribute("request_prio", request.priority)
@@ -346,10 +353,22 @@ class RequestExchangeState:
         logger.debug(
             "request %s model %s -> %s", request.request_id, request.target_model, self.target.name
         )
+        metadata: dict[str, dict[str, object]] = {}
+        if request.profile_scores is not None:
+            scored = request.profile_scores.get(result.primary_profile_name)
+            if scored is not None:
+                candidates, totals = scored
+                metadata[LB_METADATA_NAMESPACE] = {
+                    ENDPOINT_SCORES_KEY: {
+                        c.info.address.host_port(): total
+                        for c, total in zip(candidates, totals, strict=True)
+                    }
+                }
         return RoutingDecision(
             endpoints=tuple(c.info.address for c in targets),
             body=body,
             headers=tuple(extra_headers),
+            dynamic_metadata=metadata,
         )
 
     async def _prepare_data(

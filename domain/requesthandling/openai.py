@@ -37,6 +37,8 @@ class ApiKind(enum.StrEnum):
     RESPONSES = "responses"
     CONVERSATIONS = "conversations"
     EMBEDDINGS = "embeddings"
+    #: The Anthropic Messages API (``anthropic-parser``).
+    MESSAGES = "messages"
 
 
 # Checked in order: ``/chat/completions`` must win over ``/completions``.
@@ -98,7 +100,9 @@ class ParsedRequest:
         - responses: JSON of a list of ``{"instructions": ...}``,
           ``{"tools": ...}`` and ``{"input": ...}`` objects, absent parts skipped;
         - conversations: JSON of ``items``;
-        - embeddings: JSON of ``input``.
+        - embeddings: JSON of ``input``;
+        - messages (Anthropic): JSON of a list of ``{"system": ...}``, ``{"tools": ...}``
+          and ``{"messages": ...}`` objects, absent parts skipped.
 
         JSON is encoded with sorted keys, so the client's key order does not
         change the bytes. With ``limit``, a text prompt is cut to at most ``limit``
@@ -130,6 +134,13 @@ class ParsedRequest:
                 return codec.dumps(payload.get("items"), sort_keys=True)
             case ApiKind.EMBEDDINGS:
                 return codec.dumps(payload.get("input"), sort_keys=True)
+            case ApiKind.MESSAGES:
+                parts = [
+                    {key: payload[key]}
+                    for key in ("system", "tools", "messages")
+                    if payload.get(key) is not None
+                ]
+                return codec.dumps(parts, sort_keys=True)
 
 
 class OpenAIParser:

@@ -63,17 +63,30 @@ def usage_from_payload(payload: Any) -> Usage | None:
     A Responses API ``response.completed`` event carries the usage under
     ``response.usage``. Fields of the wrong type are ignored; a missing
     ``total_tokens`` is the sum of the prompt and completion counts.
+
+    Anthropic usage (an object with ``cache_read_input_tokens`` or
+    ``cache_creation_input_tokens``, or a ``message``/``message_start``/
+    ``message_delta`` payload): the prompt is ``input_tokens`` plus both cache counts
+    (``input_tokens`` excludes them), and the cached tokens are
+    ``cache_read_input_tokens``; ``message_start`` carries its usage under ``message``.
     """
     if not isinstance(payload, dict):
         return None
     source: dict[Any, Any] = payload
-    if payload.get("type") == "response.completed":
+    kind = payload.get("type")
+    if kind == "response.completed":
         response = payload.get("response")
         if isinstance(response, dict):
             source = response
+    elif kind == "message_start":
+        message = payload.get("message")
+        if isinstance(message, dict):
+            source = message
     usage = source.get("usage")
     if not isinstance(usage, dict):
         return None
+    if kind in _ANTHROPIC_TYPES or any(key in usage for key in _ANTHROPIC_CACHE_KEYS):
+        return _anthropic_usage(usage)
 
     obj = source.get("object")
     obj = obj if isinstance(obj, str) else ""
@@ -110,6 +123,23 @@ def usage_from_payload(payload: Any) -> Usage | None:
     )
 
 
+_ANTHROPIC_TYPES = frozenset({"message", "message_start", "message_delta"})
+_ANTHROPIC_CACHE_KEYS = ("cache_read_input_tokens", "cache_creation_input_tokens")
+
+
+def _anthropic_usage(usage: dict[Any, Any]) -> Usage:
+    cached = _count(usage.get("cache_read_input_tokens")) or 0
+    created = _count(usage.get("cache_creation_input_tokens")) or 0
+    prompt = (_count(usage.get("input_tokens")) or 0) + cached + created
+    completion = _count(usage.get("output_tokens")) or 0
+    return Usage(
+        prompt_tokens=prompt,
+        completion_tokens=completion,
+        total_tokens=prompt + completion,
+        cached_tokens=cached,
+    )
+
+
 def usage_from_body(body: bytes, codec: JsonCodec) -> Usage | None:
     """Token usage from a complete (non-streaming) response body; None if absent or invalid."""
     try:
@@ -131,10 +161,13 @@ class SseUsageScanner:
     Chunks may split lines at any byte. Only an incomplete ``data:`` line is
     buffered; other lines are dropped as they arrive, and a ``data:`` line
     longer than ``max_line_bytes`` is dropped too. The first event whose JSON
-    carries usage wins; after that the scanner ignores further input.
+    carries usage wins; after that the scanner ignores further input. Anthropic streams
+    report the prompt in ``message_start`` and the output in ``message_delta``: the
+    first is kept aside and the second completes it (the first alone is the usage when
+    the stream ends before a delta).
     """
 
-    __slots__ = ("_buf", "_codec", "_max_line_bytes", "_skipping", "_usage")
+    __slots__ = ("_buf", "_codec", "_max_line_bytes", "_skipping", "_started", "_usage")
 
     def __init__(self, codec: JsonCodec, *, max_line_bytes: int = DEFAULT_MAX_LINE_BYTES) -> None:
         self._codec = codec
@@ -142,10 +175,11 @@ class SseUsageScanner:
         self._buf = bytearray()
         self._skipping = False  # the current incomplete line is not needed
         self._usage: Usage | None = None
+        self._started: Usage | None = None  # an Anthropic message_start's usage
 
     @property
     def usage(self) -> Usage | None:
-        return self._usage
+        return self._usage if self._usage is not None else self._started
 
     def feed(self, chunk: bytes) -> None:
         if self._usage is not None or not chunk:
@@ -204,7 +238,24 @@ class SseUsageScanner:
             payload = self._codec.loads(data)
         except JsonDecodeError:
             return
-        self._usage = usage_from_payload(payload)
+        usage = usage_from_payload(payload)
+        if usage is None or not isinstance(payload, dict):
+            return
+        kind = payload.get("type")
+        if kind == "message_start":
+            self._started = usage
+            return
+        started = self._started
+        if kind == "message_delta" and started is not None:
+            prompt = usage.prompt_tokens or started.prompt_tokens
+            completion = usage.completion_tokens
+            usage = Usage(
+                prompt_tokens=prompt,
+                completion_tokens=completion,
+                total_tokens=prompt + completion,
+                cached_tokens=usage.cached_tokens or started.cached_tokens,
+            )
+        self._usage = usage
 
 
 def rewrite_model_back(chunk: bytes, target: str, incoming: str, codec: JsonCodec) -> bytes:

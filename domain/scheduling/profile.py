@@ -93,6 +93,8 @@ class SchedulerProfile:
         if explanations is not None:
             breakdown = [[] for _ in candidates]
             explanations[self.name] = ProfileExplanation(candidates, totals, breakdown)
+        if request.profile_scores is not None:
+            request.profile_scores[self.name] = (candidates, totals)
         for weighted in self.scorers:
             scorer = weighted.scorer
             plugin_span = (

@@ -113,6 +113,9 @@ class InferenceRequest:
     received_at: float = 0.0
     scheduling_result: SchedulingResult | None = None
     explanations: dict[str, ProfileExplanation] | None = None
+    #: Profile name -> (the scored candidates, their weighted totals), kept only when the
+    #: scores are emitted (``--emit-endpoint-scores``).
+    profile_scores: dict[str, tuple[Sequence[Candidate], list[float]]] | None = None
     response_headers: list[tuple[str, str]] | None = None
 
     def add_response_header(self, name: str, value: str) -> None:

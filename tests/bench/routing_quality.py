@@ -6,6 +6,10 @@ a small KV cache, the EPP, Envoy from the shipped config):
 
 - ``default``: the EPP without a config (queue, KV-cache-utilization and prefix-cache
   scorers, max-score picker);
+- ``sticky``: "sticky until saturated" (``tests.bench.profiles.sticky_config``):
+  ``prefix-cache-affinity-filter`` with its TTFT gate, ``token-load-scorer`` with the prompt
+  look-ahead, ``max-score-picker``; ``peakPrefillThroughput`` is the simulator's 4,000
+  tokens/s;
 - ``random``: the EPP with a config of only ``random-picker`` (uniformly random routing).
 
 Workload: ``--groups`` (20) groups of ``--prompts-per-group`` (5) prompts; each prompt is
@@ -27,6 +31,7 @@ requests per instance, how many instances served each group, KV evictions, preem
 errors. A full run takes about a minute on 2 cores, ``--quick`` about 15 s.
 
     .venv/bin/python -m tests.bench.routing_quality [--quick] [--seed 1]
+        [--modes default,sticky,random]
 """
 
 from __future__ import annotations
@@ -44,21 +49,16 @@ from typing import Any
 import aiohttp
 import orjson
 
+from tests.bench.profiles import RANDOM_CONFIG, sticky_config
 from tests.simulator import DEFAULT_MODEL
 from tests.simulator.server import INSTANCE_HEADER
 from tests.support.stack import Stack, StackOptions
 
-RANDOM_CONFIG = """\
-apiVersion: inference.networking.x-k8s.io/v1alpha1
-kind: EndpointPickerConfig
-plugins:
-- type: random-picker
-schedulingProfiles:
-- name: default
-  plugins:
-  - pluginRef: random-picker
-"""
-MODES: dict[str, list[str]] = {"default": [], "random": ["--config-text", RANDOM_CONFIG]}
+MODES: dict[str, list[str]] = {
+    "default": [],
+    "sticky": ["--config-text", sticky_config()],
+    "random": ["--config-text", RANDOM_CONFIG],
+}
 
 SYSTEM_CHARS = 8000  # 2,000 pseudo-tokens = 125 blocks of 16 tokens (64 characters)
 QUESTION_CHARS = 800  # 200 pseudo-tokens
@@ -321,7 +321,7 @@ def main() -> None:
     parser.add_argument("--max-num-seqs", type=int, default=0, help="0: the preset's")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--base-ip", default="127.0.0.200")
-    parser.add_argument("--modes", default="default,random")
+    parser.add_argument("--modes", default="default,sticky,random")
     args = parser.parse_args()
     if args.rounds is None:
         args.rounds = 2 if args.quick else 6

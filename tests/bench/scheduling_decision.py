@@ -29,7 +29,11 @@ directly (parse, hashing, index match, attributes, scoring+picking, index update
 
     .venv/bin/python -m tests.bench.scheduling_decision [--quick] [--cell 100x4k]
         [--breakdown 1000x4k] [--no-breakdown] [--iterations N] [--warmup N]
-        [--fill 1.0] [--capacity 31250] [--seed 1] [--no-uvloop]
+        [--fill 1.0] [--capacity 31250] [--seed 1] [--no-uvloop] [--profile sticky]
+
+``--profile sticky`` measures "sticky until saturated" (``tests.bench.profiles``:
+prefix-cache-affinity-filter, token-load-scorer, max-score-picker, with the
+inflight-load-producer's PrepareData and PreRequest/response hooks) instead of the default.
 """
 
 from __future__ import annotations
@@ -74,6 +78,7 @@ from ports.metric_catalogue import PREFIX_INDEXER_HIT_RATIO, HistogramMetric
 from ports.observer import NoopObserver
 from ports.prefix_index import BlockHasher
 from ports.requests import InboundRequest
+from tests.bench.profiles import sticky_config
 from tests.support.director import configured_director
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
@@ -89,6 +94,8 @@ PREFIX_SHARE = 0.75
 #: Endpoint metrics are replaced every this many decisions (~ a 50 ms scrape at 1k req/s).
 REFRESH_EVERY = 20
 TARGET_CELL = (100, "4k")
+#: The configs ``--profile`` picks from (None: the in-tree default).
+PROFILES: dict[str, str | None] = {"default": None, "sticky": sticky_config(15928.0)}
 TARGET_P99_US = 1000.0
 CORPUS_CHARS = 1_500_000
 
@@ -390,9 +397,9 @@ class Bench:
     hits: PrefixHits
 
 
-def build(count: int, capacity: int, fill: float, seed: int) -> Bench:
+def build(count: int, capacity: int, fill: float, seed: int, config: str | None = None) -> Bench:
     pool = Pool(count, capacity, random.Random(seed + count))
-    director = configured_director(pool.datastore, seed=seed)
+    director = configured_director(pool.datastore, config, seed=seed)
     control = director.control
     producer = next(p for p in control.data_producers if isinstance(p, ApproxPrefixCacheProducer))
     index = producer._index  # the Handle's index; the bench pre-fills it
@@ -665,7 +672,7 @@ async def run(args: argparse.Namespace) -> None:
     times: dict[str, list[int]] | None = None
     target: Cell | None = None
     for count, sizes in plan.items():
-        bench = build(count, args.capacity, args.fill, args.seed)
+        bench = build(count, args.capacity, args.fill, args.seed, PROFILES[args.profile])
         for size in sizes:
             prompts = Prompts(corpus, PROMPT_SIZES[size], rng, size, SHARED_FRACTION)
             iterations = args.iterations or (
@@ -681,7 +688,8 @@ async def run(args: argparse.Namespace) -> None:
                 f" p99 {percentile(sorted(cell.route_ns), 0.99):.1f} µs",
                 flush=True,
             )
-            if (count, size) == focus and not args.no_breakdown:
+            # The breakdown calls the default profile's pieces by name.
+            if (count, size) == focus and not args.no_breakdown and args.profile == "default":
                 times = await breakdown(bench, prompts, iterations)
                 target = cell
         del bench
@@ -734,6 +742,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--no-uvloop", action="store_true")
     parser.add_argument("--no-breakdown", action="store_true")
+    parser.add_argument("--profile", choices=sorted(PROFILES), default="default")
     args = parser.parse_args()
     if args.fill is None:
         args.fill = 0.2 if args.quick else 1.0
@@ -744,7 +753,7 @@ def main() -> None:
         f" GC {'enabled' if gc.isenabled() else 'DISABLED'}, thresholds {gc.get_threshold()}"
     )
     print(
-        f"default profile; index capacity {args.capacity:,} blocks/endpoint, filled to"
+        f"{args.profile} profile; index capacity {args.capacity:,} blocks/endpoint, filled to"
         f" {args.fill:.0%}; {SHARED_FRACTION:.0%} of requests share one of"
         f" {SHARED_PREFIXES} prefixes ({PREFIX_SHARE:.0%} of the prompt)"
     )

@@ -134,3 +134,54 @@ async def test_replicas_alone_spread_one_prefix_over_servers() -> None:
         per_replica = _requests_per_replica(stack)
     assert all(count > 0 for count in per_replica), per_replica
     assert any(len(set(servers)) > 1 for servers in served.values()), served
+
+
+SESSION_CONFIG = """\
+apiVersion: llm-d.ai/v1alpha1
+kind: EndpointPickerConfig
+plugins:
+- type: session-affinity-filter
+  parameters: {strategy: session_id}
+- type: random-picker
+schedulingProfiles:
+- name: default
+  plugins:
+  - pluginRef: session-affinity-filter
+  - pluginRef: random-picker
+"""
+
+
+async def test_replicas_sharing_redis_share_session_bindings(redis: RedisServer) -> None:
+    """x-session-id bindings live in Redis: a session's requests, routed by every replica in
+    turn, all go where its first one went (the picker alone is random)."""
+    options = StackOptions(
+        simulators=3,
+        simulator_base_ip="127.0.0.82",
+        epp_replicas=REPLICAS,
+        epp_args=[
+            "--config-text",
+            SESSION_CONFIG,
+            "--redis-url",
+            redis.url,
+            "--redis-key-prefix",
+            f"epp:e2e-{uuid.uuid4().hex[:8]}",
+            "--redis-deadline",
+            "500ms",  # a loaded test machine can pause a process longer than 5 ms
+        ],
+    )
+    body = orjson.dumps({"model": DEFAULT_MODEL, "prompt": "hi", "max_tokens": 1})
+    with Stack.run(options) as stack:
+        served: dict[str, list[str]] = {}
+        async with aiohttp.ClientSession() as session:
+            for _ in range(3 * REPLICAS):
+                for chat in ("chat-1", "chat-2", "chat-3"):
+                    async with session.post(
+                        f"{stack.url}/v1/completions", data=body, headers={"x-session-id": chat}
+                    ) as response:
+                        await response.read()
+                        assert response.status == 200, await response.text()
+                        served.setdefault(chat, []).append(response.headers[INSTANCE_HEADER])
+        per_replica = _requests_per_replica(stack)
+    assert all(count > 0 for count in per_replica), per_replica
+    for chat, servers in served.items():
+        assert len(set(servers)) == 1, (chat, servers)

@@ -241,6 +241,27 @@ async def test_header_reply_sets_destination_content_length_and_reset_headers(
     await stream.finish()
 
 
+async def test_emitted_scores_cover_every_scored_endpoint(
+    connect: Connect, datastore: Datastore
+) -> None:
+    channel = await connect(configured_director(datastore, emit_endpoint_scores=True))
+    stream = EnvoyStream(channel)
+    header_reply, _ = await stream.route(completion())
+    lb = dynamic_metadata(header_reply)["envoy.lb"]
+    destination = lb[DESTINATION]
+    scores = lb["x-gateway-destination-endpoint-scores"]
+    assert set(scores) == set(ENDPOINTS)
+    assert scores[destination] == max(scores.values())
+    await stream.finish()
+
+
+async def test_scores_are_not_emitted_by_default(epp: grpc.aio.Channel) -> None:
+    stream = EnvoyStream(epp)
+    header_reply, _ = await stream.route(completion())
+    assert "x-gateway-destination-endpoint-scores" not in dynamic_metadata(header_reply)["envoy.lb"]
+    await stream.finish()
+
+
 async def test_exchange_receives_the_request_as_envoy_sent_it(connect: Connect) -> None:
     fake = FakeProcessor()
     stream = EnvoyStream(await connect(fake))

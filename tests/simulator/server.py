@@ -66,7 +66,8 @@ def _json_response(payload: Any, status: int = 200) -> web.Response:
 class ModelServerSimulator:
     """A vLLM-compatible HTTP server simulating one model-server instance.
 
-    Serves ``POST /v1/completions``, ``POST /v1/chat/completions``, ``GET /v1/models``,
+    Serves ``POST /v1/completions``, ``POST /v1/chat/completions``, ``POST /v1/messages``
+    (the Anthropic Messages API, non-streaming only), ``GET /v1/models``,
     ``GET /health``, ``GET /metrics`` (vLLM's metric names) and ``GET /sim/stats`` (the
     engine's counters and latency summaries as JSON; ``?samples=1`` adds every TTFT and
     end-to-end latency). A request whose client disconnects is aborted.
@@ -193,6 +194,7 @@ class ModelServerSimulator:
         app.on_response_prepare.append(self._stamp_headers)
         app.router.add_post("/v1/completions", self._completions)
         app.router.add_post("/v1/chat/completions", self._chat_completions)
+        app.router.add_post("/v1/messages", self._messages)
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/health", self._health)
         app.router.add_get("/metrics", self._metrics)
@@ -223,6 +225,36 @@ class ModelServerSimulator:
 
     async def _chat_completions(self, request: web.Request) -> web.StreamResponse:
         return await self._serve_generation(request, Endpoint.CHAT)
+
+    async def _messages(self, request: web.Request) -> web.StreamResponse:
+        """An Anthropic Messages response (not streamed), generated like a chat request;
+        usage in Anthropic's fields (cached prompt tokens as ``cache_read_input_tokens``)."""
+        try:
+            parsed = parse_request(
+                Endpoint.CHAT, await request.read(), self._config.default_max_tokens
+            )
+        except ApiError as exc:
+            return _json_response(exc.body(), status=exc.status)
+        message_id = request.headers.get(REQUEST_ID_HEADER) or uuid.uuid4().hex
+        state = self._engine.new_request(message_id, parsed.model, parsed.prompt, parsed.max_tokens)
+        async with aclosing(self._engine.generate(state)) as tokens:
+            text = "".join([token async for token in tokens])
+        cached = state.first_cached_tokens or 0
+        return _json_response(
+            {
+                "id": f"msg_{message_id}",
+                "type": "message",
+                "role": "assistant",
+                "model": parsed.model,
+                "content": [{"type": "text", "text": text}],
+                "stop_reason": "max_tokens",
+                "usage": {
+                    "input_tokens": parsed.prompt_tokens - cached,
+                    "cache_read_input_tokens": cached,
+                    "output_tokens": state.generated_tokens,
+                },
+            }
+        )
 
     async def _serve_generation(
         self, request: web.Request, endpoint: Endpoint

@@ -27,6 +27,7 @@ def configured_director(
     seed: int | None = 0,
     objectives: ObjectiveStore | None = None,
     explain_decisions: bool = False,
+    emit_endpoint_scores: bool = False,
     include_entry_points: bool = False,
     observer: Observer | None = None,
 ) -> Director:
@@ -56,6 +57,7 @@ def configured_director(
         response_header=loaded.response_header,
         response_body=loaded.response_body,
         explain_decisions=explain_decisions,
+        emit_endpoint_scores=emit_endpoint_scores,
     )
     return Director(
         datastore=datastore,

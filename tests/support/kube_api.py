@@ -74,9 +74,12 @@ __all__ = [
     "INFERENCE_POOLS_V1",
     "INFERENCE_POOLS_V1ALPHA2",
     "LEASES",
+    "LLMD_INFERENCE_MODEL_REWRITES",
+    "LLMD_INFERENCE_OBJECTIVES",
     "PODS",
     "SUBJECT_ACCESS_REVIEWS",
     "TOKEN_REVIEWS",
+    "WITH_LLMD_RESOURCES",
     "KubeApiServer",
     "RecordingSink",
     "Resource",
@@ -124,6 +127,23 @@ INFERENCE_MODEL_REWRITES = Resource(
     "inference.networking.x-k8s.io", "v1alpha2", "inferencemodelrewrites", "InferenceModelRewrite"
 )
 LEASES = Resource("coordination.k8s.io", "v1", "leases", "Lease")
+LLMD_INFERENCE_OBJECTIVES = Resource(
+    "llm-d.ai", "v1alpha2", "inferenceobjectives", "InferenceObjective"
+)
+LLMD_INFERENCE_MODEL_REWRITES = Resource(
+    "llm-d.ai", "v1alpha2", "inferencemodelrewrites", "InferenceModelRewrite"
+)
+#: What a cluster with the llm-d.ai CRDs installed as well serves.
+WITH_LLMD_RESOURCES = (
+    PODS,
+    INFERENCE_POOLS_V1,
+    INFERENCE_POOLS_V1ALPHA2,
+    INFERENCE_OBJECTIVES,
+    INFERENCE_MODEL_REWRITES,
+    LLMD_INFERENCE_OBJECTIVES,
+    LLMD_INFERENCE_MODEL_REWRITES,
+    LEASES,
+)
 ALL_RESOURCES = (
     PODS,
     INFERENCE_POOLS_V1,
@@ -223,6 +243,7 @@ def inference_objective(
     priority: int | None = None,
     pool_group: str | None = None,
     namespace: str = "default",
+    api_version: str = "inference.networking.x-k8s.io/v1alpha2",
 ) -> Obj:
     """An InferenceObjective referring to ``pool``."""
     pool_ref: Obj = {"name": pool}
@@ -232,7 +253,7 @@ def inference_objective(
     if priority is not None:
         spec["priority"] = priority
     return {
-        "apiVersion": "inference.networking.x-k8s.io/v1alpha2",
+        "apiVersion": api_version,
         "kind": "InferenceObjective",
         "metadata": {"name": name, "namespace": namespace},
         "spec": spec,
@@ -247,6 +268,7 @@ def model_rewrite(
     pool_group: str | None = None,
     created: str | None = None,
     namespace: str = "default",
+    api_version: str = "inference.networking.x-k8s.io/v1alpha2",
 ) -> Obj:
     """An InferenceModelRewrite: ``rules`` are ``(match models, [(target model, weight)])``."""
     pool_ref: Obj = {"name": pool}
@@ -256,7 +278,7 @@ def model_rewrite(
     if created is not None:
         metadata["creationTimestamp"] = created
     return {
-        "apiVersion": "inference.networking.x-k8s.io/v1alpha2",
+        "apiVersion": api_version,
         "kind": "InferenceModelRewrite",
         "metadata": metadata,
         "spec": {

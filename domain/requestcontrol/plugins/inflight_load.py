@@ -39,11 +39,14 @@ How stale the others' share is:
 With the default ``LocalSharedLoad`` (one process) ``others()`` is always empty: nothing is
 published, no timer runs, and the values are exactly the own counters.
 
-Counters never go below zero. The token estimate of a request (see ``estimate_tokens``) is
-``input + round(input * 1.5)`` where ``input`` is the request size in bytes / 4 (at least
-1) when the size is known, else the number of token ids of a completions prompt given as
-token ids, else round(characters / 4) of the request's prefix input. Rounding is half away
-from zero.
+Counters never go below zero. The tokens booked for a request on an endpoint are its
+uncached input tokens there, ``input`` minus the tokens of the prefix blocks the endpoint
+holds (its ``PrefixCacheMatchInfo``, when a prefix producer runs), plus, with
+``addEstimatedOutputTokens`` (the default), ``round(input * 1.5)`` expected output tokens.
+``input`` is ``domain.scheduling.load.input_tokens``: the request size in bytes / 4 (at
+least 1) when the size is known, else the number of token ids of a completions prompt given
+as token ids, else round(characters / 4) of the request's prefix input. Rounding is half
+away from zero.
 """
 
 from __future__ import annotations
@@ -52,23 +55,28 @@ import asyncio
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from domain.datalayer.attributes import IN_FLIGHT_LOAD, InFlightLoad
 from domain.datastore.endpoint import Endpoint
-from domain.plugins.base import EmptyParameters, Plugin, PluginRegistry, TypedName
+from domain.plugins.base import Plugin, PluginRegistry, TypedName
 from domain.plugins.handle import Handle
 from domain.plugins.hooks import ConsumerPlugin, ProducerPlugin
 from domain.plugins.state import StateKey
 from domain.requestcontrol.interfaces import ResponseInfo
-from domain.requesthandling.openai import ApiKind, ParsedRequest
+from domain.scheduling.load import input_tokens, round_half_up, uncached_tokens
 from domain.scheduling.types import Candidate, InferenceRequest, SchedulingResult
 from domain.sharedstate.load import LocalSharedLoad
 from ports.codec import JsonCodec
 from ports.endpoints import EndpointEvent, EndpointEventKind, EndpointInfo
 from ports.shared_state import EndpointLoad
 
-__all__ = ["TYPE", "InFlightLoadProducer", "estimate_tokens", "register"]
+__all__ = [
+    "TYPE",
+    "InFlightLoadParameters",
+    "InFlightLoadProducer",
+    "estimate_tokens",
+    "register",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -107,25 +115,6 @@ class _Share:
 _HELD: StateKey[dict[str, _Share]] = StateKey("inflight-load.held")
 
 
-def _round_half_up(value: float) -> int:
-    return int(value + 0.5)
-
-
-def _token_id_count(body: ParsedRequest) -> int:
-    """The number of token ids of a completions prompt given as token ids, else 0."""
-    if body.api is not ApiKind.COMPLETIONS or body.opaque:
-        return 0
-    prompt: Any = body.payload.get("prompt")
-    if not isinstance(prompt, list) or not prompt:
-        return 0
-    first = prompt[0]
-    if isinstance(first, list):
-        return sum(len(item) for item in prompt if isinstance(item, list))
-    if isinstance(first, int | float) and not isinstance(first, bool):
-        return len(prompt)
-    return 0
-
-
 def _pool_load(own: InFlightLoad, other: EndpointLoad | None) -> InFlightLoad:
     if other is None:
         return own
@@ -134,25 +123,34 @@ def _pool_load(own: InFlightLoad, other: EndpointLoad | None) -> InFlightLoad:
     return InFlightLoad(own.requests + other.requests, own.tokens + other.tokens)
 
 
-def estimate_tokens(request: InferenceRequest, codec: JsonCodec) -> int:
-    """Input plus expected output tokens of ``request`` (see the module docstring)."""
-    if request.request_size_bytes > 0:
-        input_tokens = max(1, request.request_size_bytes // 4)
-    elif request.body is None:
-        input_tokens = 0
-    else:
-        input_tokens = _token_id_count(request.body)
-        if input_tokens == 0:
-            text = request.body.prefix_input(codec).decode("utf-8", errors="replace")
-            input_tokens = _round_half_up(len(text) / 4)
-    return input_tokens + _round_half_up(input_tokens * _OUTPUT_FACTOR)
+def estimate_tokens(request: InferenceRequest, codec: JsonCodec, *, output: bool = True) -> int:
+    """Input plus (with ``output``) expected output tokens of ``request`` (see the module
+    docstring)."""
+    tokens = input_tokens(request, codec)
+    if output:
+        tokens += round_half_up(tokens * _OUTPUT_FACTOR)
+    return tokens
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class InFlightLoadParameters:
+    """``addEstimatedOutputTokens`` (true): book the expected output tokens
+    (1.5 x input) with each request besides its uncached input tokens."""
+
+    add_estimated_output_tokens: bool = True
 
 
 class InFlightLoadProducer(ProducerPlugin, ConsumerPlugin):
     """Tracks per-endpoint in-flight requests and tokens; see the module docstring."""
 
-    def __init__(self, typed_name: TypedName, handle: Handle) -> None:
+    def __init__(
+        self,
+        typed_name: TypedName,
+        handle: Handle,
+        parameters: InFlightLoadParameters | None = None,
+    ) -> None:
         self._typed_name = typed_name
+        self._add_output = (parameters or InFlightLoadParameters()).add_estimated_output_tokens
         self._codec = handle.codec
         self._datastore = handle.datastore
         self._counters: dict[str, _Counter] = {}
@@ -196,13 +194,16 @@ class InFlightLoadProducer(ProducerPlugin, ConsumerPlugin):
         if held is None:
             held = {}
             request.state.put(owner, _HELD, held)
-        tokens = -1
+        prompt = -1
         for profile, run in result.profile_results.items():
             if run is None or not run.target_endpoints or profile in held:
                 continue
-            if tokens < 0:
-                tokens = estimate_tokens(request, self._codec)
+            if prompt < 0:
+                prompt = input_tokens(request, self._codec)
             target = run.target_endpoints[0]
+            tokens = uncached_tokens(target, prompt)
+            if self._add_output:
+                tokens += round_half_up(prompt * _OUTPUT_FACTOR)
             counter = self._counters.get(target.info.name)
             if counter is None:
                 counter = _Counter(target.info.name, target.endpoint)
@@ -312,15 +313,15 @@ class InFlightLoadProducer(ProducerPlugin, ConsumerPlugin):
             logger.debug("in-flight counters of deleted endpoint %s dropped", name)
 
 
-def _factory(name: str, parameters: Any, handle: Handle) -> Plugin:
-    return InFlightLoadProducer(TypedName(TYPE, name), handle)
+def _factory(name: str, parameters: InFlightLoadParameters, handle: Handle) -> Plugin:
+    return InFlightLoadProducer(TypedName(TYPE, name), handle, parameters)
 
 
 def register(registry: PluginRegistry) -> None:
     registry.register(
         TYPE,
         _factory,
-        parameters=EmptyParameters,
+        parameters=InFlightLoadParameters,
         default_for=(IN_FLIGHT_LOAD,),
         description="tracks the requests and tokens in flight per endpoint",
     )

@@ -1,13 +1,23 @@
-"""``prefix-cache-affinity-filter``: keep only the endpoints that hold most of the prefix.
+"""``prefix-cache-affinity-filter``: keep only the endpoints that hold most of the prefix,
+until they are saturated.
 
 "Sticky" endpoints are those whose ``PrefixCacheMatchInfo`` ratio is at least
 ``affinityThreshold``. When some exist, only they pass; when none does, every candidate
-passes. With probability ``explorationProbability`` the filter passes everything, so new
-endpoints still get traffic for popular prefixes.
+passes.
 
-``maxTTFTPenaltyMs`` is accepted for configuration compatibility: it breaks stickiness when
-the best sticky endpoint's predicted time-to-first-token exceeds the best other one's by
-more than that. This EPP has no latency predictions yet, so it currently has no effect.
+The TTFT gate breaks stickiness when the sticky endpoints are saturated. Each candidate's
+time to first token is estimated as ``(inFlightTokens + uncachedPromptTokens) /
+peakPrefillThroughput * 1000`` ms: the tokens in flight on it (its ``InFlightLoad``, which
+counts uncached tokens and is pool-wide when a shared store is configured) plus the part
+of this request's prompt it does not hold cached. When the best sticky endpoint's estimate
+exceeds the best non-sticky one's by more than ``maxTTFTPenaltyMs``, every candidate passes
+and the scorers after the filter choose. ``maxTTFTPenaltyMs: 0`` turns the gate off (always
+stick). When either side has no candidate with an ``InFlightLoad`` the gate has no signal
+and every candidate passes.
+
+With probability ``explorationProbability`` the filter passes everything, so cold
+endpoints still receive some traffic for popular prefixes (the draw uses the Handle's
+random generator, seeded in tests).
 """
 
 from __future__ import annotations
@@ -16,55 +26,80 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from domain.datalayer.attributes import PREFIX_CACHE_MATCH_INFO, PrefixCacheMatchInfo
+from domain.datalayer.attributes import IN_FLIGHT_LOAD, PREFIX_CACHE_MATCH_INFO, InFlightLoad
+from domain.datalayer.attributes import PrefixCacheMatchInfo as _MatchInfo
 from domain.plugins.base import Plugin, PluginRegistry, TypedName
 from domain.plugins.handle import Handle
 from domain.plugins.hooks import ConsumerPlugin
 from domain.scheduling.interfaces import CycleState
+from domain.scheduling.load import input_tokens
 from domain.scheduling.types import Candidate, InferenceRequest
+from ports.codec import JsonCodec
 
 __all__ = ["TYPE", "PrefixAffinityFilter", "PrefixAffinityFilterParameters", "register"]
 
 TYPE = "prefix-cache-affinity-filter"
+PREFILL_THROUGHPUT = "prefillThroughput"
+LATENCY_PREDICTOR = "latencyPredictor"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PrefixAffinityFilterParameters:
-    """``affinityThreshold`` (0.80), ``explorationProbability`` (0.01), both in [0, 1];
-    ``maxTTFTPenaltyMs`` (5000, >= 0; no effect until latency predictions exist)."""
+    """``affinityThreshold`` (0.80) and ``explorationProbability`` (0), both in [0, 1];
+    ``maxTTFTPenaltyMs`` (18000, >= 0; 0 = always stick); ``peakPrefillThroughput``
+    (15928 tokens/s, > 0); ``ttftSource`` (``prefillThroughput``, the only source here)."""
 
     affinity_threshold: float = 0.80
-    exploration_probability: float = 0.01
+    exploration_probability: float = 0.0
     # Spelled so that the camelCase config key is exactly ``maxTTFTPenaltyMs``.
-    max_TTFT_penalty_ms: float = 5000.0  # noqa: N815
+    max_TTFT_penalty_ms: float = 18000.0  # noqa: N815
+    peak_prefill_throughput: float = 15928.0
+    ttft_source: str = PREFILL_THROUGHPUT
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.affinity_threshold <= 1.0:
             raise ValueError("affinityThreshold: must be within [0, 1]")
         if not 0.0 <= self.exploration_probability <= 1.0:
             raise ValueError("explorationProbability: must be within [0, 1]")
-        if self.max_TTFT_penalty_ms < 0:
+        if not self.max_TTFT_penalty_ms >= 0:
             raise ValueError("maxTTFTPenaltyMs: must be >= 0")
+        if not self.peak_prefill_throughput > 0 or self.peak_prefill_throughput == float("inf"):
+            raise ValueError("peakPrefillThroughput: must be a finite number > 0")
+        if self.ttft_source == LATENCY_PREDICTOR:
+            raise ValueError(
+                "ttftSource: latencyPredictor needs a latency predictor, which this EPP does "
+                "not have; use prefillThroughput"
+            )
+        if self.ttft_source != PREFILL_THROUGHPUT:
+            raise ValueError(f"ttftSource: must be {PREFILL_THROUGHPUT!r}")
 
 
 class PrefixAffinityFilter(ConsumerPlugin):
-    """Keeps the sticky candidates (prefix ratio ≥ threshold), in order; else all."""
+    """Keeps the sticky candidates (prefix ratio >= threshold), in order, unless they are
+    saturated (the TTFT gate) or the request explores; else all."""
 
     def __init__(
-        self, typed_name: TypedName, parameters: PrefixAffinityFilterParameters, rng: random.Random
+        self,
+        typed_name: TypedName,
+        parameters: PrefixAffinityFilterParameters,
+        rng: random.Random,
+        codec: JsonCodec,
     ) -> None:
         self._typed_name = typed_name
         self.parameters = parameters
         self._rng = rng
+        self._codec = codec
         self._threshold = parameters.affinity_threshold
         self._exploration = parameters.exploration_probability
+        self._penalty_ms = parameters.max_TTFT_penalty_ms
+        self._ms_per_token = 1000.0 / parameters.peak_prefill_throughput
 
     @property
     def typed_name(self) -> TypedName:
         return self._typed_name
 
     def consumes(self) -> Sequence[str]:
-        return [PREFIX_CACHE_MATCH_INFO]
+        return [PREFIX_CACHE_MATCH_INFO, IN_FLIGHT_LOAD]
 
     def filter(
         self, cycle: CycleState, request: InferenceRequest, candidates: Sequence[Candidate]
@@ -72,19 +107,53 @@ class PrefixAffinityFilter(ConsumerPlugin):
         if self._exploration > 0.0 and self._rng.random() < self._exploration:
             return candidates
         threshold = self._threshold
-        sticky = [c for c in candidates if _ratio(c) >= threshold]
-        return sticky if sticky else candidates
-
-
-def _ratio(candidate: Candidate) -> float:
-    info = candidate.attributes.get(PREFIX_CACHE_MATCH_INFO)
-    if isinstance(info, PrefixCacheMatchInfo) and info.total_blocks > 0:
-        return info.match_blocks / info.total_blocks
-    return 0.0
+        gated = self._penalty_ms > 0
+        prompt = input_tokens(request, self._codec) if gated else 0
+        sticky: list[Candidate] = []
+        # The fewest tokens ahead of this prompt (in flight + its uncached part) on each
+        # side; -1: no candidate of that side has an InFlightLoad. One pass, inlined: this
+        # runs for every candidate of every request.
+        best_sticky = best_other = -1
+        others = False
+        for c in candidates:
+            attributes = c.attributes
+            info = attributes.get(PREFIX_CACHE_MATCH_INFO)
+            cached = 0
+            is_sticky = False
+            if info.__class__ is _MatchInfo:
+                total = info.total_blocks
+                if total > 0:
+                    matched = info.match_blocks
+                    is_sticky = matched / total >= threshold
+                    cached = matched * info.block_size_tokens
+            if is_sticky:
+                sticky.append(c)
+            else:
+                others = True
+            if not gated:
+                continue
+            load = attributes.get(IN_FLIGHT_LOAD)
+            if load.__class__ is not InFlightLoad:
+                continue
+            ahead = max(load.tokens, 0) + max(prompt - cached, 0)
+            if is_sticky:
+                if best_sticky < 0 or ahead < best_sticky:
+                    best_sticky = ahead
+            elif best_other < 0 or ahead < best_other:
+                best_other = ahead
+        if not sticky:
+            return candidates
+        if not others or not gated:
+            return sticky
+        if best_sticky < 0 or best_other < 0:
+            return candidates  # no load signal: the gate cannot tell, keep everyone
+        if (best_sticky - best_other) * self._ms_per_token > self._penalty_ms:
+            return candidates
+        return sticky
 
 
 def _factory(name: str, parameters: PrefixAffinityFilterParameters, handle: Handle) -> Plugin:
-    return PrefixAffinityFilter(TypedName(TYPE, name), parameters, handle.rng)
+    return PrefixAffinityFilter(TypedName(TYPE, name), parameters, handle.rng, handle.codec)
 
 
 def register(registry: PluginRegistry) -> None:
@@ -92,5 +161,5 @@ def register(registry: PluginRegistry) -> None:
         TYPE,
         _factory,
         parameters=PrefixAffinityFilterParameters,
-        description="keeps endpoints holding most of the request's prompt prefix",
+        description="keeps endpoints holding most of the prompt prefix until they saturate",
     )

@@ -1,15 +1,30 @@
-"""``token-load-scorer``: prefer endpoints with fewer in-flight tokens from this EPP."""
+"""``token-load-scorer``: prefer endpoints with fewer tokens to work through.
+
+An endpoint's load is its in-flight tokens (the ``InFlightLoad`` attribute: the uncached
+tokens the pool's EPP processes have sent it and not seen finish) plus the look-ahead: the
+part of this request's prompt the endpoint does not hold cached (its
+``PrefixCacheMatchInfo``; the whole prompt when no prefix producer runs). A warm endpoint
+therefore costs this request less than a cold one with the same queue, in the same units.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from domain.datalayer.attributes import IN_FLIGHT_LOAD, InFlightLoad
-from domain.plugins.base import PluginRegistry, TypedName, class_factory
+from domain.datalayer.attributes import (
+    IN_FLIGHT_LOAD,
+    PREFIX_CACHE_MATCH_INFO,
+    InFlightLoad,
+    PrefixCacheMatchInfo,
+)
+from domain.plugins.base import Plugin, PluginRegistry, TypedName
+from domain.plugins.handle import Handle
 from domain.plugins.hooks import ConsumerPlugin
 from domain.scheduling.interfaces import DISTRIBUTION, CycleState
+from domain.scheduling.load import input_tokens
 from domain.scheduling.types import Candidate, InferenceRequest
+from ports.codec import JsonCodec
 
 __all__ = ["TYPE", "TokenLoadScorer", "TokenLoadScorerParameters", "register"]
 
@@ -18,7 +33,7 @@ TYPE = "token-load-scorer"
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TokenLoadScorerParameters:
-    """``queueThresholdTokens``: in-flight tokens at which an endpoint scores 0
+    """``queueThresholdTokens``: the load in tokens at which an endpoint scores 0
     (default 4,194,304: 128 requests * 32K tokens). Must be > 0."""
 
     queue_threshold_tokens: int = 4_194_304
@@ -32,19 +47,23 @@ class TokenLoadScorerParameters:
 
 
 class TokenLoadScorer(ConsumerPlugin):
-    """Scores ``1 - min(tokens, threshold) / threshold`` from the ``InFlightLoad``
-    attribute; 1.0 for a candidate without one (no known load).
+    """Scores ``1 - min(load, threshold) / threshold`` where load is the in-flight tokens
+    plus this prompt's uncached tokens on the endpoint; a candidate without an
+    ``InFlightLoad`` counts as nothing in flight.
 
     Consumes the ``InFlightLoad`` data key, so its default producer is created with it.
     """
 
-    __slots__ = ("_threshold", "typed_name")
+    __slots__ = ("_codec", "_threshold", "typed_name")
 
     category = DISTRIBUTION
 
-    def __init__(self, typed_name: TypedName, parameters: TokenLoadScorerParameters) -> None:
+    def __init__(
+        self, typed_name: TypedName, parameters: TokenLoadScorerParameters, codec: JsonCodec
+    ) -> None:
         self.typed_name = typed_name
         self._threshold = parameters.queue_threshold_tokens
+        self._codec = codec
 
     def consumes(self) -> Sequence[str]:
         return [IN_FLIGHT_LOAD]
@@ -53,21 +72,31 @@ class TokenLoadScorer(ConsumerPlugin):
         self, cycle: CycleState, request: InferenceRequest, candidates: Sequence[Candidate]
     ) -> Sequence[float]:
         threshold = self._threshold
+        prompt = input_tokens(request, self._codec)
         scores: list[float] = []
-        for c in candidates:
-            load = c.attributes.get(IN_FLIGHT_LOAD)
-            if isinstance(load, InFlightLoad):
-                tokens = min(max(load.tokens, 0), threshold)
-                scores.append(1.0 - tokens / threshold)
-            else:
-                scores.append(1.0)
+        append = scores.append
+        for c in candidates:  # inlined: this runs for every candidate of every request
+            attributes = c.attributes
+            tokens = prompt
+            info = attributes.get(PREFIX_CACHE_MATCH_INFO)
+            if info.__class__ is PrefixCacheMatchInfo:
+                cached = info.match_blocks * info.block_size_tokens
+                tokens = prompt - cached if cached < prompt else 0
+            load = attributes.get(IN_FLIGHT_LOAD)
+            if load.__class__ is InFlightLoad and load.tokens > 0:
+                tokens += load.tokens
+            append(1.0 - tokens / threshold if tokens < threshold else 0.0)
         return scores
+
+
+def _factory(name: str, parameters: TokenLoadScorerParameters, handle: Handle) -> Plugin:
+    return TokenLoadScorer(TypedName(TYPE, name), parameters, handle.codec)
 
 
 def register(registry: PluginRegistry) -> None:
     registry.register(
         TYPE,
-        class_factory(TYPE, TokenLoadScorer),
+        _factory,
         parameters=TokenLoadScorerParameters,
-        description="prefers endpoints with fewer in-flight tokens",
+        description="prefers endpoints with fewer in-flight plus uncached prompt tokens",
     )

@@ -16,7 +16,10 @@ from tests.support.kube_api import (
     INFERENCE_OBJECTIVES,
     INFERENCE_POOLS_V1,
     INFERENCE_POOLS_V1ALPHA2,
+    LLMD_INFERENCE_MODEL_REWRITES,
+    LLMD_INFERENCE_OBJECTIVES,
     PODS,
+    WITH_LLMD_RESOURCES,
     KubeApiServer,
     RecordingSink,
     inference_objective,
@@ -32,6 +35,7 @@ from tests.support.kube_api import (
 MODEL = {"app": "model"}
 GA_GROUP = "inference.networking.k8s.io"
 ALPHA_GROUP = "inference.networking.x-k8s.io"
+LLMD_GROUP = "llm-d.ai"
 
 
 @pytest.fixture
@@ -168,7 +172,9 @@ async def test_without_the_crds_objectives_are_skipped(caplog: pytest.LogCapture
             assert sink.objectives is None
             assert sink.rules is None
             discovery = [r.path for r in server.requests() if r.resource is None]
-            assert discovery == [f"/apis/{ALPHA_GROUP}/v1alpha2"] * 2
+            assert sorted(discovery) == sorted(
+                [f"/apis/{ALPHA_GROUP}/v1alpha2", f"/apis/{LLMD_GROUP}/v1alpha2"] * 2
+            )
             assert not server.requests(INFERENCE_OBJECTIVES)
     assert caplog.text.count("InferenceObjective is not served") == 1
 
@@ -180,3 +186,66 @@ async def test_without_an_objective_sink_nothing_else_is_watched(
     async with running(source_for(api_client, None), sink):
         await wait_until(lambda: sink.synced, what="sync")
         assert {r.resource for r in server.requests()} == {INFERENCE_POOLS_V1, PODS}
+
+
+# -- the llm-d.ai/v1alpha2 group -------------------------------------------------------------
+
+
+@pytest.fixture
+def both_groups() -> Iterator[KubeApiServer]:
+    """A cluster serving the legacy and the llm-d.ai CRDs."""
+    with KubeApiServer(resources=WITH_LLMD_RESOURCES) as api_server:
+        api_server.create(INFERENCE_POOLS_V1, inference_pool_v1("pool", selector=MODEL))
+        api_server.create(PODS, pod("a", ip="10.0.0.1", labels=MODEL))
+        yield api_server
+
+
+LLMD = f"{LLMD_GROUP}/v1alpha2"
+
+
+async def test_the_llmd_group_wins_when_both_are_served(both_groups: KubeApiServer) -> None:
+    server = both_groups
+    server.create(INFERENCE_OBJECTIVES, inference_objective("old", pool="pool", priority=1))
+    server.create(
+        LLMD_INFERENCE_OBJECTIVES,
+        inference_objective("new", pool="pool", priority=2, api_version=LLMD),
+    )
+    server.create(
+        INFERENCE_MODEL_REWRITES, model_rewrite("old", pool="pool", rules=[(["a"], [("b", 1)])])
+    )
+    server.create(
+        LLMD_INFERENCE_MODEL_REWRITES,
+        model_rewrite("new", pool="pool", rules=[(["a"], [("c", 1)])], api_version=LLMD),
+    )
+    sink = RecordingSink()
+    with kube_client(server) as client:
+        async with running(source_for(client, sink), sink):
+            await wait_until(lambda: sink.objectives is not None, what="objectives")
+            await wait_until(lambda: sink.rules is not None, what="rules")
+            assert sink.objectives == {"new": 2}
+            assert [(r.name, r.targets[0].model) for r in sink.rules or ()] == [("new", "c")]
+
+            server.create(
+                LLMD_INFERENCE_OBJECTIVES,
+                inference_objective("newer", pool="pool", priority=3, api_version=LLMD),
+            )
+            server.create(INFERENCE_OBJECTIVES, inference_objective("older", pool="pool"))
+            await wait_until(lambda: "newer" in (sink.objectives or {}), what="the new objective")
+            assert sink.objectives == {"new": 2, "newer": 3}
+
+
+async def test_the_llmd_group_alone_is_enough() -> None:
+    served = (PODS, INFERENCE_POOLS_V1, LLMD_INFERENCE_OBJECTIVES, LLMD_INFERENCE_MODEL_REWRITES)
+    with KubeApiServer(resources=served) as server, kube_client(server) as client:
+        server.create(INFERENCE_POOLS_V1, inference_pool_v1("pool", selector=MODEL))
+        server.create(PODS, pod("a", ip="10.0.0.1", labels=MODEL))
+        server.create(
+            LLMD_INFERENCE_OBJECTIVES,
+            inference_objective("chat", pool="pool", priority=4, api_version=LLMD),
+        )
+        sink = RecordingSink()
+        async with running(source_for(client, sink), sink):
+            await wait_until(lambda: sink.objectives is not None, what="objectives")
+            await wait_until(lambda: sink.rules is not None, what="rules")
+            assert sink.objectives == {"chat": 4}
+            assert sink.rules == ()

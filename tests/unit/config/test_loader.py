@@ -13,6 +13,7 @@ from app.plugins import build_registry
 from domain.plugins.base import Plugin, PluginRegistry
 from domain.plugins.handle import Handle
 from domain.plugins.hooks import ParameterizedPlugin
+from domain.requestcontrol.parsers import ParserRouter
 from tests.unit.config import (
     DetectorDouble,
     DisaggHandlerDouble,
@@ -149,11 +150,20 @@ def test_api_version_and_kind_are_optional() -> None:
 
 
 @pytest.mark.parametrize(
+    "api_version", ["llm-d.ai/v1alpha1", "inference.networking.x-k8s.io/v1alpha1"]
+)
+def test_both_api_groups_are_accepted(api_version: str) -> None:
+    text = f"apiVersion: {api_version}\nkind: EndpointPickerConfig\n" + CONFORMANCE_EXAMPLE
+    assert list(load(text).profiles) == ["conformance-profile"]
+
+
+@pytest.mark.parametrize(
     ("text", "message"),
     [
         (
             "apiVersion: v1\n",
-            "apiVersion: must be 'inference.networking.x-k8s.io/v1alpha1', got 'v1'",
+            "apiVersion: must be 'llm-d.ai/v1alpha1' or"
+            " 'inference.networking.x-k8s.io/v1alpha1', got 'v1'",
         ),
         ("kind: Config\n", "kind: must be 'EndpointPickerConfig', got 'Config'"),
         ("plugin: []\n", "plugin: unknown field"),
@@ -1010,7 +1020,11 @@ def test_in_tree_no_config() -> None:
     ]
     assert loaded.profiles["default"].picker.typed_name.type == "max-score-picker"
     assert loaded.profile_handler.typed_name.type == "single-profile-handler"
-    assert loaded.parser.typed_name.type == "openai-parser"
+    assert isinstance(loaded.parser, ParserRouter)
+    assert [p.typed_name.type for p in loaded.parser.parsers] == [
+        "openai-parser",
+        "anthropic-parser",
+    ]
     assert loaded.saturation_detector.typed_name.type == "utilization-detector"
     assert names(loaded.data_producers) == ["approx-prefix-cache-producer"]
     if "metrics-data-source" in registry and "core-metrics-extractor" in registry:
@@ -1099,7 +1113,12 @@ def test_in_tree_consumers_of_in_flight_load_get_its_producer() -> None:
 
 HANDLERS_NEEDING_PROFILES = {"disagg-profile-handler", "pd-profile-handler"}
 #: Types with required parameters (version, kind) or an API server: tested on their own.
-NEEDING_PARAMETERS = {"k8s-notification-source"}
+NEEDING_PARAMETERS = {
+    "k8s-notification-source",
+    "utilization-filter",
+    "endpoint-attribute-filter",
+    "endpoint-attribute-scorer",
+}
 
 
 def test_every_in_tree_type_loads_with_its_defaults() -> None:

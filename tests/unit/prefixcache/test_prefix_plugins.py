@@ -11,7 +11,11 @@ import pytest
 
 from app.config import load_config
 from app.plugins import build_registry
-from domain.datalayer.attributes import PREFIX_CACHE_MATCH_INFO, PrefixCacheMatchInfo
+from domain.datalayer.attributes import (
+    IN_FLIGHT_LOAD,
+    PREFIX_CACHE_MATCH_INFO,
+    PrefixCacheMatchInfo,
+)
 from domain.datastore.store import Datastore
 from domain.plugins.base import PluginRegistry, parameter_names
 from domain.plugins.handle import Handle
@@ -364,6 +368,8 @@ def test_parameters_use_the_reference_keys() -> None:
         "affinityThreshold",
         "explorationProbability",
         "maxTTFTPenaltyMs",
+        "peakPrefillThroughput",
+        "ttftSource",
     }
 
 
@@ -405,6 +411,11 @@ def test_the_deprecated_block_size_is_accepted_with_block_size_tokens() -> None:
         ({"affinity_threshold": -0.1}, "affinityThreshold"),
         ({"exploration_probability": 2.0}, "explorationProbability"),
         ({"max_TTFT_penalty_ms": -1.0}, "maxTTFTPenaltyMs"),
+        ({"max_TTFT_penalty_ms": float("nan")}, "maxTTFTPenaltyMs"),
+        ({"peak_prefill_throughput": 0.0}, "peakPrefillThroughput"),
+        ({"peak_prefill_throughput": float("inf")}, "peakPrefillThroughput"),
+        ({"ttft_source": "latencyPredictor"}, "ttftSource"),
+        ({"ttft_source": "guess"}, "ttftSource"),
     ],
 )
 def test_invalid_filter_parameters(params: dict[str, Any], key: str) -> None:
@@ -473,6 +484,9 @@ async def test_scorer_prefers_the_endpoint_that_was_sent_the_prefix() -> None:
 
 
 def _filter(seed: int = 0, **params: Any) -> Filter:
+    """The filter; without the TTFT gate (``maxTTFTPenaltyMs: 0``) unless one is given,
+    since these candidates carry no in-flight load."""
+    params.setdefault("max_TTFT_penalty_ms", 0.0)
     plugin = _registry().create(
         prefix_affinity_filter.TYPE,
         "f",
@@ -500,7 +514,10 @@ def test_filter_keeps_only_sticky_endpoints() -> None:
     kept = _filter(exploration_probability=0.0).filter(cycle(request), request, MIXED)
     assert _names(kept) == ["sticky", "edge"]
     assert _names(MIXED) == ["sticky", "edge", "weak", "missing"]  # input untouched
-    assert list(_filter().consumes()) == [PREFIX_CACHE_MATCH_INFO]  # type: ignore[attr-defined]
+    assert list(_filter().consumes()) == [  # type: ignore[attr-defined]
+        PREFIX_CACHE_MATCH_INFO,
+        IN_FLIGHT_LOAD,
+    ]
 
 
 def test_filter_threshold_is_configurable() -> None:

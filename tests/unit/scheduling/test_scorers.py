@@ -183,10 +183,14 @@ def _loaded(name: str, tokens: int | None) -> Candidate:
     return c
 
 
+#: A request without a body brings no prompt tokens: only the in-flight load counts.
+_NO_PROMPT = inference_request(None)
+
+
 def test_token_load_default_threshold() -> None:
     assert TokenLoadScorerParameters().queue_threshold_tokens == 4_194_304
     scorer = _scorer("token-load-scorer")
-    scores = _score(scorer, [_loaded("a", 1_048_576), _loaded("b", 4_194_304)])
+    scores = _score(scorer, [_loaded("a", 1_048_576), _loaded("b", 4_194_304)], _NO_PROMPT)
     assert scores == pytest.approx([0.75, 0.0])
 
 
@@ -199,7 +203,7 @@ def test_token_load_formula() -> None:
         _loaded("over", 5000),
         _loaded("unknown", None),
     ]
-    assert _score(scorer, candidates) == pytest.approx([1.0, 0.75, 0.0, 0.0, 1.0])
+    assert _score(scorer, candidates, _NO_PROMPT) == pytest.approx([1.0, 0.75, 0.0, 0.0, 1.0])
 
 
 def test_token_load_consumes_in_flight_load() -> None:

@@ -1,0 +1,60 @@
+"""Token arithmetic shared by the load-aware plugins: how many tokens a request brings, and
+how many of them an endpoint would still have to prefill.
+
+The input estimate is the one the ``inflight-load-producer`` books: the request size in
+bytes / 4 (at least 1) when the size is known, else the number of token ids of a
+completions prompt given as token ids, else round(characters / 4) of the request's prefix
+input. The uncached part on an endpoint subtracts the tokens of the prefix blocks the
+endpoint is believed to hold (``PrefixCacheMatchInfo``: matched blocks x block size).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from domain.datalayer.attributes import PREFIX_CACHE_MATCH_INFO, PrefixCacheMatchInfo
+from domain.requesthandling.openai import ApiKind, ParsedRequest
+from domain.scheduling.types import Candidate, InferenceRequest
+from ports.codec import JsonCodec
+
+__all__ = ["input_tokens", "round_half_up", "uncached_tokens"]
+
+
+def round_half_up(value: float) -> int:
+    return int(value + 0.5)
+
+
+def _token_id_count(body: ParsedRequest) -> int:
+    """The number of token ids of a completions prompt given as token ids, else 0."""
+    if body.api is not ApiKind.COMPLETIONS or body.opaque:
+        return 0
+    prompt: Any = body.payload.get("prompt")
+    if not isinstance(prompt, list) or not prompt:
+        return 0
+    first = prompt[0]
+    if isinstance(first, list):
+        return sum(len(item) for item in prompt if isinstance(item, list))
+    if isinstance(first, int | float) and not isinstance(first, bool):
+        return len(prompt)
+    return 0
+
+
+def input_tokens(request: InferenceRequest, codec: JsonCodec) -> int:
+    """The estimated input tokens of ``request`` (see the module docstring)."""
+    if request.request_size_bytes > 0:
+        return max(1, request.request_size_bytes // 4)
+    if request.body is None:
+        return 0
+    count = _token_id_count(request.body)
+    if count == 0:
+        text = request.body.prefix_input(codec).decode("utf-8", errors="replace")
+        count = round_half_up(len(text) / 4)
+    return count
+
+
+def uncached_tokens(candidate: Candidate, tokens: int) -> int:
+    """The part of ``tokens`` input tokens that ``candidate`` does not hold cached."""
+    info = candidate.attributes.get(PREFIX_CACHE_MATCH_INFO)
+    if isinstance(info, PrefixCacheMatchInfo) and info.match_blocks > 0:
+        return max(0, tokens - info.match_blocks * info.block_size_tokens)
+    return tokens
