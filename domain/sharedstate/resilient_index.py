@@ -1,11 +1,21 @@
 """``ResilientPrefixIndex``: a remote (shared) ``PrefixIndex`` behind a deadline, with the
 process's own ``InMemoryPrefixIndex`` as fallback. What callers see never raises.
 
-- ``match`` awaits the remote for at most ``budget`` seconds (the event loop's timer: the
-  remote call is cancelled at the deadline, so the remote must tolerate cancellation). Past
-  it, or on any error, the request gets the local index's match and a deadline miss or an
-  error is counted. An answered match is merged with the local one (per endpoint, the larger
-  count): the local index holds this process's adds that have not reached the remote yet.
+- ``match`` awaits the remote for at most ``budget`` seconds (the event loop's timer). An
+  answered match is merged with the local one (per endpoint, the larger count): the local
+  index holds this process's adds that have not reached the remote yet. Past the budget, or
+  on any error (and while degraded), the request gets the local index's match merged with
+  the *answers index*, and a deadline miss or an error is counted.
+- The answers index is a read-through copy of what the remote said: after each answered
+  match (on time or late), the endpoint holding the longest part of the chain is recorded
+  for that part (LRU per endpoint, the capacity of the last ``add``, ``answers_capacity``
+  before one). So a miss still finds the prefixes other processes placed, as the remote
+  reported them when this process last asked; it may name an endpoint the remote has since
+  evicted (a hint for one request, corrected by the next answer).
+- A call past the budget is not cancelled but left to finish in the background (at most
+  ``max_late`` at once; the others are cancelled, so the remote must tolerate cancellation):
+  its answer is usually on its way and feeds the answers index, and a cancelled call costs
+  the Redis client its connection, so the next call would pay a reconnect and miss too.
 - ``add`` records locally at once and queues the write for the remote; one background task
   sends the queue in order. The request never awaits the remote. At most ``max_pending``
   writes wait; past that a write is dropped and counted.
@@ -35,6 +45,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from collections import deque
@@ -79,6 +90,8 @@ class ResilientPrefixIndex:
         budget: float = 0.005,
         miss_limit: int = 5,
         max_pending: int = 1024,
+        max_late: int = 16,
+        answers_capacity: int = 31_250,
         write_timeout: float = 1.0,
         journal_hashes: int = 262_144,
         probe_initial: float = 0.1,
@@ -98,6 +111,10 @@ class ResilientPrefixIndex:
         self._budget = budget
         self._miss_limit = miss_limit
         self._max_pending = max_pending
+        self._max_late = max_late
+        self._answers = InMemoryPrefixIndex()
+        self._answers_capacity = answers_capacity
+        self._late: set[asyncio.Future[Mapping[str, int]]] = set()
         self._write_timeout = write_timeout
         self._journal_limit = journal_hashes
         self._probe_initial = probe_initial
@@ -129,32 +146,63 @@ class ResilientPrefixIndex:
     async def match(self, hashes: Sequence[int]) -> Mapping[str, int]:
         local = self.local.match_sync(hashes)
         if self._degraded or not hashes:
-            return local
+            return self._fallback(hashes, local)
         start = self._clock()
+        call = asyncio.ensure_future(self.remote.match(hashes))
         try:
             async with asyncio.timeout(self._budget):
-                remote = await self.remote.match(hashes)
+                remote = await asyncio.shield(call)
+        except asyncio.CancelledError:  # the request itself was cancelled
+            self._let_finish(hashes, call)
+            raise
         except TimeoutError:
+            self._let_finish(hashes, call)
             self._observer.counter(SHARED_STATE_DEADLINE_MISSES, _NO_LABELS)
             self._misses += 1
             if self._misses >= self._miss_limit:
                 self._degrade(f"{self._misses} consecutive deadline misses of {self._budget}s")
-            return local
+            return self._fallback(hashes, local)
         except Exception as exc:  # any remote failure degrades; never raise to routing
             self._failed(_MATCH, exc)
-            return local
+            return self._fallback(hashes, local)
         self._observer.histogram(SHARED_STATE_ROUNDTRIP, _MATCH, self._clock() - start)
         self._misses = 0
-        if not local:
-            return remote
-        merged = dict(remote)
-        for endpoint, count in local.items():
-            if count > merged.get(endpoint, 0):
-                merged[endpoint] = count
-        return merged
+        self._learn(hashes, remote)
+        return _merged(remote, local) if local else remote
+
+    def _fallback(self, hashes: Sequence[int], local: dict[str, int]) -> dict[str, int]:
+        """Without the remote's answer: this process's adds, and what earlier answers said."""
+        learned = self._answers.match_sync(hashes)
+        return _merged(local, learned) if learned else local
+
+    def _learn(self, hashes: Sequence[int], answer: Mapping[str, int]) -> None:
+        """Keep the endpoint holding the longest part of the chain, as the remote said, in
+        the answers index: a later match that misses the budget is answered from it."""
+        if not answer:
+            return
+        best = max(answer, key=answer.__getitem__)
+        count = min(answer[best], len(hashes))
+        if self._answers.match_sync(hashes[:count]).get(best, 0) < count:
+            self._answers.add_sync(hashes[:count], best, self._answers_capacity)
+
+    def _let_finish(self, hashes: Sequence[int], call: asyncio.Future[Mapping[str, int]]) -> None:
+        """A match past the budget runs on in the background, at most ``max_late`` at once
+        (past that it is cancelled)."""
+        if len(self._late) >= self._max_late:
+            call.cancel()
+        else:
+            self._late.add(call)
+        call.add_done_callback(functools.partial(self._late_done, hashes))
+
+    def _late_done(self, hashes: Sequence[int], call: asyncio.Future[Mapping[str, int]]) -> None:
+        self._late.discard(call)
+        if call.cancelled() or call.exception() is not None:
+            return  # a late failure is not this request's (retrieved, not raised)
+        self._learn(hashes, call.result())
 
     async def add(self, hashes: Sequence[int], endpoint: str, capacity: int) -> None:
         self.local.add_sync(hashes, endpoint, capacity)
+        self._answers_capacity = capacity
         write = (tuple(hashes), endpoint, capacity)
         self._remember(write)
         if self._degraded:
@@ -168,6 +216,7 @@ class ResilientPrefixIndex:
 
     async def remove_endpoint(self, endpoint: str) -> None:
         self.local.remove_endpoint_sync(endpoint)
+        self._answers.remove_endpoint_sync(endpoint)
         self._forget(endpoint)
         if self._degraded:
             self._removed_while_degraded.add(endpoint)
@@ -203,7 +252,10 @@ class ResilientPrefixIndex:
         tasks = [t for t in (self._writer, self._probe, self._rebuild) if t is not None]
         for task in tasks:
             task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        late = list(self._late)
+        for call in late:
+            call.cancel()
+        await asyncio.gather(*tasks, *late, return_exceptions=True)
         self._writer = self._probe = self._rebuild = None
 
     # Health
@@ -325,3 +377,12 @@ class ResilientPrefixIndex:
             self._journal_size = sum(len(w[0]) for w in kept)
         if any(w[1] == endpoint for w in self._pending):
             self._pending = deque(w for w in self._pending if w[1] != endpoint)
+
+
+def _merged(first: Mapping[str, int], second: Mapping[str, int]) -> dict[str, int]:
+    """Per endpoint, the larger count of the two."""
+    merged = dict(first)
+    for endpoint, count in second.items():
+        if count > merged.get(endpoint, 0):
+            merged[endpoint] = count
+    return merged
