@@ -28,11 +28,16 @@ Health (one log line and the degraded gauge on each change):
   remote raises, from any operation), or after ``miss_limit`` consecutive routing-path
   deadline misses (one miss can be a pause; several in a row mean every request pays the
   budget, so stop waiting). An answered match resets the miss count.
-- *while degraded* ``match`` does not call the remote, ``add`` only records locally (the
+- *while degraded* ``match`` does not wait for the remote, ``add`` only records locally (the
   queued writes are dropped and counted), and a background probe (a one-hash ``match``
   under ``budget``) runs after ``probe_initial`` seconds, doubling up to ``probe_max``.
+  Degraded by deadline misses only (the remote answers, too slowly), the writes go on, and
+  each ``match`` still sends its call without waiting (up to ``max_late`` at once), so the
+  answers index stays current; an error then turns it into the failing kind (one more log
+  line).
 - *degraded → healthy* on the first answered probe; then a background rebuild re-sends, oldest
-  first, the removals seen while degraded and the recent adds this process made
+  first, the removals seen while degraded and (unless it was degraded for slowness only,
+  when no write was dropped) the recent adds this process made
   (``journal_hashes`` hashes at most, for endpoints still in the local index). The remote
   keys blocks by their chain's first hash, so the rebuild replays whole chains as they were
   added; a flat export of the local index would lose the chains.
@@ -122,6 +127,7 @@ class ResilientPrefixIndex:
         self._clock = clock
         self._sleep = sleep
         self._degraded = False
+        self._slow = False  # degraded by deadline misses only: the remote answers, slowly
         self._misses = 0
         self._pending: deque[_Write] = deque()
         self._wake = asyncio.Event()
@@ -146,6 +152,9 @@ class ResilientPrefixIndex:
     async def match(self, hashes: Sequence[int]) -> Mapping[str, int]:
         local = self.local.match_sync(hashes)
         if self._degraded or not hashes:
+            if self._slow and hashes and len(self._late) < self._max_late:
+                # Too slow to wait for, but up: ask anyway, the answer feeds the answers index.
+                self._let_finish(hashes, asyncio.ensure_future(self.remote.match(hashes)))
             return self._fallback(hashes, local)
         start = self._clock()
         call = asyncio.ensure_future(self.remote.match(hashes))
@@ -160,7 +169,9 @@ class ResilientPrefixIndex:
             self._observer.counter(SHARED_STATE_DEADLINE_MISSES, _NO_LABELS)
             self._misses += 1
             if self._misses >= self._miss_limit:
-                self._degrade(f"{self._misses} consecutive deadline misses of {self._budget}s")
+                self._degrade(
+                    f"{self._misses} consecutive deadline misses of {self._budget}s", slow=True
+                )
             return self._fallback(hashes, local)
         except Exception as exc:  # any remote failure degrades; never raise to routing
             self._failed(_MATCH, exc)
@@ -205,7 +216,7 @@ class ResilientPrefixIndex:
         self._answers_capacity = capacity
         write = (tuple(hashes), endpoint, capacity)
         self._remember(write)
-        if self._degraded:
+        if self._degraded and not self._slow:
             self._observer.counter(SHARED_STATE_DROPPED_WRITES, _NO_LABELS)
             return
         if len(self._pending) >= self._max_pending:
@@ -263,15 +274,21 @@ class ResilientPrefixIndex:
         self._observer.counter(SHARED_STATE_ERRORS, labels)
         self._degrade(f"{labels['operation']} failed: {exc!r}")
 
-    def _degrade(self, reason: str) -> None:
+    def _degrade(self, reason: str, *, slow: bool = False) -> None:
         self._misses = 0
-        if self._degraded:
+        if self._degraded and (slow or not self._slow):
             return
+        worse = self._degraded  # degraded for slowness, and now failing
         self._degraded = True
-        dropped = len(self._pending)
-        self._pending.clear()
-        if dropped:
-            self._observer.counter(SHARED_STATE_DROPPED_WRITES, _NO_LABELS, dropped)
+        self._slow = slow
+        if not slow:
+            dropped = len(self._pending)
+            self._pending.clear()
+            if dropped:
+                self._observer.counter(SHARED_STATE_DROPPED_WRITES, _NO_LABELS, dropped)
+        if worse:
+            logger.warning("shared prefix index failing while degraded: %s", reason)
+            return
         logger.warning("shared prefix index degraded, routing on local state: %s", reason)
         self._observer.gauge(SHARED_STATE_DEGRADED, _NO_LABELS, 1.0)
         if self._running:
@@ -300,7 +317,9 @@ class ResilientPrefixIndex:
         self._misses = 0
         removals = sorted(self._removed_while_degraded)
         self._removed_while_degraded.clear()
-        writes = [w for w in self._journal if self.local.holds(w[1])]
+        # Degraded for slowness only, the writes kept going: nothing to re-send.
+        writes = [] if self._slow else [w for w in self._journal if self.local.holds(w[1])]
+        self._slow = False
         logger.info(
             "shared prefix index healthy again; re-sending %d adds and %d removals",
             len(writes),
@@ -326,7 +345,7 @@ class ResilientPrefixIndex:
         while True:
             await self._wake.wait()
             self._wake.clear()
-            while self._pending and not self._degraded:
+            while self._pending and (not self._degraded or self._slow):
                 self._sending = True
                 try:
                     await self._remote_add(self._pending.popleft())

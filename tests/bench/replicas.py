@@ -21,7 +21,10 @@ requests per instance, instances per group, ...) and, per column:
   to a decision; answered matches only, a miss costs the whole ``--redis-deadline``), and
   the deadline misses, errors, dropped writes and the degraded gauge, summed over replicas;
 - EPP CPU seconds per 1,000 requests (user + system from ``/proc/<pid>/stat``, summed over
-  the replicas, from the start of the traffic to its end: background refreshes included).
+  the replicas, from the start of the traffic to its end: background refreshes included),
+  and the replicas' CPU without traffic (seconds per second, over 2 s before it);
+- the machine's 1-minute load average at the end of the column (other processes' load
+  slows the simulators' wall-clock queues, and so the simulated TTFT).
 
 Percentiles from the EPPs' histograms are interpolated within buckets (as Prometheus'
 ``histogram_quantile`` does), over all replicas' buckets summed. Timing figures are noisy
@@ -57,6 +60,7 @@ from typing import Any
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.bench.load import cpu_seconds
 from tests.bench.routing_quality import (
     ClientRecord,
     Outcome,
@@ -93,7 +97,8 @@ WRITES = "inference_extension_shared_state_writes_total"
 DEGRADED = "inference_extension_shared_state_degraded"
 REQUESTS = "inference_objective_request_total"
 MATCHES = ROUNDTRIP + "_count"
-_TICK = os.sysconf("SC_CLK_TCK")
+#: Seconds the replicas' CPU is measured without traffic, before it.
+IDLE_SECONDS = 2.0
 
 
 # --- the EPPs' own figures ---
@@ -159,14 +164,12 @@ def quantile(replicas: Sequence[Samples], name: str, q: float, **labels: str) ->
     return lower
 
 
-def cpu_seconds(stack: Stack) -> float:
+def epp_cpu_seconds(stack: Stack) -> float:
     """User + system CPU seconds of every EPP process so far."""
     used = 0.0
     for epp in stack.epps:
         assert epp.process is not None
-        with open(f"/proc/{epp.process.pid}/stat") as stat:
-            fields = stat.read().rsplit(")", 1)[1].split()
-        used += (int(fields[11]) + int(fields[12])) / _TICK  # utime, stime
+        used += cpu_seconds(epp.process.pid)
     return used
 
 
@@ -196,6 +199,8 @@ def redis_for(kind: str | None) -> Iterator[list[str]]:
 class Column:
     outcome: Outcome
     cpu_per_1k: float
+    idle_cpu: float
+    load: float
     metrics: list[Samples]
     notes: Counter[str] = field(default_factory=Counter)
 
@@ -216,18 +221,27 @@ def run_column(key: str, args: argparse.Namespace, workload: Sequence[tuple[int,
             epp_args=[*redis_args, *more],
         )
         with Stack.run(options) as stack:
-            cpu_before = cpu_seconds(stack)
+            idle_from = epp_cpu_seconds(stack), time.perf_counter()
+            time.sleep(IDLE_SECONDS)  # a benchmark, not a test: the replicas' idle CPU
+            cpu_before = epp_cpu_seconds(stack)
+            idle = (cpu_before - idle_from[0]) / (time.perf_counter() - idle_from[1])
             rec, elapsed = asyncio.run(
                 drive(stack.url, workload, args.concurrency, args.max_tokens)
             )
-            cpu = cpu_seconds(stack) - cpu_before
+            cpu = epp_cpu_seconds(stack) - cpu_before
             stats = asyncio.run(sim_stats(stack.simulator_urls))
             metrics = scrape(stack)
             logs = [epp.log() for epp in stack.epps]
+            load = os.getloadavg()[0]
     outcome = summarise(label, rec, elapsed, stats)
     done = max(1, outcome.requests)
     return Column(
-        outcome=outcome, cpu_per_1k=cpu / done * 1000, metrics=metrics, notes=_notes(logs)
+        outcome=outcome,
+        cpu_per_1k=cpu / done * 1000,
+        idle_cpu=idle,
+        load=load,
+        metrics=metrics,
+        notes=_notes(logs),
     )
 
 
@@ -287,6 +301,8 @@ def extra_rows(columns: Sequence[Column]) -> list[tuple[str, list[str]]]:
             lambda m: f"{total(m, WRITES):.0f} / {total(m, DROPPED):.0f}")),
         ("degraded replicas at end", shared(lambda m: f"{total(m, DEGRADED):.0f}")),
         ("EPP CPU s per 1k requests (sum)", every(lambda c: f"{c.cpu_per_1k:.2f}")),
+        ("EPP CPU idle (s per s, sum)", every(lambda c: f"{c.idle_cpu:.3f}")),
+        ("machine load average (1 min, at end)", every(lambda c: f"{c.load:.1f}")),
     ]  # fmt: skip
 
 

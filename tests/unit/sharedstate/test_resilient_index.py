@@ -204,9 +204,63 @@ async def test_consecutive_misses_degrade_once_and_stop_waiting_for_the_remote(
         (line,) = _lines(caplog)
         assert "degraded" in line
         assert "3 consecutive deadline misses" in line
-        calls = len(rig.remote.calls)
+        # Degraded for slowness: no wait at all, but the call is still sent (its late
+        # answer feeds the answers index), and writes still go out.
+        calls = rig.remote.calls.count("match")
+        started = time.perf_counter()
         await rig.index.match(H)
-        assert len(rig.remote.calls) == calls  # degraded: no wait at all
+        assert time.perf_counter() - started < 0.004  # less than the 5 ms budget
+        await until(lambda: rig.remote.calls.count("match") == calls + 1)
+        assert rig.count(SHARED_STATE_DEADLINE_MISSES) == 5  # not a miss: not waited for
+        await rig.index.add(H[:2], "a", 10)
+        await until(lambda: rig.remote.index.match_sync(H[:2]) == {"a": 2})
+        assert rig.count(SHARED_STATE_DROPPED_WRITES) == 0
+    finally:
+        await rig.index.stop()
+
+
+async def test_slow_then_failing_drops_writes_and_heals_with_a_rebuild(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    rig = Rig(miss_limit=1)
+    await rig.index.start()
+    caplog.set_level(logging.INFO, logger=LOGGER)
+    try:
+        rig.remote.slow.add("match")
+        await rig.index.match(H)  # one miss: degraded, slow
+        assert rig.index.degraded
+        rig.remote.failing = True
+        await rig.index.add(H[:3], "a", 10)  # the write fails: degraded, failing
+        await until(lambda: rig.count(SHARED_STATE_ERRORS, operation="add") == 1)
+        await rig.index.add(H[3:5], "b", 10)
+        assert rig.count(SHARED_STATE_DROPPED_WRITES) == 1  # failing: writes stay local
+        rig.remote.failing = False
+        rig.remote.slow.clear()
+        await rig.sleep.release()
+        await until(lambda: not rig.index.degraded)
+        await until(lambda: rig.remote.index.match_sync(H[3:5]) == {"b": 2})  # rebuilt
+        lines = _lines(caplog)
+        assert "degraded" in lines[0]
+        assert "failing while degraded" in lines[1]
+        assert "healthy again" in lines[2]
+    finally:
+        await rig.index.stop()
+
+
+async def test_healed_from_slowness_nothing_is_re_sent(caplog: pytest.LogCaptureFixture) -> None:
+    rig = Rig(miss_limit=1)
+    await rig.index.start()
+    caplog.set_level(logging.INFO, logger=LOGGER)
+    try:
+        await rig.index.add(H[:3], "a", 10)
+        await rig.index.flush()
+        rig.remote.slow.add("match")
+        await rig.index.match(H)
+        assert rig.index.degraded
+        rig.remote.slow.clear()
+        await rig.sleep.release()
+        await until(lambda: not rig.index.degraded)
+        assert "re-sending 0 adds and 0 removals" in _lines(caplog)[-1]
     finally:
         await rig.index.stop()
 
