@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 # tests load them through their entry points; a change to one's pyproject reinstalls.
 EXAMPLE_PROJECTS := $(wildcard examples/*/pyproject.toml)
 
-.PHONY: install redis kubectl check test demo bench image clean
+.PHONY: install redis kubectl check test demo demo-ha bench image clean
 
 install: $(STAMP) redis kubectl
 
@@ -57,6 +57,10 @@ test: check
 
 demo: install
 	$(BIN)/python -m tests.demo
+
+# Three EPP replicas sharing their state on one redis-server (installed by `make install`).
+demo-ha: install
+	$(BIN)/python -m tests.demo_ha
 
 bench: install
 	$(BIN)/python -m tests.bench.extproc_overhead

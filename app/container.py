@@ -127,7 +127,12 @@ def _prefix_index(
         client, key_prefix=settings.shared_key_prefix(), ttl=settings.redis_prefix_ttl
     )
     return ResilientPrefixIndex(
-        remote, InMemoryPrefixIndex(), observer=observer, budget=settings.redis_deadline
+        remote,
+        InMemoryPrefixIndex(),
+        observer=observer,
+        budget=settings.redis_deadline,
+        # The first requests' matches find open connections and a loaded script.
+        warm_connections=4,
     )
 
 

@@ -1,14 +1,21 @@
 """``ResilientPrefixIndex``: a remote (shared) ``PrefixIndex`` behind a deadline, with the
 process's own ``InMemoryPrefixIndex`` as fallback. What callers see never raises.
 
-- ``match`` awaits the remote for at most ``budget`` seconds (the event loop's timer). Past
-  it, or on any error, the request gets the local index's match and a deadline miss or an
-  error is counted. A late remote call is not cancelled but left to finish in the
-  background (its answer dropped): cancelling a command mid-reply makes a client drop its
-  connection, so every miss would cost the next request a reconnect (a TLS handshake on
-  ``rediss://``) and one slow moment would cascade into more misses. An answered match
-  is merged with the local one (per endpoint, the larger count): the local index holds
-  this process's adds that have not reached the remote yet.
+- ``match`` awaits the remote for at most ``budget`` seconds (the event loop's timer). An
+  answered match is merged with the local one (per endpoint, the larger count): the local
+  index holds this process's adds that have not reached the remote yet. Past the budget, or
+  on any error (and while degraded), the request gets the local index's match merged with
+  the *answers index*, and a deadline miss or an error is counted.
+- The answers index is a read-through copy of what the remote said: after each answered
+  match (on time or late), the endpoint holding the longest part of the chain is recorded
+  for that part (LRU per endpoint, the capacity of the last ``add``, ``answers_capacity``
+  before one). So a miss still finds the prefixes other processes placed, as the remote
+  reported them when this process last asked; it may name an endpoint the remote has since
+  evicted (a hint for one request, corrected by the next answer).
+- A call past the budget is not cancelled but left to finish in the background (at most
+  ``max_late`` at once; the others are cancelled, so the remote must tolerate cancellation):
+  its answer is usually on its way and feeds the answers index, and a cancelled call costs
+  the Redis client its connection, so the next call would pay a reconnect and miss too.
 - ``add`` records locally at once and queues the write for the remote; one background task
   sends the queue in order. The request never awaits the remote. At most ``max_pending``
   writes wait; past that a write is dropped and counted.
@@ -21,15 +28,20 @@ Health (one log line and the degraded gauge on each change):
   remote raises, from any operation), or after ``miss_limit`` consecutive routing-path
   deadline misses (one miss can be a pause; several in a row mean every request pays the
   budget, so stop waiting). An answered match resets the miss count.
-- *while degraded* ``match`` does not call the remote, ``add`` only records locally (the
+- *while degraded* ``match`` does not wait for the remote, ``add`` only records locally (the
   queued writes are dropped and counted), and a background probe (a one-hash ``match``
   under ``probe_timeout``, 1 s by default: not the routing budget, so a busy machine and a
   reconnect after an outage heal too) runs after ``probe_initial`` seconds, doubling up to
   ``probe_max``. Degraded again within ``probe_max`` of healing, the probe keeps the delay
   it had reached: a store that answers probes but fails requests flaps at most that often.
+  Degraded by deadline misses only (the remote answers, too slowly), the writes go on, and
+  each ``match`` still sends its call without waiting (up to ``max_late`` at once), so the
+  answers index stays current; an error then turns it into the failing kind (one more log
+  line).
 - *degraded → healthy* on the first answered probe (degraded by deadline misses: the first
-  probe answered within ``budget``); then a background rebuild re-sends, oldest
-  first, the removals seen while degraded and the recent adds this process made
+  probe answered within ``budget``); then a background rebuild re-sends, oldest first, the
+  removals seen while degraded and (unless it was degraded for slowness only, when no write
+  was dropped) the recent adds this process made
   (``journal_hashes`` hashes at most, for endpoints still in the local index). The remote
   keys blocks by their chain's first hash, so the rebuild replays whole chains as they were
   added; a flat export of the local index would lose the chains.
@@ -43,9 +55,10 @@ Not a change of health (the store is up):
   is dropped and counted (errors and dropped writes), one warning when writes start being
   refused and one info line when one is accepted again; matches keep reading the remote.
 
-``start`` warms the remote: ``warm_connections`` concurrent one-hash matches under
-``probe_timeout`` open that many connections and load the match script before the first
-request would pay for them; a failure there counts as a failed match (degraded, probed).
+``start`` warms the remote (the EPP asks for 4): ``warm_connections`` concurrent one-hash
+matches under ``probe_timeout`` open that many connections and load the match script before
+the first request would pay for them; a failure there counts as a failed match (degraded,
+probed).
 
 The background tasks run between ``start`` and ``stop``. ``clock`` times the round trips,
 ``sleep`` paces the probe; both are injectable for tests.
@@ -55,6 +68,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from collections import deque
@@ -90,13 +104,6 @@ _PROBE_HASHES = (0x5EED_0F_5EED_0F_5E,)
 _Write = tuple[tuple[int, ...], str, int]
 
 
-def _drop_outcome(call: asyncio.Future[Mapping[str, int]]) -> None:
-    """Retrieve a late remote call's outcome (so an error is not reported as never
-    retrieved); the request it was for has routed already."""
-    if not call.cancelled():
-        call.exception()
-
-
 class ResilientPrefixIndex:
     """A ``PrefixIndex`` that never raises and never waits past ``budget`` on the remote."""
 
@@ -109,12 +116,14 @@ class ResilientPrefixIndex:
         budget: float = 0.005,
         miss_limit: int = 5,
         max_pending: int = 1024,
+        max_late: int = 16,
+        answers_capacity: int = 31_250,
         write_timeout: float = 1.0,
         journal_hashes: int = 262_144,
         probe_initial: float = 0.1,
         probe_max: float = 5.0,
         probe_timeout: float = 1.0,
-        warm_connections: int = 4,
+        warm_connections: int = 0,
         clock: Callable[[], float] = time.perf_counter,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
@@ -132,6 +141,10 @@ class ResilientPrefixIndex:
         self._budget = budget
         self._miss_limit = miss_limit
         self._max_pending = max_pending
+        self._max_late = max_late
+        self._answers = InMemoryPrefixIndex()
+        self._answers_capacity = answers_capacity
+        self._late: set[asyncio.Future[Mapping[str, int]]] = set()
         self._write_timeout = write_timeout
         self._journal_limit = journal_hashes
         self._probe_initial = probe_initial
@@ -143,7 +156,7 @@ class ResilientPrefixIndex:
         self._clock = clock
         self._sleep = sleep
         self._degraded = False
-        self._slow = False  # degraded by deadline misses, not by an error
+        self._slow = False  # degraded by deadline misses only: the remote answers, slowly
         self._writes_refused = False
         self._reply_errors = 0
         self._reply_warned_at = -float("inf")
@@ -177,45 +190,74 @@ class ResilientPrefixIndex:
     async def match(self, hashes: Sequence[int]) -> Mapping[str, int]:
         local = self.local.match_sync(hashes)
         if self._degraded or not hashes:
-            return local
+            if self._slow and hashes and len(self._late) < self._max_late:
+                # Too slow to wait for, but up: ask anyway, the answer feeds the answers index.
+                self._let_finish(hashes, asyncio.ensure_future(self.remote.match(hashes)))
+            return self._fallback(hashes, local)
         start = self._clock()
         call = asyncio.ensure_future(self.remote.match(hashes))
         try:
             async with asyncio.timeout(self._budget):
                 remote = await asyncio.shield(call)
+        except asyncio.CancelledError:  # the request itself was cancelled
+            self._let_finish(hashes, call)
+            raise
         except TimeoutError:
-            if call.done():
-                _drop_outcome(call)
-            else:
-                call.add_done_callback(_drop_outcome)
+            self._let_finish(hashes, call)
             self._observer.counter(SHARED_STATE_DEADLINE_MISSES, _NO_LABELS)
             self._misses += 1
             if self._misses >= self._miss_limit:
                 self._degrade(
                     f"{self._misses} consecutive deadline misses of {self._budget}s", slow=True
                 )
-            return local
+            return self._fallback(hashes, local)
         except SharedStateReplyError as exc:  # the store is up; this call fell back
             self._reply_error(_MATCH, exc)
-            return local
+            return self._fallback(hashes, local)
         except Exception as exc:  # any other remote failure degrades; never raise to routing
             self._failed(_MATCH, exc)
-            return local
+            return self._fallback(hashes, local)
         self._observer.histogram(SHARED_STATE_ROUNDTRIP, _MATCH, self._clock() - start)
         self._misses = 0
-        if not local:
-            return remote
-        merged = dict(remote)
-        for endpoint, count in local.items():
-            if count > merged.get(endpoint, 0):
-                merged[endpoint] = count
-        return merged
+        self._learn(hashes, remote)
+        return _merged(remote, local) if local else remote
+
+    def _fallback(self, hashes: Sequence[int], local: dict[str, int]) -> dict[str, int]:
+        """Without the remote's answer: this process's adds, and what earlier answers said."""
+        learned = self._answers.match_sync(hashes)
+        return _merged(local, learned) if learned else local
+
+    def _learn(self, hashes: Sequence[int], answer: Mapping[str, int]) -> None:
+        """Keep the endpoint holding the longest part of the chain, as the remote said, in
+        the answers index: a later match that misses the budget is answered from it."""
+        if not answer:
+            return
+        best = max(answer, key=answer.__getitem__)
+        count = min(answer[best], len(hashes))
+        if self._answers.match_sync(hashes[:count]).get(best, 0) < count:
+            self._answers.add_sync(hashes[:count], best, self._answers_capacity)
+
+    def _let_finish(self, hashes: Sequence[int], call: asyncio.Future[Mapping[str, int]]) -> None:
+        """A match past the budget runs on in the background, at most ``max_late`` at once
+        (past that it is cancelled)."""
+        if len(self._late) >= self._max_late:
+            call.cancel()
+        else:
+            self._late.add(call)
+        call.add_done_callback(functools.partial(self._late_done, hashes))
+
+    def _late_done(self, hashes: Sequence[int], call: asyncio.Future[Mapping[str, int]]) -> None:
+        self._late.discard(call)
+        if call.cancelled() or call.exception() is not None:
+            return  # a late failure is not this request's (retrieved, not raised)
+        self._learn(hashes, call.result())
 
     async def add(self, hashes: Sequence[int], endpoint: str, capacity: int) -> None:
         self.local.add_sync(hashes, endpoint, capacity)
+        self._answers_capacity = capacity
         write = (tuple(hashes), endpoint, capacity)
         self._remember(write)
-        if self._degraded:
+        if self._degraded and not self._slow:
             self._observer.counter(SHARED_STATE_DROPPED_WRITES, _NO_LABELS)
             return
         if len(self._pending) >= self._max_pending:
@@ -226,6 +268,7 @@ class ResilientPrefixIndex:
 
     async def remove_endpoint(self, endpoint: str) -> None:
         self.local.remove_endpoint_sync(endpoint)
+        self._answers.remove_endpoint_sync(endpoint)
         self._forget(endpoint)
         if self._degraded:
             self._removed_while_degraded.add(endpoint)
@@ -273,7 +316,10 @@ class ResilientPrefixIndex:
         tasks = [t for t in (self._writer, self._probe, self._rebuild) if t is not None]
         for task in tasks:
             task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        late = list(self._late)
+        for call in late:
+            call.cancel()
+        await asyncio.gather(*tasks, *late, return_exceptions=True)
         self._writer = self._probe = self._rebuild = None
 
     # Health
@@ -311,14 +357,19 @@ class ResilientPrefixIndex:
 
     def _degrade(self, reason: str, *, slow: bool = False) -> None:
         self._misses = 0
-        if self._degraded:
+        if self._degraded and (slow or not self._slow):
             return
+        worse = self._degraded  # degraded for slowness, and now failing
         self._degraded = True
         self._slow = slow
-        dropped = len(self._pending)
-        self._pending.clear()
-        if dropped:
-            self._observer.counter(SHARED_STATE_DROPPED_WRITES, _NO_LABELS, dropped)
+        if not slow:
+            dropped = len(self._pending)
+            self._pending.clear()
+            if dropped:
+                self._observer.counter(SHARED_STATE_DROPPED_WRITES, _NO_LABELS, dropped)
+        if worse:
+            logger.warning("shared prefix index failing while degraded: %s", reason)
+            return
         logger.warning("shared prefix index degraded, routing on local state: %s", reason)
         self._observer.gauge(SHARED_STATE_DEGRADED, _NO_LABELS, 1.0)
         if self._running:
@@ -359,12 +410,13 @@ class ResilientPrefixIndex:
 
     def _recover(self) -> None:
         self._degraded = False
-        self._slow = False
         self._misses = 0
         self._healed_at = self._clock()
         removals = sorted(self._removed_while_degraded)
         self._removed_while_degraded.clear()
-        writes = [w for w in self._journal if self.local.holds(w[1])]
+        # Degraded for slowness only, the writes kept going: nothing to re-send.
+        writes = [] if self._slow else [w for w in self._journal if self.local.holds(w[1])]
+        self._slow = False
         logger.info(
             "shared prefix index healthy again; re-sending %d adds and %d removals",
             len(writes),
@@ -390,7 +442,7 @@ class ResilientPrefixIndex:
         while True:
             await self._wake.wait()
             self._wake.clear()
-            while self._pending and not self._degraded:
+            while self._pending and (not self._degraded or self._slow):
                 self._sending = True
                 try:
                     await self._remote_add(self._pending.popleft())
@@ -453,3 +505,12 @@ class ResilientPrefixIndex:
             self._journal_size = sum(len(w[0]) for w in kept)
         if any(w[1] == endpoint for w in self._pending):
             self._pending = deque(w for w in self._pending if w[1] != endpoint)
+
+
+def _merged(first: Mapping[str, int], second: Mapping[str, int]) -> dict[str, int]:
+    """Per endpoint, the larger count of the two."""
+    merged = dict(first)
+    for endpoint, count in second.items():
+        if count > merged.get(endpoint, 0):
+            merged[endpoint] = count
+    return merged

@@ -111,7 +111,7 @@ class ClientRecord:
     group_instances: dict[int, set[str]] = field(default_factory=dict)
 
 
-async def _one(
+async def send_one(
     session: aiohttp.ClientSession,
     url: str,
     group: int,
@@ -156,7 +156,7 @@ async def _one(
     rec.group_instances.setdefault(group, set()).add(instance)
 
 
-async def _drive(
+async def drive(
     url: str, workload: Sequence[tuple[int, str]], concurrency: int, max_tokens: int
 ) -> tuple[ClientRecord, float]:
     rec = ClientRecord()
@@ -173,7 +173,7 @@ async def _drive(
                     group, prompt = queue.get_nowait()
                 except asyncio.QueueEmpty:
                     return
-                await _one(session, url, group, prompt, max_tokens, rec)
+                await send_one(session, url, group, prompt, max_tokens, rec)
 
         start = time.perf_counter()
         await asyncio.gather(*(worker() for _ in range(concurrency)))
@@ -181,7 +181,7 @@ async def _drive(
     return rec, elapsed
 
 
-async def _sim_stats(urls: dict[str, str]) -> dict[str, dict[str, Any]]:
+async def sim_stats(urls: dict[str, str]) -> dict[str, dict[str, Any]]:
     async with aiohttp.ClientSession() as session:
         documents: dict[str, dict[str, Any]] = {}
         for name, url in sorted(urls.items()):
@@ -190,7 +190,7 @@ async def _sim_stats(urls: dict[str, str]) -> dict[str, dict[str, Any]]:
         return documents
 
 
-def _percentile(values: Sequence[float], q: float) -> float:
+def percentile(values: Sequence[float], q: float) -> float:
     if not values:
         return math.nan
     ordered = sorted(values)
@@ -214,8 +214,9 @@ class Outcome:
     instances_per_group: float
 
 
-def run_mode(mode: str, args: argparse.Namespace, workload: Sequence[tuple[int, str]]) -> Outcome:
-    simulator_args = [
+def simulator_args(args: argparse.Namespace) -> list[str]:
+    """The simulators' flags for this run (preset, time scale, KV blocks, max seqs)."""
+    result = [
         "--preset",
         "h100-8b",
         "--time-scale",
@@ -224,16 +225,14 @@ def run_mode(mode: str, args: argparse.Namespace, workload: Sequence[tuple[int, 
         str(args.num_gpu_blocks),
     ]
     if args.max_num_seqs:
-        simulator_args += ["--max-num-seqs", str(args.max_num_seqs)]
-    options = StackOptions(
-        simulators=args.instances,
-        simulator_base_ip=args.base_ip,
-        simulator_args=simulator_args,
-        epp_args=MODES[mode],
-    )
-    with Stack.run(options) as stack:
-        rec, elapsed = asyncio.run(_drive(stack.url, workload, args.concurrency, args.max_tokens))
-        stats = asyncio.run(_sim_stats(stack.simulator_urls))
+        result += ["--max-num-seqs", str(args.max_num_seqs)]
+    return result
+
+
+def summarise(
+    mode: str, rec: ClientRecord, elapsed: float, stats: dict[str, dict[str, Any]]
+) -> Outcome:
+    """One column: the client's record and the simulators' counters (``/sim/stats``)."""
     hits = sum(d["prefix_cache"]["hits"] for d in stats.values())
     queries = sum(d["prefix_cache"]["queries"] for d in stats.values())
     ttft = [s * 1e3 for d in stats.values() for s in d["ttft_samples"]]
@@ -247,13 +246,13 @@ def run_mode(mode: str, args: argparse.Namespace, workload: Sequence[tuple[int, 
         requests=len(rec.ttfb_ms),
         hit_rate=hits / queries if queries else math.nan,
         sim_ttft_ms=(
-            _percentile(ttft, 0.5),
-            _percentile(ttft, 0.9),
-            _percentile(ttft, 0.99),
+            percentile(ttft, 0.5),
+            percentile(ttft, 0.9),
+            percentile(ttft, 0.99),
         ),
         sim_queue_ms_mean=queue_mean_ms,
-        ttfb_ms=(_percentile(rec.ttfb_ms, 0.5), _percentile(rec.ttfb_ms, 0.9)),
-        latency_ms_p50=_percentile(rec.latency_ms, 0.5),
+        ttfb_ms=(percentile(rec.ttfb_ms, 0.5), percentile(rec.ttfb_ms, 0.9)),
+        latency_ms_p50=percentile(rec.latency_ms, 0.5),
         per_instance={
             name: sum(d["requests"]["finished"].values()) for name, d in sorted(stats.items())
         },
@@ -268,7 +267,23 @@ def run_mode(mode: str, args: argparse.Namespace, workload: Sequence[tuple[int, 
     )
 
 
-def _print(outcomes: Sequence[Outcome]) -> None:
+def run_mode(mode: str, args: argparse.Namespace, workload: Sequence[tuple[int, str]]) -> Outcome:
+    options = StackOptions(
+        simulators=args.instances,
+        simulator_base_ip=args.base_ip,
+        simulator_args=simulator_args(args),
+        epp_args=MODES[mode],
+    )
+    with Stack.run(options) as stack:
+        rec, elapsed = asyncio.run(drive(stack.url, workload, args.concurrency, args.max_tokens))
+        stats = asyncio.run(sim_stats(stack.simulator_urls))
+    return summarise(mode, rec, elapsed, stats)
+
+
+def print_table(
+    outcomes: Sequence[Outcome], extra_rows: Sequence[tuple[str, list[str]]] = ()
+) -> None:
+    """The columns side by side; ``extra_rows`` (label, one value per column) go last."""
     rows: list[tuple[str, list[str]]] = [
         ("requests ok", [str(o.requests) for o in outcomes]),
         (
@@ -291,6 +306,7 @@ def _print(outcomes: Sequence[Outcome]) -> None:
         ("instances per group (mean)", [f"{o.instances_per_group:.2f}" for o in outcomes]),
         ("KV evictions (blocks)", [str(o.evictions) for o in outcomes]),
         ("preemptions", [str(o.preemptions) for o in outcomes]),
+        *extra_rows,
     ]
     width = max(len(label) for label, _ in rows)
     columns = [max(len(o.mode), *(len(r[1][i]) for r in rows)) for i, o in enumerate(outcomes)]
@@ -305,8 +321,8 @@ def _print(outcomes: Sequence[Outcome]) -> None:
         )
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_workload_arguments(parser: argparse.ArgumentParser) -> None:
+    """The workload's and the simulators' flags (shared with ``tests.bench.replicas``)."""
     parser.add_argument(
         "--quick", action="store_true", help="a ~30 s run: 2 rounds at time scale 0.2"
     )
@@ -321,12 +337,34 @@ def main() -> None:
     parser.add_argument("--max-num-seqs", type=int, default=0, help="0: the preset's")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--base-ip", default="127.0.0.200")
-    parser.add_argument("--modes", default="default,sticky,random")
-    args = parser.parse_args()
+
+
+def finish_workload_arguments(args: argparse.Namespace) -> None:
+    """Fill in the defaults that depend on ``--quick``."""
     if args.rounds is None:
         args.rounds = 2 if args.quick else 6
     if args.time_scale is None:
         args.time_scale = 0.2 if args.quick else 0.5
+
+
+def describe(args: argparse.Namespace, workload: Sequence[tuple[int, str]]) -> str:
+    """One line saying what runs: simulators, cache size, workload."""
+    blocks_per_prefix = SYSTEM_CHARS // 64
+    return (
+        f"{args.instances} simulators (h100-8b, time scale {args.time_scale},"
+        f" {args.num_gpu_blocks} KV blocks each = {args.num_gpu_blocks / blocks_per_prefix:.1f}"
+        f" group prefixes); {args.groups} groups x {args.prompts_per_group} prompts"
+        f" ({SYSTEM_CHARS + QUESTION_CHARS} chars) x {args.rounds} rounds = {len(workload)}"
+        f" requests, max_tokens {args.max_tokens}, {args.concurrency} concurrent, seed {args.seed}"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_workload_arguments(parser)
+    parser.add_argument("--modes", default="default,sticky,random")
+    args = parser.parse_args()
+    finish_workload_arguments(args)
 
     workload = build_workload(
         groups=args.groups,
@@ -334,14 +372,7 @@ def main() -> None:
         rounds=args.rounds,
         seed=args.seed,
     )
-    blocks_per_prefix = SYSTEM_CHARS // 64
-    print(
-        f"{args.instances} simulators (h100-8b, time scale {args.time_scale},"
-        f" {args.num_gpu_blocks} KV blocks each = {args.num_gpu_blocks / blocks_per_prefix:.1f}"
-        f" group prefixes); {args.groups} groups x {args.prompts_per_group} prompts"
-        f" ({SYSTEM_CHARS + QUESTION_CHARS} chars) x {args.rounds} rounds = {len(workload)}"
-        f" requests, max_tokens {args.max_tokens}, {args.concurrency} concurrent, seed {args.seed}"
-    )
+    print(describe(args, workload))
     outcomes = []
     for mode in args.modes.split(","):
         started = time.perf_counter()
@@ -349,7 +380,7 @@ def main() -> None:
         print(f"  {mode}: done in {time.perf_counter() - started:.0f} s", flush=True)
         outcomes.append(outcome)
     print()
-    _print(outcomes)
+    print_table(outcomes)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,575 @@
+"""Benchmark (not a test): N EPP replicas behind one Envoy, with and without shared state.
+
+Runs ``tests.bench.routing_quality``'s shared-prefix workload (same flags, same defaults)
+through one Envoy whose ``epp`` cluster lists the EPP replicas, round robin per ext_proc
+stream (``tests.support.stack``, ``epp_replicas``), each column on a fresh stack:
+
+- ``1 replica``: one EPP, default profile, no ``--redis-url``;
+- ``3 local``: three EPPs, each with its own in-process state;
+- ``3 redis``: three EPPs on one real ``redis-server`` (``tests.support.redis``);
+- ``3 cluster``: three EPPs on a 3-master Redis Cluster (``redis+cluster://``).
+
+Prints routing_quality's table (hit rate from the simulators' own counters, simulated TTFT,
+requests per instance, instances per group, ...) and, per column:
+
+- requests per instance max/min;
+- the scheduler's decision latency p50/p99 (``inference_extension_scheduler_e2e_duration_
+  seconds``: the profiles' filters, scorers and picker; it does not include the PrepareData
+  step where the prefix match waits for Redis);
+- the shared prefix match's round trip p50/p99
+  (``inference_extension_shared_state_roundtrip_seconds{operation="match"}``: what Redis adds
+  to a decision; answered matches only, a miss costs the whole ``--redis-deadline``), and
+  the deadline misses, errors, dropped writes and the degraded gauge, summed over replicas;
+- EPP CPU seconds per 1,000 requests (user + system from ``/proc/<pid>/stat``, summed over
+  the replicas, from the start of the traffic to its end: background refreshes included),
+  and the replicas' CPU without traffic (seconds per second, over 2 s before it);
+- the machine's 1-minute load average at the end of the column (other processes' load
+  slows the simulators' wall-clock queues, and so the simulated TTFT).
+
+Percentiles from the EPPs' histograms are interpolated within buckets (as Prometheus'
+``histogram_quantile`` does), over all replicas' buckets summed. Timing figures are noisy
+on a shared machine: compare the columns of one run.
+
+``--fail-open`` runs another scenario instead: 3 replicas on one ``redis-server`` under the
+same traffic; the server is SIGKILLed when a third of the requests have been sent and
+restarted empty on the same port at two thirds. Prints, per phase (before, Redis down,
+after), requests sent, statuses, hit rate and TTFT (the simulators' counter deltas between
+the phase boundaries: requests still running at a boundary count in the next phase), the
+shared-state metrics' deltas, and when the replicas switched to degraded and back.
+
+    .venv/bin/python -m tests.bench.replicas [--quick] [--columns 1,local,redis,cluster]
+        [--columns 1,redis,redis@50ms]  # a column with another --redis-deadline
+    .venv/bin/python -m tests.bench.replicas --fail-open [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import math
+import os
+import time
+import urllib.request
+import uuid
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.bench.load import cpu_seconds
+from tests.bench.routing_quality import (
+    ClientRecord,
+    Outcome,
+    add_workload_arguments,
+    build_workload,
+    describe,
+    drive,
+    finish_workload_arguments,
+    percentile,
+    print_table,
+    send_one,
+    sim_stats,
+    simulator_args,
+    summarise,
+)
+from tests.support.redis import RedisCluster, RedisServer, redis_available
+from tests.support.stack import Stack, StackOptions
+
+REPLICAS = 3
+#: Column key → (label, replicas, redis kind or None).
+COLUMNS: dict[str, tuple[str, int, str | None]] = {
+    "1": ("1 replica", 1, None),
+    "local": ("3 local", REPLICAS, None),
+    "redis": ("3 redis", REPLICAS, "server"),
+    "cluster": ("3 cluster", REPLICAS, "cluster"),
+}
+
+SCHEDULER = "inference_extension_scheduler_e2e_duration_seconds"
+ROUNDTRIP = "inference_extension_shared_state_roundtrip_seconds"
+MISSES = "inference_extension_shared_state_deadline_misses_total"
+ERRORS = "inference_extension_shared_state_errors_total"
+DROPPED = "inference_extension_shared_state_dropped_writes_total"
+WRITES = "inference_extension_shared_state_writes_total"
+DEGRADED = "inference_extension_shared_state_degraded"
+REQUESTS = "inference_objective_request_total"
+MATCHES = ROUNDTRIP + "_count"
+#: Seconds the replicas' CPU is measured without traffic, before it.
+IDLE_SECONDS = 2.0
+
+
+# --- the EPPs' own figures ---
+
+
+Samples = list[tuple[str, dict[str, str], float]]
+
+
+def scrape(stack: Stack) -> list[Samples]:
+    """Every sample of every replica's /metrics, one list per replica."""
+    result = []
+    for _, _, port in stack.replica_ports:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+            text = response.read().decode()
+        result.append(
+            [
+                (s.name, dict(s.labels), float(s.value))
+                for family in text_string_to_metric_families(text)
+                for s in family.samples
+            ]
+        )
+    return result
+
+
+def total(replicas: Sequence[Samples], name: str, **labels: str) -> float:
+    """The sum of ``name``'s samples carrying ``labels``, over all replicas."""
+    return sum(
+        value
+        for samples in replicas
+        for sample, got, value in samples
+        if sample == name and all(got.get(k) == v for k, v in labels.items())
+    )
+
+
+def present(replicas: Sequence[Samples], name: str) -> bool:
+    return any(sample == name for samples in replicas for sample, _, _ in samples)
+
+
+def quantile(replicas: Sequence[Samples], name: str, q: float, **labels: str) -> float:
+    """``histogram_quantile(q, sum(name_bucket))`` over the replicas, in seconds."""
+    buckets: dict[float, float] = {}
+    for samples in replicas:
+        for sample, got, value in samples:
+            if sample == f"{name}_bucket" and all(got.get(k) == v for k, v in labels.items()):
+                bound = float(got["le"])
+                buckets[bound] = buckets.get(bound, 0.0) + value
+    if not buckets:
+        return math.nan
+    bounds = sorted(buckets)
+    count = buckets[bounds[-1]]
+    if not count:
+        return math.nan
+    rank = q * count
+    lower, below = 0.0, 0.0
+    for bound in bounds:
+        cumulative = buckets[bound]
+        if cumulative >= rank:
+            if math.isinf(bound):
+                return lower  # above the highest finite bucket: its bound, as Prometheus
+            inside = cumulative - below
+            return lower + (bound - lower) * ((rank - below) / inside if inside else 0.0)
+        lower, below = bound, cumulative
+    return lower
+
+
+def epp_cpu_seconds(stack: Stack) -> float:
+    """User + system CPU seconds of every EPP process so far."""
+    used = 0.0
+    for epp in stack.epps:
+        assert epp.process is not None
+        used += cpu_seconds(epp.process.pid)
+    return used
+
+
+# --- Redis ---
+
+
+@contextlib.contextmanager
+def redis_for(kind: str | None) -> Iterator[list[str]]:
+    """The EPP flags for ``kind`` (none, one server, a cluster), with the Redis running."""
+    if kind is None:
+        yield []
+        return
+    if not redis_available():
+        raise SystemExit("redis-server and redis-cli are not on PATH: run `make install`")
+    store: RedisServer | RedisCluster = RedisServer() if kind == "server" else RedisCluster()
+    try:
+        store.start()
+        yield ["--redis-url", store.url, "--redis-key-prefix", f"epp:bench-{uuid.uuid4().hex[:8]}"]
+    finally:
+        store.close()
+
+
+# --- the side-by-side run ---
+
+
+@dataclass(frozen=True)
+class Column:
+    outcome: Outcome
+    cpu_per_1k: float
+    idle_cpu: float
+    load: float
+    metrics: list[Samples]
+    notes: Counter[str] = field(default_factory=Counter)
+
+
+def run_column(key: str, args: argparse.Namespace, workload: Sequence[tuple[int, str]]) -> Column:
+    name, _, deadline = key.partition("@")
+    label, replicas, kind = COLUMNS[name]
+    more = args.redis_args.split() if kind else []
+    if deadline:
+        label += f" {deadline}"
+        more += ["--redis-deadline", deadline]
+    with redis_for(kind) as redis_args:
+        options = StackOptions(
+            simulators=args.instances,
+            simulator_base_ip=args.base_ip,
+            simulator_args=simulator_args(args),
+            epp_replicas=replicas,
+            epp_args=[*redis_args, *more],
+        )
+        with Stack.run(options) as stack:
+            idle_from = epp_cpu_seconds(stack), time.perf_counter()
+            time.sleep(IDLE_SECONDS)  # a benchmark, not a test: the replicas' idle CPU
+            cpu_before = epp_cpu_seconds(stack)
+            idle = (cpu_before - idle_from[0]) / (time.perf_counter() - idle_from[1])
+            rec, elapsed = asyncio.run(
+                drive(stack.url, workload, args.concurrency, args.max_tokens)
+            )
+            cpu = epp_cpu_seconds(stack) - cpu_before
+            stats = asyncio.run(sim_stats(stack.simulator_urls))
+            metrics = scrape(stack)
+            logs = [epp.log() for epp in stack.epps]
+            load = os.getloadavg()[0]
+    outcome = summarise(label, rec, elapsed, stats)
+    done = max(1, outcome.requests)
+    return Column(
+        outcome=outcome,
+        cpu_per_1k=cpu / done * 1000,
+        idle_cpu=idle,
+        load=load,
+        metrics=metrics,
+        notes=_notes(logs),
+    )
+
+
+#: The shared state's log lines worth counting (a change of health, a failure).
+_NOTABLE = ("shared prefix index", "shared load")
+
+
+def _notes(logs: Sequence[str]) -> Counter[str]:
+    """The shared state's warnings and changes in the replicas' logs, counted by their
+    text up to the first digit or colon-separated detail (so reasons group together)."""
+    found: Counter[str] = Counter()
+    for log in logs:
+        for line in log.splitlines():
+            at = min((line.find(n) for n in _NOTABLE if n in line), default=-1)
+            if at < 0:
+                continue
+            text = line[at:].split(" request_id=")[0].strip().strip('"}')
+            found[text[:160]] += 1
+    return found
+
+
+def _ms(seconds: float) -> str:
+    return "-" if math.isnan(seconds) else f"{seconds * 1e3:.2f}"
+
+
+def extra_rows(columns: Sequence[Column]) -> list[tuple[str, list[str]]]:
+    def every(render: Callable[[Column], str]) -> list[str]:
+        return [render(c) for c in columns]
+
+    def shared(render: Callable[[list[Samples]], str]) -> list[str]:
+        return [render(c.metrics) if present(c.metrics, WRITES) else "-" for c in columns]
+
+    def spread(c: Column) -> str:
+        counts = sorted(c.outcome.per_instance.values())
+        if not counts or counts[0] == 0:
+            return "-"
+        return f"{counts[-1] / counts[0]:.2f}"
+
+    def per_replica(c: Column) -> str:
+        return " ".join(f"{total([m], REQUESTS):.0f}" for m in c.metrics)
+
+    def trip(q: float, operation: str) -> Callable[[list[Samples]], str]:
+        return lambda m: _ms(quantile(m, ROUNDTRIP, q, operation=operation))
+
+    return [
+        ("requests per instance max/min", every(spread)),
+        ("requests per replica", every(per_replica)),
+        ("scheduler decision p50 (ms)", every(lambda c: _ms(quantile(c.metrics, SCHEDULER, 0.5)))),
+        ("scheduler decision p99 (ms)", every(lambda c: _ms(quantile(c.metrics, SCHEDULER, 0.99)))),
+        ("redis match round trip p50 (ms)", shared(trip(0.5, "match"))),
+        ("redis match round trip p99 (ms)", shared(trip(0.99, "match"))),
+        ("redis add round trip p50 (ms)", shared(trip(0.5, "add"))),
+        ("shared matches answered", shared(lambda m: f"{total(m, MATCHES, operation='match'):.0f}")),  # noqa: E501
+        ("deadline misses (local fallback)", shared(lambda m: f"{total(m, MISSES):.0f}")),
+        ("shared-state errors", shared(lambda m: f"{total(m, ERRORS):.0f}")),
+        ("writes acknowledged / dropped", shared(
+            lambda m: f"{total(m, WRITES):.0f} / {total(m, DROPPED):.0f}")),
+        ("degraded replicas at end", shared(lambda m: f"{total(m, DEGRADED):.0f}")),
+        ("EPP CPU s per 1k requests (sum)", every(lambda c: f"{c.cpu_per_1k:.2f}")),
+        ("EPP CPU idle (s per s, sum)", every(lambda c: f"{c.idle_cpu:.3f}")),
+        ("machine load average (1 min, at end)", every(lambda c: f"{c.load:.1f}")),
+    ]  # fmt: skip
+
+
+def side_by_side(args: argparse.Namespace, workload: Sequence[tuple[int, str]]) -> None:
+    columns = []
+    for key in args.columns.split(","):
+        name, at, deadline = key.partition("@")
+        if name not in COLUMNS or (at and (COLUMNS[name][2] is None or not deadline)):
+            raise SystemExit(
+                f"--columns: unknown column {key!r} (known: {', '.join(COLUMNS)};"
+                " redis@<deadline>, cluster@<deadline> set --redis-deadline)"
+            )
+        started = time.perf_counter()
+        column = run_column(key, args, workload)
+        print(f"  {column.outcome.mode}: done in {time.perf_counter() - started:.0f} s", flush=True)
+        columns.append(column)
+    print()
+    print_table([c.outcome for c in columns], extra_rows(columns))
+    for column in columns:
+        if column.notes:
+            print(f"{column.outcome.mode}: the replicas' shared-state log lines")
+            for text, count in column.notes.most_common(8):
+                print(f"  {count:>4} x {text}")
+    base = columns[0].outcome
+    for column in columns[1:]:
+        o = column.outcome
+        print(
+            f"{o.mode} vs {base.mode}: hit rate {o.hit_rate / base.hit_rate:.1%} of it"
+            f" (target >= 95%), sim TTFT p90 {o.sim_ttft_ms[1] / base.sim_ttft_ms[1] - 1:+.1%}"
+            " (target within 5%)"
+        )
+
+
+# --- fail-open ---
+
+
+@dataclass
+class Phase:
+    name: str
+    rec: ClientRecord = field(default_factory=ClientRecord)
+    sent: int = 0
+    stats: dict[str, dict[str, Any]] = field(default_factory=dict)
+    metrics: list[Samples] = field(default_factory=list)
+
+
+@dataclass
+class Watch:
+    """When the replicas' degraded gauges changed (seconds since the traffic started)."""
+
+    events: list[tuple[float, int]] = field(default_factory=list)  # (when, degraded count)
+
+
+async def _watch(stack: Stack, watch: Watch, started: float, stop: asyncio.Event) -> None:
+    last = -1
+    while not stop.is_set():
+        with contextlib.suppress(OSError):
+            degraded = int(total(await asyncio.to_thread(scrape, stack), DEGRADED))
+            if degraded != last:
+                watch.events.append((time.perf_counter() - started, degraded))
+                last = degraded
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), 0.1)
+
+
+async def _fail_open_traffic(
+    stack: Stack,
+    server: RedisServer,
+    workload: Sequence[tuple[int, str]],
+    args: argparse.Namespace,
+) -> tuple[list[Phase], Watch, dict[str, float]]:
+    phases = [Phase("before"), Phase("redis down"), Phase("after restart")]
+    bounds = (len(workload) // 3, 2 * len(workload) // 3)
+    marks: dict[str, float] = {}
+    queue: asyncio.Queue[tuple[int, int, str]] = asyncio.Queue()
+    for i, (group, prompt) in enumerate(workload):
+        queue.put_nowait((i, group, prompt))
+    switch = asyncio.Lock()
+    current = 0
+    watch = Watch()
+    stop = asyncio.Event()
+    started = time.perf_counter()
+
+    async def boundary(phase: int) -> None:
+        """End phase ``phase - 1``: snapshot, then kill or restart Redis."""
+        nonlocal current
+        ended = phases[phase - 1]
+        ended.stats = await sim_stats(stack.simulator_urls)
+        ended.metrics = await asyncio.to_thread(scrape, stack)
+        if phase == 1:
+            await asyncio.to_thread(server.kill)
+            marks["killed"] = time.perf_counter() - started
+        else:
+            await asyncio.to_thread(server.start)
+            marks["restarted"] = time.perf_counter() - started
+        current = phase
+
+    connector = aiohttp.TCPConnector(limit=args.concurrency)
+    timeout = aiohttp.ClientTimeout(total=300)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+
+        async def worker() -> None:
+            while True:
+                try:
+                    index, group, prompt = queue.get_nowait()
+                except asyncio.QueueEmpty:
+                    return
+                async with switch:
+                    for phase, bound in enumerate(bounds, start=1):
+                        if index >= bound and current < phase:
+                            await boundary(phase)
+                phase_now = phases[current]
+                phase_now.sent += 1
+                await send_one(session, stack.url, group, prompt, args.max_tokens, phase_now.rec)
+
+        watcher = asyncio.create_task(_watch(stack, watch, started, stop))
+        await asyncio.gather(*(worker() for _ in range(args.concurrency)))
+        phases[-1].stats = await sim_stats(stack.simulator_urls)
+        phases[-1].metrics = await asyncio.to_thread(scrape, stack)
+        marks["ended"] = time.perf_counter() - started
+        stop.set()
+        await watcher
+    return phases, watch, marks
+
+
+def _delta(
+    now: dict[str, dict[str, Any]], before: dict[str, dict[str, Any]]
+) -> tuple[float, list[float]]:
+    """Hit rate and the new TTFT samples between two ``/sim/stats`` snapshots."""
+    hits = queries = 0.0
+    ttft: list[float] = []
+    for name, doc in now.items():
+        old = before.get(name)
+        hits += doc["prefix_cache"]["hits"] - (old["prefix_cache"]["hits"] if old else 0)
+        queries += doc["prefix_cache"]["queries"] - (old["prefix_cache"]["queries"] if old else 0)
+        skip = len(old["ttft_samples"]) if old else 0
+        ttft += [s * 1e3 for s in doc["ttft_samples"][skip:]]
+    return (hits / queries if queries else math.nan), ttft
+
+
+def fail_open(args: argparse.Namespace, workload: Sequence[tuple[int, str]]) -> None:
+    if not redis_available():
+        raise SystemExit("redis-server and redis-cli are not on PATH: run `make install`")
+    server = RedisServer()
+    server.start()
+    try:
+        options = StackOptions(
+            simulators=args.instances,
+            simulator_base_ip=args.base_ip,
+            simulator_args=simulator_args(args),
+            epp_replicas=REPLICAS,
+            epp_args=[
+                "--redis-url",
+                server.url,
+                "--redis-key-prefix",
+                f"epp:bench-{uuid.uuid4().hex[:8]}",
+                *args.redis_args.split(),
+            ],
+        )
+        with Stack.run(options) as stack:
+            phases, watch, marks = asyncio.run(_fail_open_traffic(stack, server, workload, args))
+            logs = [epp.log() for epp in stack.epps]
+    finally:
+        server.close()
+
+    rows: list[tuple[str, list[str]]] = []
+    previous_stats: dict[str, dict[str, Any]] = {}
+    previous_metrics: list[Samples] = []
+    cells: dict[str, list[str]] = {}
+    for phase in phases:
+        hit_rate, ttft = _delta(phase.stats, previous_stats)
+        statuses: Counter[str] = Counter({"200": len(phase.rec.ttfb_ms)})
+        statuses.update(phase.rec.errors)
+
+        now, before = phase.metrics, previous_metrics
+
+        def diff(name: str, now: list[Samples] = now, before: list[Samples] = before) -> float:
+            labels = {"operation": "match"} if name == MATCHES else {}
+            return total(now, name, **labels) - total(before, name, **labels)
+
+        groups = phase.rec.group_instances
+
+        values = {
+            "requests sent": str(phase.sent),
+            "statuses": " ".join(f"{k}:{v}" for k, v in sorted(statuses.items())),
+            "prefix-cache hit rate (tokens)": f"{hit_rate:.1%}",
+            "sim TTFT p50 (ms, simulated)": f"{percentile(ttft, 0.5):.0f}",
+            "sim TTFT p90 (ms, simulated)": f"{percentile(ttft, 0.9):.0f}",
+            "instances per group (mean)": (
+                f"{sum(len(s) for s in groups.values()) / len(groups):.2f}" if groups else "-"
+            ),
+            "shared matches answered": f"{diff(MATCHES):.0f}",
+            "deadline misses": f"{diff(MISSES):.0f}",
+            "shared-state errors": f"{diff(ERRORS):.0f}",
+            "writes acknowledged": f"{diff(WRITES):.0f}",
+            "writes dropped": f"{diff(DROPPED):.0f}",
+            "degraded replicas at phase end": f"{total(phase.metrics, DEGRADED):.0f}",
+        }
+        for label, value in values.items():
+            cells.setdefault(label, []).append(value)
+        previous_stats, previous_metrics = phase.stats, phase.metrics
+    rows = list(cells.items())
+    width = max(len(label) for label, _ in rows)
+    widths = [max(len(p.name), *(len(r[1][i]) for r in rows)) for i, p in enumerate(phases)]
+    print(
+        f"{'':<{width}}  "
+        + "  ".join(f"{p.name:>{w}}" for p, w in zip(phases, widths, strict=True))
+    )
+    for label, values_ in rows:
+        print(
+            f"{label:<{width}}  "
+            + "  ".join(f"{v:>{w}}" for v, w in zip(values_, widths, strict=True))
+        )
+    print()
+    print(
+        f"redis-server SIGKILLed at {marks['killed']:.1f} s, restarted empty at"
+        f" {marks['restarted']:.1f} s, traffic ended at {marks['ended']:.1f} s"
+    )
+    print(
+        "degraded gauge (replicas degraded) over time: "
+        + ", ".join(f"{when:.1f} s: {count}" for when, count in watch.events)
+    )
+    degraded_lines = sum(log.count("shared prefix index degraded") for log in logs)
+    healed_lines = sum(log.count("shared prefix index healthy again") for log in logs)
+    load_down = sum(log.count("shared load: redis failed") for log in logs)
+    load_up = sum(log.count("shared load: redis answers again") for log in logs)
+    print(
+        f"log lines over {REPLICAS} replicas: index degraded {degraded_lines}, healthy again"
+        f" {healed_lines}; load failed {load_down}, answers again {load_up}"
+    )
+    bad = sum(sum(p.rec.errors.values()) for p in phases)
+    print(f"non-200 or broken responses: {bad} of {sum(p.sent for p in phases)}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_workload_arguments(parser)
+    parser.add_argument(
+        "--columns",
+        default=",".join(COLUMNS),
+        help=f"which columns, in order (default: all of {', '.join(COLUMNS)})",
+    )
+    parser.add_argument(
+        "--redis-args",
+        default="",
+        help="more EPP flags for the Redis columns, e.g. '--redis-deadline 20ms'",
+    )
+    parser.add_argument(
+        "--fail-open",
+        action="store_true",
+        help="3 replicas on Redis; SIGKILL it at 1/3 of the requests, restart it at 2/3",
+    )
+    args = parser.parse_args()
+    finish_workload_arguments(args)
+    workload = build_workload(
+        groups=args.groups,
+        prompts_per_group=args.prompts_per_group,
+        rounds=args.rounds,
+        seed=args.seed,
+    )
+    print(describe(args, workload))
+    if args.redis_args:
+        print(f"Redis columns' extra EPP flags: {args.redis_args}")
+    if args.fail_open:
+        fail_open(args, workload)
+    else:
+        side_by_side(args, workload)
+
+
+if __name__ == "__main__":
+    main()
