@@ -85,11 +85,15 @@ class Observability:
         tracing: OtelTracing | None,
         datastore: Datastore,
         prefix_index: PrefixIndex,
+        loopback_metrics: bool = False,
     ) -> None:
         self.metrics = metrics
         self.tracing = tracing
+        # A worker serves its own /metrics on a loopback port for its supervisor to merge.
         self.server = MetricsServer(
-            metrics.registry, host=settings.bind_address, port=settings.metrics_port
+            metrics.registry,
+            host="127.0.0.1" if loopback_metrics else settings.bind_address,
+            port=0 if loopback_metrics else settings.metrics_port,
         )
         self.pool = PoolMetricsReporter(
             datastore=datastore,

@@ -8,7 +8,8 @@ import gc
 import logging
 import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 from adapters.otel.tracing import TracingConfigError
 from app.config.loader import ConfigError
@@ -49,8 +50,14 @@ async def _sweep(states: RequestStates) -> None:
         states.sweep()
 
 
-async def serve(container: Container, stop: asyncio.Event) -> None:
-    """Run everything the container provides until ``stop`` is set, then drain."""
+async def serve(
+    container: Container,
+    stop: asyncio.Event,
+    on_serving: Callable[[], Coroutine[Any, Any, None]] | None = None,
+) -> None:
+    """Run everything the container provides until ``stop`` is set, then drain.
+    ``on_serving`` (a worker's status report to its supervisor) runs as a task from the
+    moment the servers serve until the drain ends."""
     settings = container.settings()
     try:
         loaded = container.config()
@@ -119,6 +126,8 @@ async def serve(container: Container, stop: asyncio.Event) -> None:
         asyncio.create_task(source.run(datastore), name="endpoint-source"),
         asyncio.create_task(_sweep(container.request_states()), name="request-state-sweep"),
     }
+    if on_serving is not None:
+        tasks.add(asyncio.create_task(on_serving(), name="serving-report"))
     try:
         stop_task = asyncio.create_task(stop.wait())
         done, _ = await asyncio.wait({*tasks, stop_task}, return_when=asyncio.FIRST_COMPLETED)

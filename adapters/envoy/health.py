@@ -31,6 +31,10 @@ class HealthServicer(health_pb2_grpc.HealthServicer):  # type: ignore[misc]
     def start_draining(self) -> None:
         self._draining = True
 
+    def serving(self) -> bool:
+        """Whether ``readiness`` is SERVING."""
+        return bool(self._status("readiness") == _SERVING)
+
     def _status(self, service: str) -> Any:
         if not self._ready():
             return _NOT_SERVING

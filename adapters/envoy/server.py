@@ -26,6 +26,8 @@ _OPTIONS = [
     ("grpc.keepalive_permit_without_calls", 1),
     ("grpc.http2.max_pings_without_data", 0),
 ]
+# Workers of one pod accept on the same ext_proc port; the kernel spreads new connections.
+_SHARED_PORT_OPTIONS = [(k, 1 if k == "grpc.so_reuseport" else v) for k, v in _OPTIONS]
 
 
 class GrpcServers:
@@ -35,7 +37,9 @@ class GrpcServers:
     ``drain`` turns readiness to NOT_SERVING, refuses new streams and waits up to
     ``grace`` seconds for in-flight streams before cancelling them. ``limits`` bound each
     stream; past ``max_concurrent_streams`` ext_proc streams (0: no limit) a new one is
-    refused with ``RESOURCE_EXHAUSTED``.
+    refused with ``RESOURCE_EXHAUSTED``. ``reuse_port`` shares the ext_proc port with the
+    pod's other workers (``SO_REUSEPORT``); ``health_port`` None serves no health port (a
+    worker: its supervisor serves the pod's).
     """
 
     def __init__(
@@ -44,13 +48,15 @@ class GrpcServers:
         processor: RequestProcessor,
         host: str,
         grpc_port: int,
-        health_port: int,
+        health_port: int | None,
         certificate: ServerCertificate | None,
         health_on_extproc_port: bool = False,
         observer: Observer | None = None,
         limits: StreamLimits | None = None,
         max_concurrent_streams: int = 0,
+        reuse_port: bool = False,
     ) -> None:
+        self._options = _SHARED_PORT_OPTIONS if reuse_port else _OPTIONS
         self._host = host
         self._grpc_port = grpc_port
         self._health_port = health_port
@@ -65,7 +71,7 @@ class GrpcServers:
 
     async def start(self) -> None:
         extproc_server = grpc.aio.server(
-            options=_OPTIONS, maximum_concurrent_rpcs=self._max_concurrent_streams
+            options=self._options, maximum_concurrent_rpcs=self._max_concurrent_streams
         )
         pb_grpc.add_ExternalProcessorServicer_to_server(self._extproc, extproc_server)
         if self._health_on_extproc_port:
@@ -84,6 +90,16 @@ class GrpcServers:
         if self.bound_grpc_port == 0:
             raise OSError(f"--grpc-port: cannot listen on {address}")
 
+        if self._health_port is None:
+            await extproc_server.start()
+            self._servers = [extproc_server]
+            logger.info(
+                "ext_proc serving on %s:%d (%s, shared port)",
+                self._host,
+                self.bound_grpc_port,
+                "TLS" if self._certificate else "plaintext",
+            )
+            return
         health_server = grpc.aio.server(options=_OPTIONS)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, health_server)
         health_address = f"{self._host}:{self._health_port}"
@@ -110,7 +126,8 @@ class GrpcServers:
         if not self._servers:
             return
         self.health.start_draining()
-        extproc_server, health_server = self._servers
+        extproc_server, *health_server = self._servers
         await extproc_server.stop(grace)
-        await health_server.stop(0)
+        for server in health_server:
+            await server.stop(0)
         self._servers = []
