@@ -26,8 +26,16 @@ _OPTIONS = [
     ("grpc.keepalive_permit_without_calls", 1),
     ("grpc.http2.max_pings_without_data", 0),
 ]
-# Workers of one pod accept on the same ext_proc port; the kernel spreads new connections.
-_SHARED_PORT_OPTIONS = [(k, 1 if k == "grpc.so_reuseport" else v) for k, v in _OPTIONS]
+# Workers of one pod accept on the same ext_proc port. The kernel spreads new connections,
+# not streams, and a gateway keeps few long-lived HTTP/2 connections: each connection is
+# asked to reconnect (GOAWAY, in-flight streams finish; gRPC jitters the age by 10 %) after
+# SHARED_PORT_CONNECTION_AGE_MS, so the gateway's streams are re-spread over the workers.
+# The cost is one TLS handshake per gateway connection per period.
+SHARED_PORT_CONNECTION_AGE_MS = 1000
+_SHARED_PORT_OPTIONS = [
+    *((k, 1 if k == "grpc.so_reuseport" else v) for k, v in _OPTIONS),
+    ("grpc.max_connection_age_ms", SHARED_PORT_CONNECTION_AGE_MS),
+]
 
 
 class GrpcServers:
