@@ -77,6 +77,7 @@ class SupervisorHub:
         self._polls: dict[tuple[str, str], object] = {}
         self._watched: dict[str, dict[tuple[str, str], NotificationEvent]] = {}
         self._handlers: set[asyncio.Task[None]] = set()
+        self._connections: set[asyncio.StreamWriter] = set()
 
     async def start(self) -> None:
         self._server = await asyncio.start_unix_server(self._accept, path=self.path)
@@ -86,14 +87,13 @@ class SupervisorHub:
         server, self._server = self._server, None
         if server is not None:
             server.close()
-        for peer in list(self._peers.values()):
-            peer.writer.close()
         self._peers.clear()
-        for task in list(self._handlers):
-            task.cancel()
-        for task in list(self._handlers):
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        for writer in list(self._connections):
+            writer.close()  # its handler reads the end of the stream and returns
+        if self._handlers:
+            _, pending = await asyncio.wait(list(self._handlers), timeout=5)
+            for task in pending:
+                task.cancel()
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.path)
 
@@ -205,6 +205,7 @@ class SupervisorHub:
         task = asyncio.current_task()
         if task is not None:
             self._handlers.add(task)
+        self._connections.add(writer)
         peer: _Peer | None = None
         try:
             async with asyncio.timeout(HELLO_TIMEOUT):
@@ -230,6 +231,7 @@ class SupervisorHub:
             if peer is not None and self._peers.get(peer.worker_id) is peer:
                 del self._peers[peer.worker_id]
             writer.close()
+            self._connections.discard(writer)
             if task is not None:
                 self._handlers.discard(task)
 
