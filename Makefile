@@ -48,8 +48,9 @@ test: check
 demo: install
 	$(BIN)/python -m tests.demo
 
-bench: install
+bench: install redis
 	$(BIN)/python -m tests.bench.extproc_overhead
+	$(BIN)/python -m tests.bench.extproc_overhead --workers 1,2,auto
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis

@@ -388,6 +388,9 @@ def main(argv: Sequence[str] | None = None) -> None:
 
         sys.exit(run_worker(settings, role))
     if settings.workers > 1:
+        # The supervisor starts workers with fork+exec while its gRPC health server runs:
+        # gRPC's fork handlers are for children that keep using gRPC, which these never do.
+        os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
         from app.workers.supervisor import run_supervisor
 
         sys.exit(run_supervisor(settings, arguments))
