@@ -31,7 +31,7 @@ _OPTIONS = [
 # asked to reconnect (GOAWAY, in-flight streams finish; gRPC jitters the age by 10 %) after
 # SHARED_PORT_CONNECTION_AGE_MS, so the gateway's streams are re-spread over the workers.
 # The cost is one TLS handshake per gateway connection per period.
-SHARED_PORT_CONNECTION_AGE_MS = 1000
+SHARED_PORT_CONNECTION_AGE_MS = 250
 _SHARED_PORT_OPTIONS = [
     *((k, 1 if k == "grpc.so_reuseport" else v) for k, v in _OPTIONS),
     ("grpc.max_connection_age_ms", SHARED_PORT_CONNECTION_AGE_MS),
