@@ -101,6 +101,9 @@ def main() -> None:
         help="extra EPP flag, repeatable (e.g. --epp-arg=--tracing=false)",
     )
     parser.add_argument(
+        "--idle-seconds", type=float, default=3.0, help="--workers: idle CPU measured this long"
+    )
+    parser.add_argument(
         "--workers",
         default="",
         help="comma-separated worker counts (e.g. 1,2,auto): one pod per count on one "
@@ -171,6 +174,7 @@ class PodRow:
     split: dict[int, float]
     rss_mib: list[float]
     scrapes_per_second: float
+    idle_cpu_per_second: float
 
 
 def _merged(runs: list[Result]) -> Result:
@@ -213,6 +217,11 @@ def _pod(args: argparse.Namespace, redis_url: str, workers: int) -> PodRow:
         _run("warmup", epp_url, 300, args.concurrency, None, None)
         _run("warmup", direct_url, 300, args.concurrency, destinations, None)
         first = sample_pod(pid, stack.epp_metrics_port, sims)
+        # The pod's CPU with no request: scrapes, relays, shared-load refreshes, gauges.
+        idle_started = time.monotonic()
+        time.sleep(args.idle_seconds)
+        idle_cpu = sum(cpu_seconds(p) for p in first.pids) - first.cpu
+        idle_rate = idle_cpu / (time.monotonic() - idle_started)
         started = time.monotonic()
         epp_runs, direct_runs = [], []
         for _ in range(args.rounds):
@@ -237,6 +246,7 @@ def _pod(args: argparse.Namespace, redis_url: str, workers: int) -> PodRow:
             split={w: n / total for w, n in sorted(served.items())},
             rss_mib=[rss_mib(p) for p in first.pids],
             scrapes_per_second=statistics.mean(scraped) / elapsed,
+            idle_cpu_per_second=idle_rate,
         )
 
 
@@ -261,25 +271,29 @@ def _workers_bench(args: argparse.Namespace) -> None:
     )
     header = (
         f"{'workers':>7}{'EPP r/s':>9}{'direct':>8}{'ratio':>7}{'p50 ms':>8}{'p99 ms':>8}"
-        f"{'CPU ms/req':>11}{'r/s/core':>9}{'errors':>7}  {'split %':<14}{'scrapes/s':>10}"
-        f"  RSS MiB (supervisor, workers)"
+        f"{'CPU ms/req':>11}{'net':>7}{'idle %':>7}{'r/s/core':>9}{'errors':>7}  {'split %':<10}"
+        f"{'scrapes/s':>10}  RSS MiB (supervisor, workers)"
     )
     print(header)
     for row in rows:
         epp, direct = row.epp, row.direct
         cpu_ms = (epp.epp_cpu_seconds or 0.0) / epp.requests * 1000
+        net_ms = cpu_ms - row.idle_cpu_per_second * epp.seconds / epp.requests * 1000
         split = "/".join(f"{share * 100:.0f}" for share in row.split.values())
         rss = ", ".join(f"{m:.0f}" for m in row.rss_mib)
         print(
             f"{row.workers:>7}{epp.rps:>9.0f}{direct.rps:>8.0f}{epp.rps / direct.rps:>7.2f}"
             f"{epp.percentile(0.5):>8.2f}{epp.percentile(0.99):>8.2f}{cpu_ms:>11.3f}"
-            f"{1000 / cpu_ms if cpu_ms else 0:>9.0f}{epp.errors:>7}  {split:<14}"
+            f"{net_ms:>7.3f}{row.idle_cpu_per_second * 100:>7.1f}"
+            f"{1000 / cpu_ms if cpu_ms else 0:>9.0f}{epp.errors:>7}  {split:<10}"
             f"{row.scrapes_per_second:>10.1f}  {rss}"
         )
     print(
         "CPU ms/req: all the pod's processes (supervisor and workers) over the EPP rounds; "
-        "r/s/core: 1000 / CPU ms per request, a projection of requests/s per core of the pod, "
-        "not a measurement; scrapes/s: GET /metrics per second each model server received."
+        "net: less the pod's idle CPU (idle %: of one core, measured before the rounds) over "
+        "the same time; r/s/core: 1000 / CPU ms per request, a projection of requests/s "
+        "per core of the pod, not a measurement; scrapes/s: GET /metrics per second each "
+        "model server received."
     )
 
 
