@@ -148,19 +148,36 @@ def test_model_servers_are_scraped_once_per_pod_not_per_worker(stack: Stack) -> 
     assert elapsed >= 0.8 * (wanted - 1) * INTERVAL, f"{wanted} scrapes in {elapsed:.2f}s"
 
 
-def test_a_killed_worker_is_restarted_and_the_pod_stays_serving(stack: Stack) -> None:
-    victim = workers(stack)[1]
-    os.kill(victim["pid"], signal.SIGKILL)
+def test_a_worker_dying_in_a_loop_is_restarted_with_backoff_and_the_pod_stays_serving(
+    stack: Stack,
+) -> None:
     readiness: list[int | None] = []
+    first = workers(stack)[1]
+    killed: list[int] = []
+    for _ in range(3):  # each new process of worker 1 is killed as soon as it is listed
+        pid = wait_for(
+            lambda: (workers(stack)[1]["pid"] not in (None, *killed)) and workers(stack)[1]["pid"],
+            timeout=60,
+            what="worker 1's next process",
+        )
+        os.kill(pid, signal.SIGKILL)
+        killed.append(pid)
+        readiness.append(stack.epp_readiness())
 
     def restarted() -> bool:
         readiness.append(stack.epp_readiness())
         listing = workers(stack)[1]
-        return bool(listing["pid"] not in (None, victim["pid"]) and listing["ready"])
+        return bool(listing["pid"] not in (None, *killed) and listing["ready"])
 
-    wait_for(restarted, timeout=60, what="worker 1 to be restarted and ready")
+    wait_for(restarted, timeout=90, what="worker 1 to be restarted and ready")
     assert set(readiness) == {SERVING}, readiness
-    assert workers(stack)[1]["restarts"] == victim["restarts"] + 1
+    assert workers(stack)[1]["restarts"] == first["restarts"] + 3
     assert stack.epp is not None
-    assert re.search(r"worker 1 \(pid \d+\) exited \(signal SIGKILL\)", stack.epp.log())
+    log = stack.epp.log()
+    delays = re.findall(
+        r"worker 1 \(pid \d+\) exited \(signal SIGKILL\) after [\d.]+s; "
+        r"restarting in ([\d.]+)s",
+        log,
+    )
+    assert [float(d) for d in delays[-3:]] == [0.5, 1.0, 2.0], delays
     assert set(asyncio.run(_send(stack.url, 20))) == {200}
