@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import pickle
 
-__all__ = ["MAX_FRAME_BYTES", "read_frame", "write_frame"]
+__all__ = ["MAX_FRAME_BYTES", "encode_frame", "read_frame", "write_frame"]
 
 #: A model server's ``/metrics`` is bounded by the scrape client (64 MiB at most).
 MAX_FRAME_BYTES = 80 * 1024 * 1024
@@ -26,6 +26,11 @@ async def read_frame(reader: asyncio.StreamReader) -> object:
     return pickle.loads(await reader.readexactly(size))
 
 
-def write_frame(writer: asyncio.StreamWriter, message: object) -> None:
+def encode_frame(message: object) -> bytes:
+    """One frame, encoded once for any number of writers."""
     data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
-    writer.write(len(data).to_bytes(4, "big") + data)
+    return len(data).to_bytes(4, "big") + data
+
+
+def write_frame(writer: asyncio.StreamWriter, message: object) -> None:
+    writer.write(encode_frame(message))

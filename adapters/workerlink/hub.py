@@ -18,7 +18,7 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from adapters.workerlink.frames import read_frame, write_frame
+from adapters.workerlink.frames import encode_frame, read_frame
 from ports.datalayer import (
     NotificationEvent,
     NotificationKind,
@@ -185,13 +185,16 @@ class SupervisorHub:
         return messages
 
     def _broadcast(self, message: tuple[object, ...]) -> None:
+        if not self._peers:
+            return
+        frame = encode_frame(message)  # once, whatever the number of workers
         for peer in list(self._peers.values()):
-            self._send(peer, message)
+            self._send(peer, frame)
 
-    def _send(self, peer: _Peer, message: tuple[object, ...]) -> None:
+    def _send(self, peer: _Peer, frame: bytes) -> None:
         if peer.writer.is_closing():
             return
-        write_frame(peer.writer, message)
+        peer.writer.write(frame)
         if peer.writer.transport.get_write_buffer_size() > self._max_backlog:
             logger.warning(
                 "worker %d is %d bytes behind the data layer: disconnected",
@@ -217,7 +220,7 @@ class SupervisorHub:
             if old is not None:
                 old.writer.close()
             for message in self._snapshot():  # no await in between: nothing is missed
-                self._send(peer, message)
+                self._send(peer, encode_frame(message))
             self._peers[peer.worker_id] = peer
             while True:
                 status = await read_frame(reader)
