@@ -62,8 +62,9 @@ demo: install
 demo-ha: install
 	$(BIN)/python -m tests.demo_ha
 
-bench: install
+bench: install redis
 	$(BIN)/python -m tests.bench.extproc_overhead
+	$(BIN)/python -m tests.bench.extproc_overhead --workers 1,2,auto
 
 # The EPP's image from Containerfile, tagged with the project's version, with the first of
 # podman, docker or buildah on PATH; skipped (with a message) when there is none.

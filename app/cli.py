@@ -135,6 +135,18 @@ def _cipher_suites(text: str) -> tuple[str, ...]:
     return names
 
 
+def _workers(text: str) -> int:
+    """A positive worker count, or ``auto``: the cores this process may use."""
+    if text.strip().lower() == "auto":
+        from app.workers.cpus import usable_cpus
+
+        return usable_cpus()
+    value = text.strip()
+    if not value.isdigit() or int(value) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer or auto")
+    return int(value)
+
+
 def _selector(text: str) -> str:
     if not text:
         return text
@@ -414,6 +426,15 @@ def build_parser() -> argparse.ArgumentParser:
         "how often the other processes' load is read back (its largest age)",
     )
     _add(parser, "--redis-prefix-ttl", _duration, "1h", "life of a prefix block after its write")
+    parser.add_argument(
+        "--workers",
+        type=_workers,
+        default=1,
+        metavar="N|auto",
+        help="worker processes serving ext_proc on the same port, under one supervisor "
+        "(auto: the cores this process may use, cgroup CPU limits included); more than 1 "
+        "needs --redis-url (default 1: one process, no supervisor)",
+    )
     return parser
 
 
@@ -452,6 +473,17 @@ def parse_settings(argv: Sequence[str] | None = None) -> Settings:
         parser.error("argument --redis-key-prefix: may not contain braces")
     if values["redis_load_staleness"] >= values["redis_lease"]:
         parser.error("argument --redis-load-staleness: must be shorter than --redis-lease")
+    if values["workers"] > 1 and not values["redis_url"]:
+        parser.error(
+            f"argument --workers: {values['workers']} workers need --redis-url: workers share "
+            "the prefix index and in-flight load through it (use --workers 1 without Redis)"
+        )
+    # Not wired through the supervisor yet, which is the pod's face (health, /metrics).
+    if values["workers"] > 1 and values["ha_enable_leader_election"]:
+        parser.error(
+            "argument --ha-enable-leader-election: not supported with --workers > 1 yet "
+            "(the supervisor serves the pod's readiness)"
+        )
     for flag in ("static_objectives", "kubeconfig"):
         if values[flag] is not None and not values[flag].is_file():
             parser.error(f"argument --{flag.replace('_', '-')}: {values[flag]} is not a file")
@@ -513,12 +545,27 @@ def _check_operations(parser: argparse.ArgumentParser, values: dict[str, object]
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    settings = parse_settings(argv)
+    arguments = list(sys.argv[1:] if argv is None else argv)
+    settings = parse_settings(arguments)
     if settings.tls_cipher_suites:
         # Read by gRPC's core once, when it loads: set before anything imports grpc.
         os.environ["GRPC_SSL_CIPHER_SUITES"] = ":".join(
             CIPHER_SUITES[name] for name in settings.tls_cipher_suites
         )
+    from app.workers.role import worker_role_from_environment
+
+    role = worker_role_from_environment()
+    if role is not None:  # started by a supervisor (``--workers`` > 1)
+        from app.workers.worker import run_worker
+
+        sys.exit(run_worker(settings, role))
+    if settings.workers > 1:
+        # The supervisor starts workers with fork+exec while its gRPC health server runs:
+        # gRPC's fork handlers are for children that keep using gRPC, which these never do.
+        os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
+        from app.workers.supervisor import run_supervisor
+
+        sys.exit(run_supervisor(settings, arguments))
     from app.runner import run
 
     sys.exit(run(settings))

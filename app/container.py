@@ -20,6 +20,7 @@ from adapters.redis import (
     RedisSharedLoad,
     connect,
 )
+from adapters.workerlink import SupervisorHub, WorkerLink
 from adapters.xxhash.block_hasher import XxhashBlockHasher
 from app.config.loader import LoadedConfig, load_config
 from app.config_watch import ConfigWatcher
@@ -61,7 +62,7 @@ if TYPE_CHECKING:
 
     from adapters.kubernetes import LeaderElector
 
-__all__ = ["Container", "build_container"]
+__all__ = ["Container", "build_container", "build_supervisor_container"]
 
 
 def _certificate(settings: Settings) -> ServerCertificate | None:
@@ -76,7 +77,15 @@ def _reload_from(settings: Settings) -> Path | None:
     return settings.cert_path if settings.enable_cert_reload else None
 
 
-def _endpoint_source(settings: Settings, objectives: ObjectiveSink) -> EndpointSource:
+#: A worker's collectors wait for the supervisor's next poll result as long as it takes.
+RELAYED_POLL_TIMEOUT = 365 * 86400.0
+
+
+def _endpoint_source(
+    settings: Settings, objectives: ObjectiveSink, link: WorkerLink | None = None
+) -> EndpointSource:
+    if link is not None:  # a worker: the supervisor discovers for the pod
+        return link.endpoint_source(objectives)
     if settings.static_endpoints:
         return StaticEndpointSource(parse_endpoint_list(settings.static_endpoints))
     from app.kubernetes import kubernetes_source  # imports the Kubernetes client lazily
@@ -257,10 +266,27 @@ def _collectors(
     settings: Settings,
     observer: Observer,
     flow_controller: FlowController | None,
+    link: WorkerLink | None = None,
+    hub: SupervisorHub | None = None,
 ) -> Collectors:
     """Polling sources feed the collectors; notification sources run beside them. Endpoint
     events reach the extractors of the configured endpoint-notification-sources or, when
-    none is configured, every EndpointExtractor plugin."""
+    none is configured, every EndpointExtractor plugin.
+
+    Under ``--workers``, the supervisor's sources are teed to the workers (``hub``), and a
+    worker's sources are the relayed ones of the same names (``link``): the model servers
+    are polled and watched once per pod."""
+
+    def polling(source: PollingDataSource) -> PollingDataSource:
+        if link is not None:
+            return link.polling_source(source.typed_name, source.output_type())
+        return hub.polling(source) if hub is not None else source
+
+    def notifying(source: NotificationSource) -> NotificationSource:
+        if link is not None:
+            return link.notification_source(source.typed_name, source.gvk(), source.output_type())
+        return hub.notifications(source) if hub is not None else source
+
     bindings = []
     notifications = []
     endpoint_extractors: list[EndpointExtractor] = []
@@ -269,10 +295,10 @@ def _collectors(
         for spec in loaded.data_layer.sources:
             if isinstance(spec.source, PollingDataSource):
                 extractors = tuple(e for e in spec.extractors if isinstance(e, Extractor))
-                bindings.append(SourceBinding(spec.source, extractors))
+                bindings.append(SourceBinding(polling(spec.source), extractors))
             elif isinstance(spec.source, NotificationSource):
                 notified = tuple(e for e in spec.extractors if isinstance(e, NotificationExtractor))
-                notifications.append(NotificationBinding(spec.source, notified))
+                notifications.append(NotificationBinding(notifying(spec.source), notified))
             elif isinstance(spec.source, EndpointNotificationSource):
                 endpoint_sources += 1
                 endpoint_extractors.extend(
@@ -286,6 +312,7 @@ def _collectors(
         datastore=datastore,
         bindings=bindings,
         interval=settings.refresh_metrics_interval,
+        poll_timeout=RELAYED_POLL_TIMEOUT if link is not None else 1.0,
         endpoint_extractors=endpoint_extractors,
         notifications=notifications,
         observer=observer,
@@ -334,6 +361,9 @@ class Container(containers.DeclarativeContainer):
     objectives = providers.Singleton(ObjectiveStore)
     request_states = providers.Singleton(RequestStates)
     registry = providers.Singleton(_registry, settings)
+    # --- workers (app/workers): a worker's link to its supervisor, the supervisor's hub ---
+    worker_link: providers.Provider[WorkerLink | None] = providers.Object(None)
+    hub: providers.Provider[SupervisorHub | None] = providers.Object(None)
     # --- observability (spec section 9): one Observer for the domain and the adapters ---
     metrics_observer = providers.Singleton(PrometheusObserver)
     tracing = providers.Singleton(build_tracing, settings)
@@ -357,6 +387,7 @@ class Container(containers.DeclarativeContainer):
         prefix_index=prefix_index,
         authorizer=metrics_authorizer,
         pages=pprof_pages,
+        loopback_metrics=providers.Callable(lambda link: link is not None, worker_link),
     )
     # --- end observability ---
     handle = providers.Singleton(
@@ -377,9 +408,9 @@ class Container(containers.DeclarativeContainer):
         _request_control, config, settings, scheduling_observer, flow_controller, observer
     )
     collectors = providers.Singleton(
-        _collectors, config, datastore, settings, observer, flow_controller
+        _collectors, config, datastore, settings, observer, flow_controller, worker_link, hub
     )
-    endpoint_source = providers.Singleton(_endpoint_source, settings, objectives)
+    endpoint_source = providers.Singleton(_endpoint_source, settings, objectives, worker_link)
     processor = providers.Singleton(
         Director,
         datastore=datastore,
@@ -409,7 +440,11 @@ class Container(containers.DeclarativeContainer):
         processor=processor,
         host=settings.provided.bind_address,
         grpc_port=settings.provided.grpc_port,
-        health_port=settings.provided.grpc_health_port,
+        health_port=providers.Callable(
+            lambda settings, link: None if link is not None else settings.grpc_health_port,
+            settings,
+            worker_link,
+        ),
         certificate=certificate,
         health_on_extproc_port=settings.provided.health_checking,
         observer=observer,
@@ -424,10 +459,26 @@ class Container(containers.DeclarativeContainer):
         max_receive_message_length=settings.provided.grpc_max_recv_msg_size,
         max_send_message_length=settings.provided.grpc_max_send_msg_size,
         leader=providers.Callable(_leader_check, leader_elector),
+        reuse_port=providers.Callable(lambda link: link is not None, worker_link),
     )
 
 
-def build_container(settings: Settings) -> Container:
+def build_container(settings: Settings, *, worker_link: WorkerLink | None = None) -> Container:
+    """The process's container; ``worker_link``: a worker's, fed by its supervisor."""
     container = Container()
     container.settings.override(settings)
+    if worker_link is not None:
+        container.worker_link.override(providers.Object(worker_link))
+    return container
+
+
+def build_supervisor_container(settings: Settings, hub: SupervisorHub) -> Container:
+    """The supervisor's container (``--workers``): only its data layer is used (endpoint
+    discovery, the model servers' polls, notification watches), teed into ``hub``; it
+    serves no request, so it has no flow controller and no shared-state client."""
+    container = build_container(settings)
+    container.hub.override(providers.Object(hub))
+    container.redis_client.override(providers.Object(None))
+    container.flow_controller.override(providers.Object(None))
+    container.objectives.override(providers.Object(hub.objectives(ObjectiveStore())))
     return container

@@ -4,7 +4,9 @@ Every record logged while a request is served carries that request's id (``REQUE
 set by the gateway adapter per stream): ``"request_id"`` in JSON lines, a trailing
 ``request_id=<id>`` in text lines. A record logged with ``extra={"fields": {...}}`` has those
 fields as JSON values of their own in JSON lines (a ``"msg"`` among them replaces the
-message there); text lines show only the message.
+message there); text lines show only the message. Under ``--workers`` every line names its
+process: ``"worker": "<id>"`` (``"supervisor"`` for the supervisor) in JSON lines, a trailing
+``worker=<id>`` in text lines.
 """
 
 from __future__ import annotations
@@ -21,11 +23,17 @@ __all__ = ["RequestIdFilter", "configure_logging"]
 
 
 class RequestIdFilter(logging.Filter):
-    """Sets ``record.request_id`` from ``REQUEST_ID`` unless the caller passed one."""
+    """Sets ``record.request_id`` from ``REQUEST_ID`` unless the caller passed one, and
+    ``record.worker`` to the process's worker tag (empty when it serves alone)."""
+
+    def __init__(self, worker: str = "") -> None:
+        super().__init__()
+        self._worker = worker
 
     def filter(self, record: logging.LogRecord) -> bool:
         if not getattr(record, "request_id", None):
             record.request_id = REQUEST_ID.get()
+        record.worker = self._worker
         return True
 
 
@@ -41,6 +49,9 @@ class JsonFormatter(logging.Formatter):
         request_id = getattr(record, "request_id", None)
         if request_id:
             entry["request_id"] = request_id
+        worker = getattr(record, "worker", "")
+        if worker:
+            entry["worker"] = worker
         fields = getattr(record, "fields", None)
         if isinstance(fields, dict):  # structured data a record carries (e.g. a span)
             for key, value in fields.items():
@@ -60,13 +71,17 @@ class TextFormatter(logging.Formatter):
         request_id = getattr(record, "request_id", None)
         if request_id:
             text += f" request_id={request_id}"
+        worker = getattr(record, "worker", "")
+        if worker:
+            text += f" worker={worker}"
         return text
 
 
-def configure_logging(verbosity: int, log_format: str) -> None:
-    """Verbosity 0-2 logs at INFO, 3 and above at DEBUG (as the reference's levels)."""
+def configure_logging(verbosity: int, log_format: str, worker: str = "") -> None:
+    """Verbosity 0-2 logs at INFO, 3 and above at DEBUG (as the reference's levels);
+    ``worker`` tags every line (``--workers``)."""
     handler = logging.StreamHandler(sys.stderr)
-    handler.addFilter(RequestIdFilter())
+    handler.addFilter(RequestIdFilter(worker))
     if log_format == "json":
         handler.setFormatter(JsonFormatter())
     else:

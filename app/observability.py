@@ -105,16 +105,19 @@ class Observability:
         prefix_index: PrefixIndex,
         authorizer: RequestAuthorizer | None = None,
         pages: Mapping[str, TextPage] | None = None,
+        loopback_metrics: bool = False,
     ) -> None:
         self.metrics = metrics
         self.tracing = tracing
+        # A worker serves its own /metrics on a loopback port for its supervisor to merge.
         self.server = MetricsServer(
             metrics.registry,
-            host=settings.bind_address,
-            port=settings.metrics_port,
-            authorizer=authorizer,
+            host="127.0.0.1" if loopback_metrics else settings.bind_address,
+            port=0 if loopback_metrics else settings.metrics_port,
+            # A worker's own /metrics is on loopback, read by its supervisor only.
+            authorizer=None if loopback_metrics else authorizer,
             pages=pages,
-            ssl_context=metrics_ssl_context(settings),
+            ssl_context=None if loopback_metrics else metrics_ssl_context(settings),
         )
         self.pool = PoolMetricsReporter(
             datastore=datastore,

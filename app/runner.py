@@ -8,7 +8,8 @@ import gc
 import logging
 import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 from adapters.otel.tracing import TracingConfigError
 from app.config.loader import ConfigError
@@ -49,8 +50,14 @@ async def _sweep(states: RequestStates) -> None:
         states.sweep()
 
 
-async def serve(container: Container, stop: asyncio.Event) -> None:
-    """Run everything the container provides until ``stop`` is set, then drain."""
+async def serve(
+    container: Container,
+    stop: asyncio.Event,
+    on_serving: Callable[[], Coroutine[Any, Any, None]] | None = None,
+) -> None:
+    """Run everything the container provides until ``stop`` is set, then drain.
+    ``on_serving`` (a worker's status report to its supervisor) runs as a task from the
+    moment the servers serve until the drain ends."""
     settings = container.settings()
     try:
         loaded = container.config()
@@ -125,6 +132,8 @@ async def serve(container: Container, stop: asyncio.Event) -> None:
     # Every replica discovers and collects (a warm standby); only the leader is ready.
     elector = container.leader_elector()
     campaign = asyncio.create_task(elector.run(), name="leader-election") if elector else None
+    if on_serving is not None:
+        tasks.add(asyncio.create_task(on_serving(), name="serving-report"))
     try:
         stop_task = asyncio.create_task(stop.wait())
         waited = {*tasks, stop_task, *([campaign] if campaign else [])}

@@ -68,6 +68,8 @@ class Settings(BaseModel):
     redis_lease: float = Field(default=10.0, gt=0)
     redis_load_staleness: float = Field(default=0.02, gt=0)
     redis_prefix_ttl: float = Field(default=3600.0, gt=0)
+    # Worker processes under one supervisor (app/workers); 1: this process serves alone.
+    workers: int = Field(default=1, ge=1)
 
     @model_validator(mode="after")
     def _check(self) -> Settings:
@@ -86,6 +88,8 @@ class Settings(BaseModel):
             raise ValueError("--ha-enable-leader-election needs Kubernetes")
         if "{" in self.redis_key_prefix or "}" in self.redis_key_prefix:
             raise ValueError("--redis-key-prefix may not contain braces")
+        if self.workers > 1 and not self.redis_url:
+            raise ValueError("--workers > 1 needs --redis-url")
         if self.redis_load_staleness >= self.redis_lease:
             raise ValueError("--redis-load-staleness must be shorter than --redis-lease")
         return self

@@ -39,6 +39,10 @@ class HealthServicer(health_pb2_grpc.HealthServicer):  # type: ignore[misc]
     def start_draining(self) -> None:
         self._draining = True
 
+    def serving(self) -> bool:
+        """Whether ``readiness`` is SERVING."""
+        return bool(self._status("readiness") == _SERVING)
+
     def _status(self, service: str) -> Any:
         if self._leader is not None:
             if service == "liveness":

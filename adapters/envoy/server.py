@@ -26,6 +26,16 @@ _OPTIONS = [
     ("grpc.keepalive_permit_without_calls", 1),
     ("grpc.http2.max_pings_without_data", 0),
 ]
+# Workers of one pod accept on the same ext_proc port. The kernel spreads new connections,
+# not streams, and a gateway keeps few long-lived HTTP/2 connections: each connection is
+# asked to reconnect (GOAWAY, in-flight streams finish; gRPC jitters the age by 10 %) after
+# SHARED_PORT_CONNECTION_AGE_MS, so the gateway's streams are re-spread over the workers.
+# The cost is one TLS handshake per gateway connection per period.
+SHARED_PORT_CONNECTION_AGE_MS = 250
+_SHARED_PORT_OPTIONS = [
+    *((k, 1 if k == "grpc.so_reuseport" else v) for k, v in _OPTIONS),
+    ("grpc.max_connection_age_ms", SHARED_PORT_CONNECTION_AGE_MS),
+]
 
 
 class GrpcServers:
@@ -39,6 +49,8 @@ class GrpcServers:
     ``tls.crt`` and ``tls.key``) a renewed certificate is served to new connections
     (``CertificateReloader``). The message size limits apply to the ext_proc server. With
     ``leader`` (leader election), readiness also needs ``leader()`` (``HealthServicer``).
+    ``reuse_port`` shares the ext_proc port with the pod's other workers (``SO_REUSEPORT``);
+    ``health_port`` None serves no health port (a worker: its supervisor serves the pod's).
     """
 
     def __init__(
@@ -47,7 +59,7 @@ class GrpcServers:
         processor: RequestProcessor,
         host: str,
         grpc_port: int,
-        health_port: int,
+        health_port: int | None,
         certificate: ServerCertificate | None,
         health_on_extproc_port: bool = False,
         observer: Observer | None = None,
@@ -57,6 +69,7 @@ class GrpcServers:
         max_receive_message_length: int = 64 * 1024 * 1024,
         max_send_message_length: int = 64 * 1024 * 1024,
         leader: Callable[[], bool] | None = None,
+        reuse_port: bool = False,
     ) -> None:
         self._host = host
         self._grpc_port = grpc_port
@@ -66,7 +79,7 @@ class GrpcServers:
         if certificate is not None and reload_certificate_from is not None:
             self.reloader = CertificateReloader(reload_certificate_from, certificate)
         self._extproc_options = [
-            *_OPTIONS,
+            *(_SHARED_PORT_OPTIONS if reuse_port else _OPTIONS),
             ("grpc.max_receive_message_length", max_receive_message_length),
             ("grpc.max_send_message_length", max_send_message_length),
         ]
@@ -102,6 +115,16 @@ class GrpcServers:
         if self.bound_grpc_port == 0:
             raise OSError(f"--grpc-port: cannot listen on {address}")
 
+        if self._health_port is None:
+            await extproc_server.start()
+            self._servers = [extproc_server]
+            logger.info(
+                "ext_proc serving on %s:%d (%s, shared port)",
+                self._host,
+                self.bound_grpc_port,
+                "TLS" if self._certificate else "plaintext",
+            )
+            return
         health_server = grpc.aio.server(options=_OPTIONS)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, health_server)
         health_address = f"{self._host}:{self._health_port}"
@@ -130,7 +153,8 @@ class GrpcServers:
         if not self._servers:
             return
         self.health.start_draining()
-        extproc_server, health_server = self._servers
+        extproc_server, *health_server = self._servers
         await extproc_server.stop(grace)
-        await health_server.stop(0)
+        for server in health_server:
+            await server.stop(0)
         self._servers = []

@@ -70,6 +70,7 @@ __all__ = [
     "MetricsServer",
     "PrometheusObserver",
     "TextPage",
+    "authorization",
 ]
 
 logger = logging.getLogger(__name__)
@@ -377,6 +378,24 @@ class PrometheusObserver:
 TextPage = Callable[[Mapping[str, str]], Awaitable[tuple[int, str]]]
 
 
+def authorization(authorizer: RequestAuthorizer) -> Any:
+    """An aiohttp middleware that authorizes every request with ``authorizer`` first: a
+    refusal is answered 401, 403 or 503 (``AccessVerdict``) and the handler never runs."""
+
+    @web.middleware
+    async def authorize(
+        request: web.Request,
+        handler: Callable[[web.Request], Awaitable[web.StreamResponse]],
+    ) -> web.StreamResponse:
+        verdict = await authorizer.authorize(request.headers.get("Authorization"), request.path)
+        if verdict is AccessVerdict.ALLOWED:
+            return await handler(request)
+        headers = {"WWW-Authenticate": "Bearer"} if verdict is AccessVerdict.UNAUTHENTICATED else {}
+        return web.Response(status=verdict.value, text=f"{verdict.name.lower()}\n", headers=headers)
+
+    return authorize
+
+
 class MetricsServer:
     """Serves a registry as Prometheus text on ``GET /metrics`` (aiohttp on the event loop;
     the text is rendered in the server's own worker thread, so the loop keeps routing
@@ -412,7 +431,7 @@ class MetricsServer:
         self.bound_port = 0
 
     async def start(self) -> None:
-        middlewares = [self._authorize] if self._authorizer is not None else []
+        middlewares = [] if self._authorizer is None else [authorization(self._authorizer)]
         app = web.Application(middlewares=middlewares)
         app.router.add_get("/metrics", self._metrics)
         for path in self._pages:
@@ -449,21 +468,6 @@ class MetricsServer:
         render, self._render = self._render, None
         if render is not None:
             render.shutdown(wait=False, cancel_futures=True)
-
-    @web.middleware
-    async def _authorize(
-        self,
-        request: web.Request,
-        handler: Callable[[web.Request], Awaitable[web.StreamResponse]],
-    ) -> web.StreamResponse:
-        assert self._authorizer is not None
-        verdict = await self._authorizer.authorize(
-            request.headers.get("Authorization"), request.path
-        )
-        if verdict is AccessVerdict.ALLOWED:
-            return await handler(request)
-        headers = {"WWW-Authenticate": "Bearer"} if verdict is AccessVerdict.UNAUTHENTICATED else {}
-        return web.Response(status=verdict.value, text=f"{verdict.name.lower()}\n", headers=headers)
 
     async def _page(self, request: web.Request) -> web.Response:
         status, text = await self._pages[request.path](request.query)

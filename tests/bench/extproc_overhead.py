@@ -6,7 +6,14 @@ with the EPP as ext_proc, one routing directly (the client sets
 same closed-loop load at the same concurrency; prints requests/s, median and p99
 latency, the EPP/direct ratios, and the EPP's CPU seconds per 1,000 requests.
 
+``--workers 1,2,auto`` runs one pod per worker count instead (each on the same
+redis-server, each against its own direct Envoy, one after the other) and prints one row per
+count: requests/s, latency, EPP CPU per request summed over all the pod's processes, how the
+requests split over the workers, the memory of each process, the scrapes per second each
+model server received, and the requests/s per core that CPU cost projects.
+
     .venv/bin/python -m tests.bench.extproc_overhead [--requests 4000] [--concurrency 32]
+    .venv/bin/python -m tests.bench.extproc_overhead --workers 1,2,auto
 """
 
 from __future__ import annotations
@@ -16,14 +23,18 @@ import asyncio
 import os
 import random
 import statistics
+import time
 from dataclasses import dataclass
 
 import aiohttp
 import orjson
 
+from app.workers.cpus import usable_cpus
 from tests.bench.load import closed_loop, cpu_seconds
+from tests.bench.pod import rss_mib, sample_pod
 from tests.simulator import DEFAULT_MODEL
-from tests.support.stack import Stack, StackOptions
+from tests.support.redis import RedisServer
+from tests.support.stack import Stack, StackOptions, wait_for
 
 BODY = orjson.dumps({"model": DEFAULT_MODEL, "prompt": "Benchmark prompt " * 16, "max_tokens": 4})
 
@@ -89,7 +100,19 @@ def main() -> None:
         default=[],
         help="extra EPP flag, repeatable (e.g. --epp-arg=--tracing=false)",
     )
+    parser.add_argument(
+        "--idle-seconds", type=float, default=3.0, help="--workers: idle CPU measured this long"
+    )
+    parser.add_argument(
+        "--workers",
+        default="",
+        help="comma-separated worker counts (e.g. 1,2,auto): one pod per count on one "
+        "redis-server, each with --redis-url",
+    )
     args = parser.parse_args()
+    if args.workers:
+        _workers_bench(args)
+        return
 
     options = StackOptions(
         simulators=args.simulators, epp_tls=not args.plaintext, epp_args=args.epp_arg
@@ -140,6 +163,137 @@ def main() -> None:
     print(
         f"(median of per-request latency over all rounds; stdev EPP "
         f"{statistics.pstdev(epp.latencies_ms):.2f} ms)"
+    )
+
+
+@dataclass(frozen=True)
+class PodRow:
+    workers: int
+    epp: Result
+    direct: Result
+    split: dict[int, float]
+    rss_mib: list[float]
+    scrapes_per_second: float
+    idle_cpu_per_second: float
+
+
+def _merged(runs: list[Result]) -> Result:
+    cpu = [r.epp_cpu_seconds for r in runs if r.epp_cpu_seconds is not None]
+    return Result(
+        runs[0].name,
+        sum(r.requests for r in runs),
+        sum(r.seconds for r in runs),
+        [x for r in runs for x in r.latencies_ms],
+        sum(r.errors for r in runs),
+        sum(cpu) if cpu else None,
+    )
+
+
+def _pod(args: argparse.Namespace, redis_url: str, workers: int) -> PodRow:
+    options = StackOptions(
+        simulators=args.simulators,
+        epp_tls=not args.plaintext,
+        epp_args=[*args.epp_arg, "--redis-url", redis_url, "--workers", str(workers)],
+    )
+    with Stack.run(options) as stack:
+        assert stack.epp is not None
+        assert stack.epp.process is not None
+        pid = stack.epp.process.pid
+        sims = list(stack.simulator_urls.values())
+
+        def serving() -> bool:
+            try:
+                sample = sample_pod(pid, stack.epp_metrics_port, sims)
+            except OSError:
+                return False
+            return len(sample.per_worker) == workers and len(sample.pids) == (
+                workers + 1 if workers > 1 else 1
+            )
+
+        wait_for(serving, timeout=120, what=f"{workers} worker(s) serving")
+        _, direct_port = stack.start_envoy(ext_proc=False, name="envoy-direct")
+        epp_url, direct_url = stack.url, f"http://127.0.0.1:{direct_port}"
+        destinations = list(stack.simulator_addresses.values())
+        _run("warmup", epp_url, 300, args.concurrency, None, None)
+        _run("warmup", direct_url, 300, args.concurrency, destinations, None)
+        first = sample_pod(pid, stack.epp_metrics_port, sims)
+        # The pod's CPU with no request: scrapes, relays, shared-load refreshes, gauges.
+        idle_started = time.monotonic()
+        time.sleep(args.idle_seconds)
+        idle_cpu = sum(cpu_seconds(p) for p in first.pids) - first.cpu
+        idle_rate = idle_cpu / (time.monotonic() - idle_started)
+        started = time.monotonic()
+        epp_runs, direct_runs = [], []
+        for _ in range(args.rounds):
+            before = sum(cpu_seconds(p) for p in first.pids)
+            run = _run("epp", epp_url, args.requests, args.concurrency, None, None)
+            cpu = sum(cpu_seconds(p) for p in first.pids) - before
+            epp_runs.append(
+                Result(run.name, run.requests, run.seconds, run.latencies_ms, run.errors, cpu)
+            )
+            direct_runs.append(
+                _run("direct", direct_url, args.requests, args.concurrency, destinations, None)
+            )
+        last = sample_pod(pid, stack.epp_metrics_port, sims)
+        elapsed = time.monotonic() - started
+        served = {w: last.per_worker.get(w, 0) - n for w, n in first.per_worker.items()}
+        total = sum(served.values()) or 1
+        scraped = [b - a for a, b in zip(first.scrapes, last.scrapes, strict=True)]
+        return PodRow(
+            workers=workers,
+            epp=_merged(epp_runs),
+            direct=_merged(direct_runs),
+            split={w: n / total for w, n in sorted(served.items())},
+            rss_mib=[rss_mib(p) for p in first.pids],
+            scrapes_per_second=statistics.mean(scraped) / elapsed,
+            idle_cpu_per_second=idle_rate,
+        )
+
+
+def _workers_bench(args: argparse.Namespace) -> None:
+    counts: list[int] = []
+    for text in args.workers.split(","):
+        count = usable_cpus() if text.strip() == "auto" else int(text)
+        if count not in counts:
+            counts.append(count)
+    server = RedisServer()
+    server.start()
+    try:
+        rows = [_pod(args, server.url, count) for count in counts]
+    finally:
+        server.stop()
+    print(
+        f"concurrency {args.concurrency}, {args.requests} requests x {args.rounds} rounds per "
+        f"pod and mode, {args.simulators} simulated servers, EPP TLS "
+        f"{'off' if args.plaintext else 'on'}, --redis-url on, {os.cpu_count()} CPUs (shared "
+        f"by Envoy, the simulators, the load and the EPP: throughput cannot scale here), "
+        f"EPP flags {args.epp_arg or 'default'}"
+    )
+    header = (
+        f"{'workers':>7}{'EPP r/s':>9}{'direct':>8}{'ratio':>7}{'p50 ms':>8}{'p99 ms':>8}"
+        f"{'CPU ms/req':>11}{'net':>7}{'idle %':>7}{'r/s/core':>9}{'errors':>7}  {'split %':<10}"
+        f"{'scrapes/s':>10}  RSS MiB (supervisor, workers)"
+    )
+    print(header)
+    for row in rows:
+        epp, direct = row.epp, row.direct
+        cpu_ms = (epp.epp_cpu_seconds or 0.0) / epp.requests * 1000
+        net_ms = cpu_ms - row.idle_cpu_per_second * epp.seconds / epp.requests * 1000
+        split = "/".join(f"{share * 100:.0f}" for share in row.split.values())
+        rss = ", ".join(f"{m:.0f}" for m in row.rss_mib)
+        print(
+            f"{row.workers:>7}{epp.rps:>9.0f}{direct.rps:>8.0f}{epp.rps / direct.rps:>7.2f}"
+            f"{epp.percentile(0.5):>8.2f}{epp.percentile(0.99):>8.2f}{cpu_ms:>11.3f}"
+            f"{net_ms:>7.3f}{row.idle_cpu_per_second * 100:>7.1f}"
+            f"{1000 / cpu_ms if cpu_ms else 0:>9.0f}{epp.errors:>7}  {split:<10}"
+            f"{row.scrapes_per_second:>10.1f}  {rss}"
+        )
+    print(
+        "CPU ms/req: all the pod's processes (supervisor and workers) over the EPP rounds; "
+        "net: less the pod's idle CPU (idle %: of one core, measured before the rounds) over "
+        "the same time; r/s/core: 1000 / CPU ms per request, a projection of requests/s "
+        "per core of the pod, not a measurement; scrapes/s: GET /metrics per second each "
+        "model server received."
     )
 
 

@@ -89,6 +89,7 @@ class ModelServerSimulator:
         self._config = config if config is not None else SimulatorConfig()
         self._name = name
         self._host = host
+        self.metrics_scrapes = 0
         self._requested_port = port
         self._bound_port: int | None = None
         self._engine = SimulatedEngine(self._config)
@@ -141,6 +142,8 @@ class ModelServerSimulator:
             "num_gpu_blocks": config.num_gpu_blocks,
             "max_num_seqs": config.max_num_seqs,
             "max_loras": config.max_loras,
+            # GET /metrics answered so far: what the EPP's scrapers cost this server.
+            "metrics_scrapes": self.metrics_scrapes,
         }
         document.update(self.stats().document(include_samples=include_samples))
         return document
@@ -338,6 +341,7 @@ class ModelServerSimulator:
         return web.Response(status=200)
 
     async def _metrics(self, request: web.Request) -> web.Response:
+        self.metrics_scrapes += 1
         text = render_metrics(self._config, self._engine.stats(), time.time())
         return web.Response(body=text.encode(), headers={"Content-Type": METRICS_CONTENT_TYPE})
 

@@ -1,0 +1,12 @@
+"""The link between a supervisor and its workers (``--workers``): one unix socket per pod.
+
+The supervisor runs the data layer once for the pod (endpoint discovery, the model servers'
+``/metrics`` polls, notification watches) and relays what it learns to every worker
+(``SupervisorHub``); each worker feeds it to its own datastore and extractors through
+relayed ports (``WorkerLink``) and reports its readiness and metrics port back.
+"""
+
+from adapters.workerlink.hub import SupervisorHub, WorkerStatus
+from adapters.workerlink.link import WorkerLink
+
+__all__ = ["SupervisorHub", "WorkerLink", "WorkerStatus"]

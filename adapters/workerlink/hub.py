@@ -1,0 +1,317 @@
+"""The supervisor's side: tees the pod's data layer into every connected worker.
+
+``SupervisorHub`` wraps the ports the data layer feeds (``sink``, ``objectives``,
+``polling``, ``notifications``): each call reaches the wrapped object as before and is
+relayed to every worker. It keeps the current state (endpoints, synced, objectives, rewrite
+rules, the last poll result per source and endpoint, the live watched objects), so a worker
+that connects late, or is restarted, gets the whole picture first and then the changes, in
+order. A worker whose unread backlog passes ``max_backlog_bytes`` is disconnected (it stops
+and is restarted) rather than growing the supervisor's memory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+from adapters.workerlink.frames import encode_frame, read_frame
+from ports.datalayer import (
+    NotificationEvent,
+    NotificationKind,
+    NotificationSource,
+    PollingDataSource,
+)
+from ports.endpoints import EndpointEvent, EndpointEventKind, EndpointInfo, EndpointSink
+from ports.objectives import ModelRewriteRule, ObjectiveSink
+from ports.plugins import TypedName
+
+__all__ = ["SupervisorHub", "WorkerStatus"]
+
+logger = logging.getLogger(__name__)
+
+HELLO_TIMEOUT = 5.0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WorkerStatus:
+    """What a connected worker last reported."""
+
+    worker_id: int
+    pid: int
+    ready: bool
+    metrics_port: int
+
+
+@dataclass(slots=True)
+class _Peer:
+    worker_id: int
+    pid: int
+    writer: asyncio.StreamWriter
+    ready: bool = False
+    metrics_port: int = 0
+
+
+def _object_key(event: NotificationEvent) -> tuple[str, str]:
+    metadata = event.object.get("metadata") if isinstance(event.object, Mapping) else None
+    if not isinstance(metadata, Mapping):
+        return ("", "")
+    return (str(metadata.get("namespace", "")), str(metadata.get("name", "")))
+
+
+class SupervisorHub:
+    """Listens on ``path`` (a unix socket); see the module docstring."""
+
+    def __init__(self, path: str, *, max_backlog_bytes: int = 256 * 1024 * 1024) -> None:
+        self.path = path
+        self._max_backlog = max_backlog_bytes
+        self._server: asyncio.AbstractServer | None = None
+        self._peers: dict[int, _Peer] = {}
+        self._endpoints: dict[str, EndpointInfo] = {}
+        self._synced = False
+        self._priorities: Mapping[str, int | None] | None = None
+        self._rules: Sequence[ModelRewriteRule] | None = None
+        self._polls: dict[tuple[str, str], object] = {}
+        self._watched: dict[str, dict[tuple[str, str], NotificationEvent]] = {}
+        self._handlers: set[asyncio.Task[None]] = set()
+        self._connections: set[asyncio.StreamWriter] = set()
+
+    async def start(self) -> None:
+        self._server = await asyncio.start_unix_server(self._accept, path=self.path)
+        os.chmod(self.path, 0o600)
+
+    async def stop(self) -> None:
+        server, self._server = self._server, None
+        if server is not None:
+            server.close()
+        self._peers.clear()
+        for writer in list(self._connections):
+            writer.close()  # its handler reads the end of the stream and returns
+        if self._handlers:
+            _, pending = await asyncio.wait(list(self._handlers), timeout=5)
+            for task in pending:
+                task.cancel()
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.path)
+
+    # --- what the supervisor reads ---
+
+    def workers(self) -> list[WorkerStatus]:
+        return [
+            WorkerStatus(
+                worker_id=p.worker_id, pid=p.pid, ready=p.ready, metrics_port=p.metrics_port
+            )
+            for p in sorted(self._peers.values(), key=lambda p: p.worker_id)
+        ]
+
+    def ready_workers(self) -> int:
+        return sum(1 for peer in self._peers.values() if peer.ready)
+
+    def disconnect(self, worker_id: int) -> None:
+        peer = self._peers.pop(worker_id, None)
+        if peer is not None:
+            peer.writer.close()
+
+    # --- tees of the data layer's ports ---
+
+    def sink(self, inner: EndpointSink) -> EndpointSink:
+        return _TeeSink(self, inner)
+
+    def objectives(self, inner: ObjectiveSink) -> ObjectiveSink:
+        return _TeeObjectives(self, inner)
+
+    def polling(self, inner: PollingDataSource) -> PollingDataSource:
+        return _TeePolling(self, inner)
+
+    def notifications(self, inner: NotificationSource) -> NotificationSource:
+        return _TeeNotifications(self, inner)
+
+    # --- relaying ---
+
+    def endpoint_event(self, event: EndpointEvent) -> None:
+        name = event.endpoint.name
+        if event.kind is EndpointEventKind.DELETE:
+            self._endpoints.pop(name, None)
+            for key in [k for k in self._polls if k[1] == name]:
+                del self._polls[key]
+        else:
+            self._endpoints[name] = event.endpoint
+        self._broadcast(("endpoint", event))
+
+    def synced(self, synced: bool) -> None:
+        self._synced = synced
+        self._broadcast(("synced", synced))
+
+    def set_objectives(self, priorities: Mapping[str, int | None]) -> None:
+        self._priorities = dict(priorities)
+        self._broadcast(("objectives", self._priorities))
+
+    def set_rules(self, rules: Sequence[ModelRewriteRule]) -> None:
+        self._rules = list(rules)
+        self._broadcast(("rules", self._rules))
+
+    def poll_result(self, source: str, endpoint: str, value: object) -> None:
+        if endpoint not in self._endpoints:
+            return
+        self._polls[(source, endpoint)] = value
+        self._broadcast(("poll", source, endpoint, value))
+
+    def notification(self, source: str, event: NotificationEvent) -> None:
+        watched = self._watched.setdefault(source, {})
+        key = _object_key(event)
+        if event.kind is NotificationKind.DELETE:
+            watched.pop(key, None)
+        else:
+            watched[key] = event
+        self._broadcast(("notification", source, event))
+
+    def _snapshot(self) -> list[tuple[object, ...]]:
+        messages: list[tuple[object, ...]] = [
+            ("endpoint", EndpointEvent(kind=EndpointEventKind.ADD_OR_UPDATE, endpoint=info))
+            for info in self._endpoints.values()
+        ]
+        if self._priorities is not None:
+            messages.append(("objectives", self._priorities))
+        if self._rules is not None:
+            messages.append(("rules", self._rules))
+        messages.extend(("poll", s, e, v) for (s, e), v in self._polls.items())
+        for source, watched in self._watched.items():
+            messages.extend(("notification", source, event) for event in watched.values())
+        if self._synced:
+            messages.append(("synced", True))
+        return messages
+
+    def _broadcast(self, message: tuple[object, ...]) -> None:
+        if not self._peers:
+            return
+        frame = encode_frame(message)  # once, whatever the number of workers
+        for peer in list(self._peers.values()):
+            self._send(peer, frame)
+
+    def _send(self, peer: _Peer, frame: bytes) -> None:
+        if peer.writer.is_closing():
+            return
+        peer.writer.write(frame)
+        if peer.writer.transport.get_write_buffer_size() > self._max_backlog:
+            logger.warning(
+                "worker %d is %d bytes behind the data layer: disconnected",
+                peer.worker_id,
+                peer.writer.transport.get_write_buffer_size(),
+            )
+            self._peers.pop(peer.worker_id, None)
+            peer.writer.transport.abort()
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        if task is not None:
+            self._handlers.add(task)
+        self._connections.add(writer)
+        peer: _Peer | None = None
+        try:
+            async with asyncio.timeout(HELLO_TIMEOUT):
+                hello = await read_frame(reader)
+            if not (isinstance(hello, tuple) and len(hello) == 3 and hello[0] == "hello"):
+                raise ValueError(f"expected hello, got {type(hello).__name__}")
+            peer = _Peer(worker_id=int(hello[1]), pid=int(hello[2]), writer=writer)
+            old = self._peers.pop(peer.worker_id, None)
+            if old is not None:
+                old.writer.close()
+            for message in self._snapshot():  # no await in between: nothing is missed
+                self._send(peer, encode_frame(message))
+            self._peers[peer.worker_id] = peer
+            while True:
+                status = await read_frame(reader)
+                if isinstance(status, tuple) and len(status) == 3 and status[0] == "status":
+                    peer.ready = bool(status[1])
+                    peer.metrics_port = int(status[2])
+        except (asyncio.IncompleteReadError, ConnectionError, TimeoutError, ValueError) as exc:
+            if peer is None:
+                logger.warning("a worker connection ended before its hello: %r", exc)
+        finally:
+            if peer is not None and self._peers.get(peer.worker_id) is peer:
+                del self._peers[peer.worker_id]
+            writer.close()
+            self._connections.discard(writer)
+            if task is not None:
+                self._handlers.discard(task)
+
+
+class _TeeSink:
+    def __init__(self, hub: SupervisorHub, inner: EndpointSink) -> None:
+        self._hub = hub
+        self._inner = inner
+
+    def apply(self, event: EndpointEvent) -> None:
+        self._inner.apply(event)
+        self._hub.endpoint_event(event)
+
+    def mark_synced(self) -> None:
+        self._inner.mark_synced()
+        self._hub.synced(True)
+
+    def mark_unsynced(self) -> None:
+        self._inner.mark_unsynced()
+        self._hub.synced(False)
+
+
+class _TeeObjectives:
+    def __init__(self, hub: SupervisorHub, inner: ObjectiveSink) -> None:
+        self._hub = hub
+        self._inner = inner
+
+    def set_objectives(self, priorities: Mapping[str, int | None]) -> None:
+        self._inner.set_objectives(priorities)
+        self._hub.set_objectives(priorities)
+
+    def set_rules(self, rules: Sequence[ModelRewriteRule]) -> None:
+        self._inner.set_rules(rules)
+        self._hub.set_rules(rules)
+
+
+class _TeePolling:
+    def __init__(self, hub: SupervisorHub, inner: PollingDataSource) -> None:
+        self._hub = hub
+        self._inner = inner
+        self._name = str(inner.typed_name)
+
+    @property
+    def typed_name(self) -> TypedName:
+        return self._inner.typed_name
+
+    def output_type(self) -> type:
+        return self._inner.output_type()
+
+    async def poll(self, endpoint: EndpointInfo) -> object:
+        value = await self._inner.poll(endpoint)
+        self._hub.poll_result(self._name, endpoint.name, value)
+        return value
+
+    async def close(self) -> None:
+        await self._inner.close()
+
+
+class _TeeNotifications:
+    def __init__(self, hub: SupervisorHub, inner: NotificationSource) -> None:
+        self._hub = hub
+        self._inner = inner
+        self._name = str(inner.typed_name)
+
+    @property
+    def typed_name(self) -> TypedName:
+        return self._inner.typed_name
+
+    def gvk(self) -> str:
+        return self._inner.gvk()
+
+    def output_type(self) -> type:
+        return self._inner.output_type()
+
+    async def run(self, deliver: Callable[[NotificationEvent], None]) -> None:
+        def tee(event: NotificationEvent) -> None:
+            deliver(event)
+            self._hub.notification(self._name, event)
+
+        await self._inner.run(tee)

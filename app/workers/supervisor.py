@@ -1,0 +1,407 @@
+"""The supervisor of a pod's workers (``--workers N``, N > 1).
+
+It is the pod's one face and its one data layer; the workers serve the requests:
+
+- **Workers.** N processes (``python -m app`` with the same flags and ``EPP_WORKER`` set),
+  each a full EPP accepting on the ext_proc port with ``SO_REUSEPORT``. The supervisor
+  holds the port from start to end (a bound, non-listening ``SO_REUSEPORT`` socket, which
+  also resolves ``--grpc-port 0``), so it stays the pod's while workers restart.
+- **Restarts.** A worker that exits is started again after a backoff: 0.5 s, doubling per
+  exit in a row up to 30 s, back to 0.5 s once a worker lived 30 s; each exit is logged with
+  its code and the delay. A worker that fails before any worker of the pod was ever ready
+  ends the supervisor with its exit code (a port in use, a bad flag: restarting cannot help).
+- **Health.** One gRPC health port: SERVING while at least one worker reports ready and the
+  supervisor is not draining; ``liveness`` stays SERVING while draining.
+- **Metrics.** One ``/metrics``: the supervisor's own registry (scrape errors: it is the one
+  that polls) merged with every connected worker's (``adapters.prometheus.merge``);
+  ``/workers`` lists the workers as JSON (id, pid, ready, metrics port, restarts).
+- **Data layer.** Endpoint discovery, the model servers' ``/metrics`` polls and notification
+  watches run here once for the pod and are relayed to the workers (``SupervisorHub``).
+- **Shutdown.** SIGTERM or SIGINT: readiness turns NOT_SERVING, every worker gets SIGTERM
+  and drains within ``--shutdown-grace-period``; one still running 5 s after that is killed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import shutil
+import signal
+import socket
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import aiohttp
+import grpc
+import orjson
+from aiohttp import web
+from grpc_health.v1 import health_pb2_grpc
+from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
+
+from adapters.envoy.health import HealthServicer
+from adapters.prometheus.exporter import authorization
+from adapters.prometheus.merge import merge_expositions
+from adapters.workerlink import SupervisorHub
+from app.config.loader import ConfigError
+from app.container import build_supervisor_container
+from app.logsetup import configure_logging
+from app.observability import metrics_ssl_context
+from app.plugins import PluginLoadError
+from app.settings import Settings
+from app.workers.role import WORKER_VARIABLE, WorkerRole
+
+__all__ = ["BACKOFF_MAX", "BACKOFF_START", "STABLE_AFTER", "run_supervisor"]
+
+logger = logging.getLogger(__name__)
+
+BACKOFF_START = 0.5
+BACKOFF_MAX = 30.0
+#: A worker that lived this long resets its slot's backoff.
+STABLE_AFTER = 30.0
+#: How long a worker may take past the grace period before it is killed.
+KILL_AFTER_GRACE = 5.0
+#: A worker's /metrics must answer within this, else the merge leaves it out.
+WORKER_SCRAPE_TIMEOUT = 2.0
+
+
+def _reserve_port(host: str, port: int) -> socket.socket:
+    """A bound, non-listening ``SO_REUSEPORT`` socket on ``host:port`` (raises ``OSError``
+    naming ``--grpc-port``): the workers' listeners join it; it accepts nothing itself."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        sock.bind((host.strip("[]"), port))
+    except OSError as exc:
+        sock.close()
+        raise OSError(f"--grpc-port: cannot listen on {host}:{port}: {exc}") from exc
+    return sock
+
+
+def _describe_exit(code: int) -> str:
+    if code < 0:
+        try:
+            return f"signal {signal.Signals(-code).name}"
+        except ValueError:
+            return f"signal {-code}"
+    return f"code {code}"
+
+
+#: The longest profile a worker samples (``profile?seconds=60``) plus room to answer.
+PPROF_TIMEOUT = 75.0
+
+
+@dataclass(slots=True)
+class _Slot:
+    worker_id: int
+    process: asyncio.subprocess.Process | None = None
+    restarts: int = 0
+    exits_in_a_row: int = 0
+
+
+class Supervisor:
+    def __init__(self, settings: Settings, argv: Sequence[str]) -> None:
+        self.settings = settings
+        self.argv = list(argv)
+        self.workdir = tempfile.mkdtemp(prefix="epp-workers-")  # mode 0700
+        self.hub = SupervisorHub(os.path.join(self.workdir, "link.sock"))
+        self.container = build_supervisor_container(settings, self.hub)
+        self.health = HealthServicer(lambda: self.hub.ready_workers() > 0)
+        self.slots = [_Slot(i) for i in range(settings.workers)]
+        self.stop = asyncio.Event()
+        self.draining = False
+        self.fatal: int | None = None
+        self.ever_ready = False
+        self.grpc_port = 0
+        self._session: aiohttp.ClientSession | None = None
+
+    # --- the pod's face ---
+
+    async def _serve_health(self) -> grpc.aio.Server:
+        server = grpc.aio.server()
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
+        address = f"{self.settings.bind_address}:{self.settings.grpc_health_port}"
+        try:
+            port = server.add_insecure_port(address)
+        except RuntimeError as exc:
+            raise OSError(f"--grpc-health-port: cannot listen on {address}: {exc}") from exc
+        if port == 0:
+            raise OSError(f"--grpc-health-port: cannot listen on {address}")
+        await server.start()
+        self.health_port = port
+        return server
+
+    async def _serve_metrics(self) -> web.AppRunner:
+        # The pod's face: the same bearer-token check (--metrics-endpoint-auth), HTTPS and
+        # client certificates (--metrics-cert-dir) as one process's.
+        authorizer = self.container.metrics_authorizer()
+        app = web.Application(middlewares=[] if authorizer is None else [authorization(authorizer)])
+        app.router.add_get("/metrics", self._metrics)
+        app.router.add_get("/workers", self._workers)
+        if self.settings.enable_pprof:
+            app.router.add_get("/debug/pprof/{page:.*}", self._pprof)
+        runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        await runner.setup()
+        host, port = self.settings.bind_address, self.settings.metrics_port
+        ssl_context = metrics_ssl_context(self.settings)
+        try:
+            await web.TCPSite(
+                runner, host, port, reuse_address=True, ssl_context=ssl_context
+            ).start()
+        except OSError as exc:
+            await runner.cleanup()
+            raise OSError(f"--metrics-port: cannot listen on {host}:{port}: {exc}") from exc
+        self.metrics_port = int(runner.addresses[0][1])
+        logger.info("metrics serving on %s:%d (/metrics)", host, self.metrics_port)
+        return runner
+
+    async def _worker_metrics(self, port: int) -> bytes | None:
+        assert self._session is not None
+        try:
+            async with self._session.get(f"http://127.0.0.1:{port}/metrics") as response:
+                if response.status != 200:
+                    return None
+                return await response.read()
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            logger.debug("worker metrics on port %d: %r", port, exc)
+            return None
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        ports = [w.metrics_port for w in self.hub.workers() if w.metrics_port]
+        texts = await asyncio.gather(*(self._worker_metrics(port) for port in ports))
+        own = self.container.metrics_observer().exposition()
+        body = await asyncio.to_thread(
+            merge_expositions, [own, *(t for t in texts if t is not None)]
+        )
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_PLAIN_0_0_4})
+
+    async def _pprof(self, request: web.Request) -> web.Response:
+        """``/debug/pprof/...`` of one worker (``?worker=<id>``, by default the first
+        connected), fetched from its loopback port: profiling is per process."""
+        workers = [w for w in self.hub.workers() if w.metrics_port]
+        wanted = request.query.get("worker")
+        chosen = next((w for w in workers if wanted is None or str(w.worker_id) == wanted), None)
+        if chosen is None:
+            known = ", ".join(str(w.worker_id) for w in workers) or "none connected"
+            return web.Response(status=404, text=f"no worker {wanted!r} (workers: {known})\n")
+        query = {k: v for k, v in request.query.items() if k != "worker"}
+        url = f"http://127.0.0.1:{chosen.metrics_port}/debug/pprof/{request.match_info['page']}"
+        assert self._session is not None
+        try:
+            async with self._session.get(
+                url, params=query, timeout=aiohttp.ClientTimeout(total=PPROF_TIMEOUT)
+            ) as response:
+                text = await response.text()
+                status = response.status
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            return web.Response(status=502, text=f"worker {chosen.worker_id}: {exc!r}\n")
+        return web.Response(
+            status=status, text=f"# worker {chosen.worker_id}\n{text}", content_type="text/plain"
+        )
+
+    async def _workers(self, request: web.Request) -> web.Response:
+        connected = {w.worker_id: w for w in self.hub.workers()}
+        listing = []
+        for slot in self.slots:
+            status = connected.get(slot.worker_id)
+            process = slot.process
+            listing.append(
+                {
+                    "worker": slot.worker_id,
+                    "pid": process.pid if process and process.returncode is None else None,
+                    "ready": bool(status and status.ready),
+                    "metrics_port": status.metrics_port if status else 0,
+                    "restarts": slot.restarts,
+                }
+            )
+        return web.Response(body=orjson.dumps(listing), content_type="application/json")
+
+    # --- workers ---
+
+    async def _keep(self, slot: _Slot) -> None:
+        role = WorkerRole(
+            worker_id=slot.worker_id,
+            supervisor_pid=os.getpid(),
+            grpc_port=self.grpc_port,
+            socket_path=self.hub.path,
+        )
+        env = {**os.environ, WORKER_VARIABLE: role.encode()}
+        while not self.draining:
+            process = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "app", *self.argv, env=env, stdin=asyncio.subprocess.DEVNULL
+            )
+            slot.process = process
+            started = time.monotonic()
+            logger.info("worker %d started (pid %d)", slot.worker_id, process.pid)
+            code = await process.wait()
+            self.hub.disconnect(slot.worker_id)
+            if self.draining:
+                logger.info(
+                    "worker %d (pid %d) ended: %s",
+                    slot.worker_id,
+                    process.pid,
+                    _describe_exit(code),
+                )
+                return
+            lived = time.monotonic() - started
+            if not self.ever_ready and code > 0:
+                logger.error(
+                    "worker %d (pid %d) failed to start (%s); stopping the pod",
+                    slot.worker_id,
+                    process.pid,
+                    _describe_exit(code),
+                )
+                self.fatal = code
+                self.stop.set()
+                return
+            slot.exits_in_a_row = 1 if lived >= STABLE_AFTER else slot.exits_in_a_row + 1
+            delay = min(BACKOFF_MAX, BACKOFF_START * 2.0 ** (slot.exits_in_a_row - 1))
+            logger.warning(
+                "worker %d (pid %d) exited (%s) after %.1fs; restarting in %.1fs "
+                "(%d exit(s) in a row; %d of %d workers ready)",
+                slot.worker_id,
+                process.pid,
+                _describe_exit(code),
+                lived,
+                delay,
+                slot.exits_in_a_row,
+                self.hub.ready_workers(),
+                len(self.slots),
+            )
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(delay):
+                    await self.stop.wait()
+            slot.restarts += 1
+
+    async def _watch_readiness(self) -> None:
+        previous = -1
+        while True:
+            ready = self.hub.ready_workers()
+            if ready:
+                self.ever_ready = True
+            if ready != previous:
+                logger.info("%d of %d workers ready", ready, len(self.slots))
+                previous = ready
+            await asyncio.sleep(0.1)
+
+    async def _drain_workers(self) -> None:
+        self.draining = True
+        self.health.start_draining()
+        grace = self.settings.shutdown_grace_period
+        logger.info("stopping: draining %d workers for up to %.1fs", len(self.slots), grace)
+        running = [s.process for s in self.slots if s.process and s.process.returncode is None]
+        for process in running:
+            with contextlib.suppress(ProcessLookupError):
+                process.send_signal(signal.SIGTERM)
+        waits = [asyncio.create_task(p.wait()) for p in running]
+        if waits:
+            _, pending = await asyncio.wait(waits, timeout=grace + KILL_AFTER_GRACE)
+            for process in running:
+                if process.returncode is None:
+                    logger.warning("worker pid %d did not stop in time: killed", process.pid)
+                    with contextlib.suppress(ProcessLookupError):
+                        process.kill()
+            if pending:
+                await asyncio.wait(pending, timeout=5)
+
+    async def run(self) -> int:
+        try:
+            self.container.config()
+        except (ConfigError, PluginLoadError) as exc:
+            logger.error("invalid configuration: %s", exc)
+            return 1
+        try:
+            reserved = _reserve_port(self.settings.bind_address, self.settings.grpc_port)
+        except OSError as exc:
+            logger.error("%s", exc)
+            return 1
+        self.grpc_port = reserved.getsockname()[1]
+        runner: web.AppRunner | None = None
+        health: grpc.aio.Server | None = None
+        collectors = self.container.collectors()
+        tasks: list[asyncio.Task[None]] = []
+        try:
+            try:
+                source = self.container.endpoint_source()
+            except Exception as exc:  # e.g. no usable Kubernetes configuration
+                logger.error("cannot start endpoint discovery: %s", exc)
+                return 1
+            try:
+                runner = await self._serve_metrics()
+                health = await self._serve_health()
+            except OSError as exc:
+                logger.error("%s", exc)
+                return 1
+            self._session = aiohttp.ClientSession(
+                timeout=aiohttp.ClientTimeout(total=WORKER_SCRAPE_TIMEOUT)
+            )
+            logger.info(
+                "ext_proc serving on %s:%d (%s), health on %s:%d; %d workers",
+                self.settings.bind_address,
+                self.grpc_port,
+                "TLS" if self.settings.secure_serving else "plaintext",
+                self.settings.bind_address,
+                self.health_port,
+                len(self.slots),
+            )
+            await self.hub.start()
+            datastore = self.container.datastore()
+            sink = self.hub.sink(datastore)
+            collectors.start()
+            tasks.append(asyncio.create_task(source.run(sink), name="endpoint-source"))
+            tasks.append(asyncio.create_task(self._watch_readiness(), name="readiness"))
+            keepers = [asyncio.create_task(self._keep(slot)) for slot in self.slots]
+            stop_task = asyncio.create_task(self.stop.wait())
+            done, _ = await asyncio.wait({*tasks, stop_task}, return_when=asyncio.FIRST_COMPLETED)
+            stop_task.cancel()
+            for task in done & set(tasks):
+                if not task.cancelled() and task.exception() is not None:
+                    logger.error("%s stopped: %r", task.get_name(), task.exception())
+                    self.fatal = 1
+            await self._drain_workers()
+            for keeper in keepers:
+                keeper.cancel()
+            await asyncio.gather(*keepers, return_exceptions=True)
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            await collectors.stop()
+            await self.hub.stop()
+            if self._session is not None:
+                await self._session.close()
+            if health is not None:
+                await health.stop(0)
+            if runner is not None:
+                await runner.cleanup()
+            reserved.close()
+            shutil.rmtree(self.workdir, ignore_errors=True)
+        logger.info("stopped")
+        return self.fatal or 0
+
+
+async def _main(settings: Settings, argv: Sequence[str]) -> int:
+    supervisor = Supervisor(settings, argv)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, supervisor.stop.set)
+    return await supervisor.run()
+
+
+def run_supervisor(settings: Settings, argv: Sequence[str]) -> int:
+    """The supervisor process (``--workers`` > 1), until SIGTERM or SIGINT; ``argv`` are the
+    flags it was started with, given to every worker."""
+    configure_logging(settings.verbosity, settings.log_format, worker="supervisor")
+    if settings.uvloop and sys.platform != "win32":
+        try:
+            import uvloop
+        except ImportError:
+            pass
+        else:
+            return uvloop.run(_main(settings, argv))
+    return asyncio.run(_main(settings, argv))

@@ -1,0 +1,100 @@
+"""One worker of a pod (``--workers`` > 1): a full EPP on the shared ext_proc port.
+
+It differs from a lone EPP in four ways: its endpoints, objectives, model-server metrics
+and watched objects come from the supervisor (``WorkerLink``) instead of its own discovery,
+polls and watches; it accepts on the ext_proc port with ``SO_REUSEPORT`` beside the other
+workers; it serves no health port (the supervisor serves the pod's) and its ``/metrics``
+on a loopback port that the supervisor merges; and it dies with its supervisor (Linux:
+``PR_SET_PDEATHSIG`` = SIGKILL, so no orphan keeps the port; elsewhere, and as well, it
+stops when the supervisor's socket closes).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import logging
+import os
+import signal
+import sys
+
+from adapters.workerlink import WorkerLink
+from app.container import build_container
+from app.logsetup import configure_logging
+from app.runner import StartupError, serve
+from app.settings import Settings
+from app.workers.role import WorkerRole
+
+__all__ = ["REPORT_INTERVAL", "run_worker"]
+
+logger = logging.getLogger(__name__)
+
+#: How often a worker checks its readiness for the supervisor (sent only on a change).
+REPORT_INTERVAL = 0.05
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_supervisor(supervisor_pid: int) -> None:
+    """SIGKILL this process when its parent dies (Linux), and exit at once if that has
+    happened already (the parent died before the flag was set)."""
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) != 0:
+            logger.warning("prctl(PR_SET_PDEATHSIG) failed: errno %d", ctypes.get_errno())
+    if os.getppid() != supervisor_pid:
+        logger.error("the supervisor (pid %d) is gone; exiting", supervisor_pid)
+        os._exit(1)
+
+
+async def _main(settings: Settings, role: WorkerRole) -> int:
+    try:
+        link = await WorkerLink.connect(role.socket_path, role.worker_id)
+    except OSError as exc:
+        logger.error("cannot reach the supervisor at %s: %s", role.socket_path, exc)
+        return 1
+    container = build_container(settings, worker_link=link)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+
+    async def stop_when_lost() -> None:
+        await link.lost.wait()
+        stop.set()
+
+    async def report() -> None:
+        servers = container.servers()
+        metrics_server = container.observability().server
+        while True:
+            link.report(servers.health.serving(), metrics_server.bound_port)
+            await asyncio.sleep(REPORT_INTERVAL)
+
+    watch = asyncio.create_task(stop_when_lost(), name="supervisor-watch")
+    try:
+        await serve(container, stop, report)
+    except StartupError as exc:
+        logger.error("%s", exc)
+        return 1
+    finally:
+        watch.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watch
+        await link.close()
+    return 0
+
+
+def run_worker(settings: Settings, role: WorkerRole) -> int:
+    """The worker process, until SIGTERM, SIGINT or its supervisor's end."""
+    configure_logging(settings.verbosity, settings.log_format, worker=str(role.worker_id))
+    _die_with_supervisor(role.supervisor_pid)
+    settings = settings.model_copy(update={"grpc_port": role.grpc_port})
+    if settings.uvloop and sys.platform != "win32":
+        try:
+            import uvloop
+        except ImportError:
+            pass
+        else:
+            return uvloop.run(_main(settings, role))
+    return asyncio.run(_main(settings, role))
