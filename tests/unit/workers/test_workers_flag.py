@@ -9,7 +9,7 @@ import pytest
 from app.cli import parse_settings
 from app.workers.cpus import cgroup_cpu_limit, usable_cpus
 
-STATIC = ["--static-endpoints", "127.0.0.2:8000"]
+STATIC = ["--static-endpoints", "127.0.0.2:8000", "--metrics-endpoint-auth=false"]
 REDIS = ["--redis-url", "redis://127.0.0.1:6379"]
 
 
