@@ -295,8 +295,10 @@ class Container(containers.DeclarativeContainer):
             max_request_body_bytes=settings.provided.max_request_body_bytes,
             max_response_buffer_bytes=settings.provided.max_response_buffer_bytes,
             idle_timeout=settings.provided.stream_idle_timeout,
+            max_unrouted_streams=settings.provided.max_unrouted_streams,
         ),
         max_concurrent_streams=settings.provided.max_concurrent_streams,
+        max_streams_per_connection=settings.provided.max_streams_per_connection,
     )
 
 

@@ -35,7 +35,11 @@ class GrpcServers:
     ``drain`` turns readiness to NOT_SERVING, refuses new streams and waits up to
     ``grace`` seconds for in-flight streams before cancelling them. ``limits`` bound each
     stream; past ``max_concurrent_streams`` ext_proc streams (0: no limit) a new one is
-    refused with ``RESOURCE_EXHAUSTED``.
+    refused with ``RESOURCE_EXHAUSTED``. One HTTP/2 connection may open at most
+    ``max_streams_per_connection`` ext_proc streams at once (SETTINGS_MAX_CONCURRENT_STREAMS;
+    0: no limit): a peer holding many streams on a few connections cannot flood the queue of
+    calls gRPC holds before the server takes them, where past its hard limit (3,000) every
+    new stream, Envoy's too, is cancelled; Envoy opens more connections when one is full.
     """
 
     def __init__(
@@ -50,6 +54,7 @@ class GrpcServers:
         observer: Observer | None = None,
         limits: StreamLimits | None = None,
         max_concurrent_streams: int = 0,
+        max_streams_per_connection: int = 0,
     ) -> None:
         self._host = host
         self._grpc_port = grpc_port
@@ -58,14 +63,18 @@ class GrpcServers:
         self.health = HealthServicer(processor.ready)
         self._extproc = ExtProcServicer(processor, observer, limits)
         self._max_concurrent_streams = max_concurrent_streams or None
+        self._max_streams_per_connection = max_streams_per_connection
         self._health_on_extproc_port = health_on_extproc_port
         self._servers: list[Any] = []
         self.bound_grpc_port = 0
         self.bound_health_port = 0
 
     async def start(self) -> None:
+        options = list(_OPTIONS)
+        if self._max_streams_per_connection:
+            options.append(("grpc.max_concurrent_streams", self._max_streams_per_connection))
         extproc_server = grpc.aio.server(
-            options=_OPTIONS, maximum_concurrent_rpcs=self._max_concurrent_streams
+            options=options, maximum_concurrent_rpcs=self._max_concurrent_streams
         )
         pb_grpc.add_ExternalProcessorServicer_to_server(self._extproc, extproc_server)
         if self._health_on_extproc_port:

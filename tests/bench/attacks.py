@@ -492,28 +492,32 @@ class Attack:
     async def idle_streams(self, deadline: float) -> None:
         channels = [self.channel(i) for i in range(10)]
         calls: list[Any] = []
-        opened = 0
+        # Not awaited one by one: past the EPP's streams-per-connection limit a stream waits
+        # on the client's side until another on its connection ends.
+        writes: list[asyncio.Task[None]] = []
         try:
             for i in range(5000):
                 call = pb_grpc.ExternalProcessorStub(channels[i % 10]).Process(timeout=120)
                 calls.append(call)
-                try:
-                    await call.write(request_headers(envoy_headers()))
-                    opened += 1
-                except (grpc.aio.AioRpcError, asyncio.InvalidStateError):
-                    pass
+                writes.append(asyncio.create_task(call.write(request_headers(envoy_headers()))))
+                if i % 100 == 99:
+                    await asyncio.sleep(0)
                 if time.monotonic() > deadline:
                     break
-            self.notes.append(f"{opened} streams opened (request headers written)")
             await asyncio.sleep(max(0.0, deadline - time.monotonic()))
+            opened = sum(1 for w in writes if w.done() and not w.cancelled() and not w.exception())
+            self.notes.append(f"{opened} of {len(calls)} streams opened (request headers written)")
             for call in calls:
                 if call.done():
-                    self.outcomes[f"grpc {(await call.code()).name}"] += 1
+                    details = (await call.details() or "")[:60]
+                    self.outcomes[f"grpc {(await call.code()).name} {details}"] += 1
                 else:
                     self.outcomes["held to the end"] += 1
         finally:
             for call in calls:
                 call.cancel()
+            for write in writes:
+                write.cancel()
             for channel in channels:
                 await channel.close()
 
