@@ -88,9 +88,7 @@ class Observability:
     ) -> None:
         self.metrics = metrics
         self.tracing = tracing
-        self.server = MetricsServer(
-            metrics.registry, host=settings.bind_address, port=settings.metrics_port
-        )
+        self.server = MetricsServer(metrics, host=settings.bind_address, port=settings.metrics_port)
         self.pool = PoolMetricsReporter(
             datastore=datastore,
             observer=metrics,
