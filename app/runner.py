@@ -14,6 +14,7 @@ from adapters.otel.tracing import TracingConfigError
 from app.config.loader import ConfigError
 from app.container import Container, build_container
 from app.logsetup import configure_logging
+from app.memory import malloc_trim, trim_periodically
 from app.plugins import PluginLoadError
 from app.settings import Settings
 from domain.plugins.state import RequestStates
@@ -119,6 +120,8 @@ async def serve(container: Container, stop: asyncio.Event) -> None:
         asyncio.create_task(source.run(datastore), name="endpoint-source"),
         asyncio.create_task(_sweep(container.request_states()), name="request-state-sweep"),
     }
+    if malloc_trim is not None:  # glibc: freed heap pages go back to the system
+        tasks.add(asyncio.create_task(trim_periodically(), name="malloc-trim"))
     try:
         stop_task = asyncio.create_task(stop.wait())
         done, _ = await asyncio.wait({*tasks, stop_task}, return_when=asyncio.FIRST_COMPLETED)

@@ -35,6 +35,7 @@ the highest sampled VmRSS), the EPP's warning/error log lines, and whether the t
 p99 < 50 ms, peak RSS < 300 MB) was met.
 
     .venv/bin/python -m tests.bench.attacks [--phase 15s] [--concurrency 8] [--only b,e]
+        [--epp-env MALLOC_ARENA_MAX=2]
 """
 
 from __future__ import annotations
@@ -830,7 +831,10 @@ def _run_stack(args: Any, servers: tuple[RemoteServer, RemoteServer]) -> dict[st
         simulators=args.instances,
         extra_endpoints=[s.address for s in servers],
         epp_module="tests.bench.traced_epp" if args.trace_memory else "app",
-        epp_env={"EPP_TRACEMALLOC_OUT": str(args.memory_out)} if args.trace_memory else {},
+        epp_env={
+            **dict(item.split("=", 1) for item in args.epp_env),
+            **({"EPP_TRACEMALLOC_OUT": str(args.memory_out)} if args.trace_memory else {}),
+        },
     )
     with Stack.run(options) as stack:
         assert stack.epp is not None
@@ -877,6 +881,13 @@ def main() -> int:
         "after each phase (slows the EPP down)",
     )
     parser.add_argument("--restart", action=argparse.BooleanOptionalAction, default=True)
+    parser.add_argument(
+        "--epp-env",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="add to the EPP's environment (repeatable), e.g. MALLOC_ARENA_MAX=2",
+    )
     parser.add_argument(
         "--only", type=lambda s: s.split(","), default=None, help="phase name prefixes"
     )
