@@ -22,7 +22,11 @@ its ``Content-Length`` says so), without buffering more; a non-streamed response
 (the exchange still sees every byte, but token usage is not read from that response and the
 model name is rewritten back only where it lies within one chunk); a stream with no message
 from Envoy for ``idle_timeout`` seconds, while the EPP is waiting for one, is ended with
-``DEADLINE_EXCEEDED``.
+``DEADLINE_EXCEEDED``. Envoy's streams carry their whole request within moments of opening;
+streams whose request has not yet been routed ("unrouted": no request headers yet, or a body
+still coming) are bounded on their own by ``max_unrouted_streams``: past it, the oldest
+unrouted stream is ended with ``RESOURCE_EXHAUSTED``, so streams held open without a request
+cannot fill the server and keep newer ones (Envoy's) out.
 """
 
 from __future__ import annotations
@@ -86,11 +90,13 @@ _OVERWRITE = base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD
 @dataclass(frozen=True, slots=True, kw_only=True)
 class StreamLimits:
     """What one ext_proc stream may hold (``--max-request-body-bytes``,
-    ``--max-response-buffer-bytes``, ``--stream-idle-timeout``; 0 means no limit)."""
+    ``--max-response-buffer-bytes``, ``--stream-idle-timeout``), and how many streams may
+    wait for their request at once (``--max-unrouted-streams``); 0 means no limit."""
 
     max_request_body_bytes: int = 16 * 1024 * 1024
     max_response_buffer_bytes: int = 16 * 1024 * 1024
     idle_timeout: float = 600.0
+    max_unrouted_streams: int = 1000
 
 
 def _payload_too_large(limit: int) -> Any:
@@ -313,6 +319,11 @@ class _Stream:
     def finished(self) -> bool:
         """An immediate response was sent: nothing more will be processed."""
         return self._finished
+
+    @property
+    def unrouted(self) -> bool:
+        """No request routed or refused yet: the stream still waits for its request."""
+        return self._exchange is None and not self._finished
 
     async def handle(self, request: Any) -> list[Any]:
         """The replies to one message; ``StreamProtocolError`` when it breaks the protocol."""
@@ -563,40 +574,87 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
         self._processor = processor
         self._observer: Observer = observer if observer is not None else NoopObserver()
         self._limits = limits if limits is not None else StreamLimits()
+        # unrouted streams, oldest first: the task serving each (dicts keep insertion order)
+        self._unrouted: dict[_Stream, asyncio.Task[Any]] = {}
+        self._evicted: set[_Stream] = set()
+
+    @property
+    def unrouted_streams(self) -> int:
+        """Streams open whose request has not been routed yet."""
+        return len(self._unrouted)
+
+    def _admit_unrouted(self, stream: _Stream) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._unrouted[stream] = task
+        limit = self._limits.max_unrouted_streams
+        while limit and len(self._unrouted) > limit:
+            oldest = next(iter(self._unrouted))
+            oldest_task = self._unrouted.pop(oldest)
+            if oldest.unrouted:  # else it is being routed: it leaves the set on its own
+                self._evicted.add(oldest)
+                oldest_task.cancel()
 
     async def Process(  # noqa: N802 - the gRPC method name
         self, request_iterator: AsyncIterator[Any], context: grpc.aio.ServicerContext[Any, Any]
     ) -> AsyncIterator[Any]:
         stream = _Stream(self._processor, self._observer, self._limits)
+        self._admit_unrouted(stream)
+        try:
+            async for reply in self._serve(stream, request_iterator, context):
+                yield reply
+        except asyncio.CancelledError:
+            if stream not in self._evicted:
+                raise
+            current = asyncio.current_task()
+            if current is not None:
+                current.uncancel()
+            limit = self._limits.max_unrouted_streams
+            logger.info("ext_proc stream closed: over %d streams without a routed request", limit)
+            await context.abort(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"more than {limit} streams without a routed request; the oldest is closed "
+                "(--max-unrouted-streams)",
+            )
+        finally:
+            self._unrouted.pop(stream, None)
+            self._evicted.discard(stream)
+            await stream.close()
+
+    async def _serve(
+        self,
+        stream: _Stream,
+        request_iterator: AsyncIterator[Any],
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> AsyncIterator[Any]:
         idle = self._limits.idle_timeout
         messages = request_iterator.__aiter__()
-        try:
-            while True:
-                # Only the wait for Envoy's next message counts as idle, never routing.
-                try:
-                    async with asyncio.timeout(idle or None):
-                        request = await anext(messages)
-                except StopAsyncIteration:
-                    return
-                except TimeoutError:
-                    logger.info("ext_proc stream closed: no message from Envoy for %gs", idle)
-                    await context.abort(
-                        grpc.StatusCode.DEADLINE_EXCEEDED,
-                        f"no message from Envoy for {idle:g}s (--stream-idle-timeout)",
-                    )
-                    return
-                try:
-                    replies = await stream.handle(request)
-                except StreamAbortedError as exc:
-                    await context.abort(grpc.StatusCode.UNKNOWN, str(exc))
-                    return
-                except StreamProtocolError as exc:
-                    logger.info("ext_proc stream refused: %s", exc.message)
-                    await context.abort(exc.code, exc.message)
-                    return
-                for reply in replies:
-                    yield reply
-                if stream.finished:
-                    return
-        finally:
-            await stream.close()
+        while True:
+            # Only the wait for Envoy's next message counts as idle, never routing.
+            try:
+                async with asyncio.timeout(idle or None):
+                    request = await anext(messages)
+            except StopAsyncIteration:
+                return
+            except TimeoutError:
+                logger.info("ext_proc stream closed: no message from Envoy for %gs", idle)
+                await context.abort(
+                    grpc.StatusCode.DEADLINE_EXCEEDED,
+                    f"no message from Envoy for {idle:g}s (--stream-idle-timeout)",
+                )
+                return
+            try:
+                replies = await stream.handle(request)
+            except StreamAbortedError as exc:
+                await context.abort(grpc.StatusCode.UNKNOWN, str(exc))
+                return
+            except StreamProtocolError as exc:
+                logger.info("ext_proc stream refused: %s", exc.message)
+                await context.abort(exc.code, exc.message)
+                return
+            if not stream.unrouted and stream in self._unrouted:
+                del self._unrouted[stream]
+            for reply in replies:
+                yield reply
+            if stream.finished:
+                return
