@@ -224,4 +224,7 @@ def test_the_shipped_envoy_opens_no_more_streams_per_connection_than_the_epp_tak
         "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
     ]
     http2 = options["explicit_http_config"]["http2_protocol_options"]
-    assert http2["max_concurrent_streams"] == parse_settings(STATIC).max_streams_per_connection
+    assert (
+        http2["max_concurrent_streams"]
+        == parse_settings([*STATIC, "--metrics-endpoint-auth=false"]).max_streams_per_connection
+    )
