@@ -40,7 +40,6 @@ from envoy.config.core.v3 import base_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from envoy.type.v3 import http_status_pb2
-from google.protobuf import struct_pb2
 
 from ports.errors import ErrorCode, RequestError
 from ports.observer import REQUEST_ID, NoopObserver, Observer, Span
@@ -200,11 +199,21 @@ def _metadata_of(request: Any) -> dict[str, dict[str, object]]:
     }
 
 
-def _struct(metadata: Metadata) -> Any:
-    struct = struct_pb2.Struct()
+def _fill_struct(struct: Any, metadata: Metadata) -> None:
+    """Sets ``metadata`` (namespace → fields) into the ``google.protobuf.Struct``
+    ``struct`` in place: a string value directly (half the cost of ``Struct.update``,
+    and no copy of a finished Struct), anything else through ``update``."""
     for namespace, fields in metadata.items():
-        struct.get_or_create_struct(namespace).update(cast(dict[str, Any], dict(fields)))
-    return struct
+        target = struct.fields[namespace].struct_value
+        target.SetInParent()
+        others: dict[str, Any] = {}
+        for key, value in fields.items():
+            if type(value) is str:
+                target.fields[key].string_value = value
+            else:
+                others[key] = value
+        if others:
+            target.update(others)
 
 
 def _chunks(body: bytes) -> Iterable[bytes]:
@@ -294,7 +303,7 @@ def _response_body_response(
     streamed = response.response_body.response.body_mutation.streamed_response
     streamed.body = chunk
     streamed.end_of_stream = end_of_stream
-    response.dynamic_metadata.CopyFrom(_struct(metadata))
+    _fill_struct(response.dynamic_metadata, metadata)
     return response
 
 
@@ -514,7 +523,8 @@ class _Stream:
         metadata.setdefault(DESTINATION_METADATA_NAMESPACE, {})[DESTINATION_ENDPOINT_HEADER] = (
             destination
         )
-        reply = pb.ProcessingResponse(dynamic_metadata=_struct(metadata))
+        reply = pb.ProcessingResponse()
+        _fill_struct(reply.dynamic_metadata, metadata)
         common = reply.request_headers.response
         common.clear_route_cache = True
         _set_headers(common.header_mutation, set_headers)
