@@ -301,6 +301,7 @@ def _response_body_response(
         return _streamed_body(_RESPONSE_BODY_TAG, chunk, end_of_stream)
     response = pb.ProcessingResponse()
     streamed = response.response_body.response.body_mutation.streamed_response
+    streamed.SetInParent()  # set even for an empty chunk without end of stream
     streamed.body = chunk
     streamed.end_of_stream = end_of_stream
     _fill_struct(response.dynamic_metadata, metadata)

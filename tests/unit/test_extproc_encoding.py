@@ -51,3 +51,10 @@ def test_a_response_body_reply_with_metadata_is_a_message() -> None:
     parsed = pb.ProcessingResponse.FromString(serialize_reply(reply))
     assert parsed.response_body.response.body_mutation.streamed_response.body == b"{}"
     assert parsed.dynamic_metadata.fields["envoy.lb"].struct_value.fields["k"].string_value == "v"
+
+
+def test_an_empty_reply_with_metadata_still_carries_a_streamed_body() -> None:
+    reply = _response_body_response(b"", False, {"envoy.lb": {"k": "v"}})
+    parsed = pb.ProcessingResponse.FromString(serialize_reply(reply))
+    mutation = parsed.response_body.response.body_mutation
+    assert mutation.WhichOneof("mutation") == "streamed_response"
