@@ -8,10 +8,9 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from grpc_health.v1 import health_pb2_grpc
 
-from adapters.envoy.extproc import ExtProcServicer, StreamLimits
+from adapters.envoy.extproc import ExtProcServicer, StreamLimits, add_extproc_servicer
 from adapters.envoy.health import HealthServicer
 from adapters.envoy.tls import CertificateReloader, ServerCertificate
 from ports.observer import Observer
@@ -105,7 +104,7 @@ class GrpcServers:
         extproc_server = grpc.aio.server(
             options=options, maximum_concurrent_rpcs=self._max_concurrent_streams
         )
-        pb_grpc.add_ExternalProcessorServicer_to_server(self._extproc, extproc_server)
+        add_extproc_servicer(self._extproc, extproc_server)
         if self._health_on_extproc_port:
             health_pb2_grpc.add_HealthServicer_to_server(self.health, extproc_server)
         address = f"{self._host}:{self._grpc_port}"
