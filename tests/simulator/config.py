@@ -61,6 +61,9 @@ class SimulatorConfig:
     """Report ``usage.prompt_tokens_details.cached_tokens`` (vLLM's flag of that name)."""
     max_request_bytes: int = 64 * 1024 * 1024
     """Largest accepted request body; larger bodies get HTTP 413."""
+    kv_events: bool = False
+    """Publish KV-cache events on ZMQ, as vLLM's ``--kv-events-config`` does (see
+    :mod:`tests.simulator.kvevents`): a PUB and a replay ROUTER socket on free ports."""
     shutdown_timeout: float = 0.25
     """Grace period for in-flight requests when an instance stops (real seconds)."""
 
