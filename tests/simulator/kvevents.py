@@ -108,6 +108,8 @@ class KVEventPublisher:
         self.replay_endpoint: str | None = None
         self.lora_name: str | None = None
         self.batches_sent = 0
+        self._drop = 0
+        self._drop_replayable = True
 
     @property
     def next_sequence(self) -> int:
@@ -191,6 +193,12 @@ class KVEventPublisher:
         """Send ``events`` as one batch now; returns its sequence number (tests use this)."""
         return self._send(EventBatch(ts=time.time() if ts is None else ts, events=events))
 
+    def drop_next(self, count: int, *, replayable: bool = True) -> None:
+        """Lose the next ``count`` batches on the PUB socket (a slow subscriber's drops);
+        ``replayable=False``: lose them from the replay buffer too."""
+        self._drop = count
+        self._drop_replayable = replayable
+
     def _add(self, event: BlockStored | BlockRemoved | AllBlocksCleared) -> None:
         self._pending.append(event)
         if self._flush_handle is None and self._pub is not None:
@@ -207,6 +215,12 @@ class KVEventPublisher:
         payload = self._encoder.encode(batch)
         seq = self._seq
         self._seq += 1
+        if self._drop:
+            self._drop -= 1
+            if self._drop_replayable:
+                self._buffer.append((seq, payload))
+            self.batches_sent += 1
+            return seq
         self._buffer.append((seq, payload))
         if self._pub is not None:
             # a PUB socket never blocks: past its high-water mark it drops, like vLLM's
