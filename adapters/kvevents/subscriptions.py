@@ -42,6 +42,8 @@ class KVEventSubscriptions:
         self._observer = observer
         self._ctx = zmq.asyncio.Context()
         self._tasks: dict[str, tuple[KVEventSubscriber, asyncio.Task[None]]] = {}
+        # endpoints added while no event loop ran: started by ``start_pending``
+        self._pending: dict[str, tuple[str, str | None]] = {}
 
     def subscriber(self, endpoint: str) -> KVEventSubscriber | None:
         entry = self._tasks.get(endpoint)
@@ -65,6 +67,11 @@ class KVEventSubscriptions:
 
     def add_address(self, endpoint: str, address: str, replay_address: str | None) -> None:
         """Follow ``address`` (and its replay socket) for ``endpoint``."""
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            self._pending[endpoint] = (address, replay_address)
+            return
         subscriber = KVEventSubscriber(
             endpoint,
             address,
@@ -74,12 +81,17 @@ class KVEventSubscriptions:
             config=self._config,
             observer=self._observer,
         )
-        task = asyncio.get_running_loop().create_task(
-            self._run(subscriber), name=f"kv-events {endpoint}"
-        )
+        task = loop.create_task(self._run(subscriber), name=f"kv-events {endpoint}")
         self._tasks[endpoint] = (subscriber, task)
 
+    def start_pending(self) -> None:
+        """Start the subscribers of endpoints added while no event loop ran (call on it)."""
+        pending, self._pending = self._pending, {}
+        for endpoint, (address, replay) in pending.items():
+            self.add_address(endpoint, address, replay)
+
     def remove(self, endpoint: str) -> None:
+        self._pending.pop(endpoint, None)
         entry = self._tasks.pop(endpoint, None)
         if entry is not None:
             entry[1].cancel()

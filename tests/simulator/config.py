@@ -71,7 +71,11 @@ class SimulatorConfig:
     """vLLM's ``PYTHONHASHSEED``: seeds the block-hash chain (with ``tokenizer_path``)."""
     kv_events: bool = False
     """Publish KV-cache events on ZMQ, as vLLM's ``--kv-events-config`` does (see
-    :mod:`tests.simulator.kvevents`): a PUB and a replay ROUTER socket on free ports."""
+    :mod:`tests.simulator.kvevents`): a PUB and a replay ROUTER socket."""
+    kv_events_port: int = 0
+    """Port of the PUB socket on the instance's address (0: a free one)."""
+    kv_events_replay_port: int = 0
+    """Port of the replay ROUTER socket (0: a free one)."""
     shutdown_timeout: float = 0.25
     """Grace period for in-flight requests when an instance stops (real seconds)."""
 

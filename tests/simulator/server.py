@@ -182,8 +182,8 @@ class ModelServerSimulator:
         if self._config.kv_events:
             host = f"[{self._host}]" if ":" in self._host else self._host
             publisher = KVEventPublisher(
-                endpoint=f"tcp://{host}:*",
-                replay_endpoint=f"tcp://{host}:*",
+                endpoint=f"tcp://{host}:{self._config.kv_events_port or '*'}",
+                replay_endpoint=f"tcp://{host}:{self._config.kv_events_replay_port or '*'}",
                 topic=self.kv_events_topic,
                 block_size=self._config.block_size,
             )
