@@ -1,7 +1,10 @@
 """A prompt's block keys as the model server names them: tokenize, then hash the chain.
 
 Tokenizing costs CPU on the routing path, so the token ids of recent prompts are kept in
-an LRU keyed by the exact text, bounded by the total characters held.
+an LRU keyed by the exact text, bounded by the total characters held; and with
+``max_blocks`` only the first ``max_blocks * block_size * MAX_CHARS_PER_TOKEN`` characters
+are tokenized (far more than those blocks can span, so their tokens are those of the whole
+text unless a token is longer than that on average).
 """
 
 from __future__ import annotations
@@ -12,7 +15,9 @@ from collections.abc import Sequence
 from domain.prefixcache.engine_hash import EngineBlockHasher
 from ports.tokenizer import Tokenizer
 
-__all__ = ["PromptKeyer"]
+__all__ = ["MAX_CHARS_PER_TOKEN", "PromptKeyer"]
+
+MAX_CHARS_PER_TOKEN = 16
 
 
 class PromptKeyer:
@@ -58,6 +63,8 @@ class PromptKeyer:
         self, text: str, *, lora_name: str | None = None, max_blocks: int | None = None
     ) -> list[int]:
         """The block keys of ``text``'s full blocks; a LoRA adapter's name is an extra key."""
+        if max_blocks is not None:
+            text = text[: max_blocks * self.block_size * MAX_CHARS_PER_TOKEN]
         return self.keys_for_tokens(self.tokens(text), lora_name=lora_name, max_blocks=max_blocks)
 
     def keys_for_tokens(

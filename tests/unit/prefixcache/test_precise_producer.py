@@ -97,3 +97,17 @@ async def test_unkeyable_requests_match_nothing() -> None:
         cands = [candidate("a")]
         await plugin.prepare_request_data(request, cands)
         assert cands[0].attributes[PREFIX_CACHE_MATCH_INFO] == PrefixCacheMatchInfo(0, 0, BLOCK)
+
+
+def test_only_the_text_the_matched_blocks_can_span_is_tokenized() -> None:
+    seen: list[int] = []
+
+    class Counting(CharTokenizer):
+        def encode(self, text: str) -> Sequence[int]:
+            seen.append(len(text))
+            return super().encode(text)
+
+    keyer = PromptKeyer(Counting(), EngineBlockHasher(seed="1"), block_size=BLOCK)
+    text = "x" * 10_000
+    assert keyer.keys(text, max_blocks=2) == keyer.keys(text)[:2]
+    assert seen[0] == 2 * BLOCK * 16
