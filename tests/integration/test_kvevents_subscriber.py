@@ -7,10 +7,15 @@ import time
 from collections.abc import AsyncIterator, Callable
 
 import aiohttp
+import msgspec
 import pytest
+import zmq
+import zmq.asyncio
 
 from adapters.kvevents import KVEventSubscriber, KVEventSubscriptions, SubscriberConfig
 from domain.prefixcache.kv_block_index import InMemoryKVBlockIndex
+from ports.metric_catalogue import KV_EVENTS_ERRORS
+from tests.fakes.observer import RecordingObserver
 from tests.simulator import ModelServerSimulator, SimulatorConfig
 from tests.simulator.kvcache import block_hashes
 from tests.simulator.kvevents import KVEventPublisher, external_hash
@@ -162,3 +167,58 @@ async def test_lost_publisher_is_distrusted_then_followed_after_restart() -> Non
     finally:
         await subscriptions.close()
         await publisher.stop()
+
+
+async def test_garbage_from_a_publisher_is_counted_and_never_trusted() -> None:
+    index = InMemoryKVBlockIndex()
+    observer = RecordingObserver()
+    ctx = zmq.asyncio.Context()
+    pub = ctx.socket(zmq.PUB)
+    pub.setsockopt(zmq.LINGER, 0)
+    pub.bind("tcp://127.0.0.9:*")
+    address = pub.getsockopt_string(zmq.LAST_ENDPOINT)
+    subscriptions = KVEventSubscriptions(sink=index, observer=observer)
+    subscriptions.add_address(ENDPOINT, str(address), None)
+    subscriber = subscriptions.subscriber(ENDPOINT)
+    assert subscriber is not None
+    seq = 0
+
+    async def send(*frames: bytes) -> None:
+        await pub.send_multipart(frames)
+
+    def batch(*events: object) -> bytes:
+        return msgspec.msgpack.encode([1.0, list(events), 0])
+
+    try:
+        # until connected: valid stored events
+        def stored() -> bool:
+            nonlocal seq
+            if index.match([1], [ENDPOINT]):
+                return True
+            pub.send_multipart(
+                (b"kv", seq.to_bytes(8, "big"), batch(["BlockStored", [1], None, [], 16]))
+            )
+            seq += 1
+            return False
+
+        await until(stored, "the first block")
+        await send(b"kv", seq.to_bytes(8, "big"), b"\xc1 not msgpack")
+        seq += 1
+        await send(b"only one frame")
+        await send(
+            b"kv",
+            seq.to_bytes(8, "big"),
+            batch(["BlockMoved", [1]], ["BlockStored", "x"], ["BlockStored", [2], None, [], 16]),
+        )
+        seq += 1
+        await until(lambda: index.match([2], [ENDPOINT]), "the valid event after the garbage")
+        # the undecodable batch's changes are unknown: what was known before is dropped
+        assert index.match([1], [ENDPOINT]) == {}
+        assert subscriber.resets == 1
+        # the undecodable payload, the one-frame message, the malformed event; the unknown kind
+        assert observer.total(KV_EVENTS_ERRORS, reason="malformed") == 3
+        assert observer.total(KV_EVENTS_ERRORS, reason="unknown_kind") == 1
+    finally:
+        await subscriptions.close()
+        pub.close()
+        ctx.term()
