@@ -35,7 +35,7 @@ from tests.support.stack import Stack, StackOptions
 pytestmark = pytest.mark.e2e
 
 MAX_STREAMS = 300
-PER_CONNECTION = 100  # the default, and the shipped Envoy's max_concurrent_streams
+PER_CONNECTION = 100  # the EPP's default --max-streams-per-connection
 MAX_UNROUTED = 150  # more than Envoy has unrouted at once here: its requests all come at once
 HOSTILE_CONNECTIONS = 4  # x PER_CONNECTION = 400 idle streams, more than the EPP admits
 CONCURRENT_REQUESTS = 120  # more than one connection may carry

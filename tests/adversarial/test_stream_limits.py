@@ -215,16 +215,17 @@ async def test_past_the_unrouted_limit_the_oldest_unrouted_stream_is_closed() ->
     await processor.wait_all_closed()
 
 
-def test_the_shipped_envoy_opens_no_more_streams_per_connection_than_the_epp_takes() -> None:
+def test_the_shipped_envoy_opens_fewer_streams_per_connection_than_the_epp_takes() -> None:
     # Envoy would put more streams on a new connection before the EPP's SETTINGS arrive,
-    # and the EPP would refuse the excess: the two limits must agree.
+    # and streams Envoy saw end may still count on the EPP's side for a moment: the EPP
+    # would refuse the excess. Envoy's limit stays a fifth below the EPP's.
     envoy = yaml.safe_load((Path(__file__).resolve().parents[2] / ENVOY_CONFIG).read_text())
     (epp,) = [c for c in envoy["static_resources"]["clusters"] if c["name"] == "epp"]
     options = epp["typed_extension_protocol_options"][
         "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
     ]
     http2 = options["explicit_http_config"]["http2_protocol_options"]
-    assert (
-        http2["max_concurrent_streams"]
-        == parse_settings([*STATIC, "--metrics-endpoint-auth=false"]).max_streams_per_connection
-    )
+    epp_limit = parse_settings(
+        [*STATIC, "--metrics-endpoint-auth=false"]
+    ).max_streams_per_connection
+    assert 0 < http2["max_concurrent_streams"] <= 0.8 * epp_limit
