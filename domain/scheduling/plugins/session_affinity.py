@@ -31,6 +31,8 @@ import logging
 from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass, field
 
+from domain.plugins.base import TypedName
+from domain.plugins.handle import Handle
 from domain.plugins.state import StateKey
 from domain.scheduling.types import Candidate, InferenceRequest, SchedulingResult
 from ports.endpoints import EndpointInfo
@@ -255,3 +257,40 @@ class SessionAffinity:
         target = self.target(request.scheduling_result)
         if target is not None:
             request.add_response_header(self.header, encode_token(target.info))
+
+
+class SessionAffinityHooks:
+    """What the filter and the scorer share: the ``session_id`` lookup (DataProducer), the
+    binding (PreRequest) and the token (ResponseHeaderProcessor), around one
+    ``SessionAffinity``."""
+
+    def __init__(
+        self, typed_name: TypedName, parameters: SessionAffinityParameters, handle: Handle
+    ) -> None:
+        self._typed_name = typed_name
+        self._session = SessionAffinity(
+            typed_name.name, parameters, handle.sessions, handle.shared_state_deadline
+        )
+
+    @property
+    def typed_name(self) -> TypedName:
+        return self._typed_name
+
+    def produces(self) -> Sequence[str]:
+        return (f"{SESSION_AFFINITY}/{self._typed_name.name}",)
+
+    def consumes(self) -> Sequence[str]:
+        return ()
+
+    async def prepare_request_data(
+        self, request: InferenceRequest, candidates: Sequence[Candidate]
+    ) -> None:
+        await self._session.lookup(request)
+
+    async def pre_request(self, request: InferenceRequest, result: SchedulingResult) -> None:
+        await self._session.bind(request, result)
+
+    async def response_header(
+        self, request: InferenceRequest, response: object, target: EndpointInfo | None
+    ) -> None:
+        self._session.respond(request)

@@ -13,45 +13,20 @@ from domain.plugins.base import Plugin, PluginRegistry, TypedName
 from domain.plugins.handle import Handle
 from domain.scheduling.interfaces import AFFINITY, CycleState
 from domain.scheduling.plugins.session_affinity import (
-    SESSION_AFFINITY,
-    SessionAffinity,
+    SessionAffinityHooks,
     SessionAffinityParameters,
 )
-from domain.scheduling.types import Candidate, InferenceRequest, SchedulingResult
-from ports.endpoints import EndpointInfo
+from domain.scheduling.types import Candidate, InferenceRequest
 
 __all__ = ["TYPE", "SessionAffinityScorer", "register"]
 
 TYPE = "session-affinity-scorer"
 
 
-class SessionAffinityScorer:
+class SessionAffinityScorer(SessionAffinityHooks):
     """Scorer + DataProducer + PreRequest + ResponseHeaderProcessor."""
 
     category = AFFINITY
-
-    def __init__(
-        self, typed_name: TypedName, parameters: SessionAffinityParameters, handle: Handle
-    ) -> None:
-        self._typed_name = typed_name
-        self._session = SessionAffinity(
-            typed_name.name, parameters, handle.sessions, handle.shared_state_deadline
-        )
-
-    @property
-    def typed_name(self) -> TypedName:
-        return self._typed_name
-
-    def produces(self) -> Sequence[str]:
-        return (f"{SESSION_AFFINITY}/{self._typed_name.name}",)
-
-    def consumes(self) -> Sequence[str]:
-        return ()
-
-    async def prepare_request_data(
-        self, request: InferenceRequest, candidates: Sequence[Candidate]
-    ) -> None:
-        await self._session.lookup(request)
 
     def score(
         self, cycle: CycleState, request: InferenceRequest, candidates: Sequence[Candidate]
@@ -61,14 +36,6 @@ class SessionAffinityScorer:
         if index >= 0:
             scores[index] = 1.0
         return scores
-
-    async def pre_request(self, request: InferenceRequest, result: SchedulingResult) -> None:
-        await self._session.bind(request, result)
-
-    async def response_header(
-        self, request: InferenceRequest, response: object, target: EndpointInfo | None
-    ) -> None:
-        self._session.respond(request)
 
 
 def _factory(name: str, parameters: SessionAffinityParameters, handle: Handle) -> Plugin:
