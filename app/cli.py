@@ -309,6 +309,22 @@ def build_parser() -> argparse.ArgumentParser:
         10000,
         "ext_proc streams served at once; more are refused (0: no limit)",
     )
+    _add(
+        parser,
+        "--max-streams-per-connection",
+        _count,
+        100,
+        "ext_proc streams one HTTP/2 connection may open at once (SETTINGS_MAX_CONCURRENT_"
+        "STREAMS); Envoy opens more connections as needed (0: no limit)",
+    )
+    _add(
+        parser,
+        "--max-unrouted-streams",
+        _count,
+        1000,
+        "ext_proc streams whose request is not yet routed; past it the oldest is closed "
+        "(0: no limit)",
+    )
     parser.add_argument(
         "-v",
         "--v",

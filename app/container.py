@@ -453,6 +453,7 @@ class Container(containers.DeclarativeContainer):
             max_request_body_bytes=settings.provided.max_request_body_bytes,
             max_response_buffer_bytes=settings.provided.max_response_buffer_bytes,
             idle_timeout=settings.provided.stream_idle_timeout,
+            max_unrouted_streams=settings.provided.max_unrouted_streams,
         ),
         max_concurrent_streams=settings.provided.max_concurrent_streams,
         reload_certificate_from=providers.Callable(_reload_from, settings),
@@ -460,6 +461,7 @@ class Container(containers.DeclarativeContainer):
         max_send_message_length=settings.provided.grpc_max_send_msg_size,
         leader=providers.Callable(_leader_check, leader_elector),
         reuse_port=providers.Callable(lambda link: link is not None, worker_link),
+        max_streams_per_connection=settings.provided.max_streams_per_connection,
     )
 
 

@@ -111,7 +111,7 @@ class Observability:
         self.tracing = tracing
         # A worker serves its own /metrics on a loopback port for its supervisor to merge.
         self.server = MetricsServer(
-            metrics.registry,
+            metrics,
             host="127.0.0.1" if loopback_metrics else settings.bind_address,
             port=0 if loopback_metrics else settings.metrics_port,
             # A worker's own /metrics is on loopback, read by its supervisor only.

@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from importlib.metadata import EntryPoint, entry_points
 from typing import TYPE_CHECKING, Any
 
+from adapters.hftokenizers import HFTokenizer
+from adapters.kvevents import KVEventSubscriptions, SubscriberConfig
 from adapters.prometheus.scrape import MetricsDataSource, MetricsSourceParameters
 from domain.plugins.base import (
     Plugin,
@@ -29,6 +31,17 @@ from domain.plugins.base import (
 )
 from domain.plugins.handle import Handle
 from domain.plugins.intree import register_in_tree
+from domain.prefixcache.engine_hash import EngineBlockHasher
+from domain.prefixcache.kv_block_index import InMemoryKVBlockIndex
+from domain.prefixcache.precise import PromptKeyer
+from domain.requestcontrol.plugins.precise_prefix_producer import (
+    TYPE as PRECISE_PREFIX_CACHE_PRODUCER,
+)
+from domain.requestcontrol.plugins.precise_prefix_producer import (
+    PrecisePrefixCacheParameters,
+    PrecisePrefixCacheProducer,
+)
+from ports.tokenizer import TokenizerError
 
 if TYPE_CHECKING:
     from kubernetes.client import ApiClient
@@ -105,6 +118,12 @@ def register_adapter_plugins(
         parameters=MetricsSourceParameters,
         description="polls each endpoint's Prometheus /metrics over HTTP",
     )
+    registry.register(
+        PRECISE_PREFIX_CACHE_PRODUCER,
+        _precise_prefix_cache_producer,
+        parameters=PrecisePrefixCacheParameters,
+        description="prefix-cache match per endpoint from the model servers' KV-cache events",
+    )
     description = "watches one Kubernetes kind (group/version/kind) and notifies its extractors"
     if kubernetes is None:
         registry.register(
@@ -136,6 +155,62 @@ def _k8s_notification_source(
         api_client_factory=kubernetes.api_client_factory,
         namespace=kubernetes.namespace,
     )
+
+
+def _precise_prefix_cache_producer(
+    name: str, parameters: PrecisePrefixCacheParameters, handle: Handle
+) -> Plugin:
+    """The producer, its tokenizer (a missing one stops start-up naming the path), its
+    index, and one KV-event subscriber per endpoint, following the datastore."""
+    tokens = parameters.token_processor_config
+    try:
+        tokenizer = HFTokenizer.from_file(tokens.tokenizer_path)
+    except TokenizerError as exc:
+        raise PluginConfigError(
+            f'plugin "{name}": tokenProcessorConfig.tokenizerPath: {exc}'
+        ) from None
+    keyer = PromptKeyer(
+        tokenizer,
+        EngineBlockHasher(algorithm=tokens.hash_algorithm, seed=tokens.hash_seed),
+        block_size=tokens.tokens_per_block,
+        cache_chars=parameters.tokenization_cache_chars,
+    )
+    index = InMemoryKVBlockIndex(
+        max_blocks_per_endpoint=parameters.indexer_config.max_blocks_per_endpoint,
+        observer=handle.observer,
+    )
+    events = parameters.kv_events_config
+    subscriptions = KVEventSubscriptions(
+        sink=index,
+        port=events.socket_port,
+        replay_port=events.replay_port,
+        config=SubscriberConfig(
+            topic_filter=events.topic_filter.encode(), replay_timeout=events.replay_timeout
+        ),
+        observer=handle.observer,
+    )
+    datastore = handle.datastore
+    for endpoint in datastore.endpoints():  # already known (a config reload)
+        subscriptions.add(endpoint.info)
+
+    def start() -> None:
+        # endpoints seen before the event loop ran, and any that joined meanwhile
+        for endpoint in datastore.endpoints():
+            if subscriptions.subscriber(endpoint.name) is None:
+                subscriptions.add(endpoint.info)
+        subscriptions.start_pending()
+
+    producer = PrecisePrefixCacheProducer(
+        TypedName(PRECISE_PREFIX_CACHE_PRODUCER, name),
+        parameters,
+        keyer=keyer,
+        index=index,
+        observer=handle.observer,
+        endpoint_listener=subscriptions.on_endpoint_event,
+        start=start,
+    )
+    datastore.subscribe(producer.on_endpoint_event)
+    return producer
 
 
 def _no_kubernetes(name: str, parameters: Any, handle: Handle) -> Plugin:

@@ -15,6 +15,7 @@ from adapters.otel.tracing import TracingConfigError
 from app.config.loader import ConfigError
 from app.container import Container, build_container
 from app.logsetup import configure_logging
+from app.memory import malloc_trim, trim_periodically
 from app.plugins import PluginLoadError
 from app.settings import Settings
 from domain.plugins.state import RequestStates
@@ -134,6 +135,8 @@ async def serve(
     campaign = asyncio.create_task(elector.run(), name="leader-election") if elector else None
     if on_serving is not None:
         tasks.add(asyncio.create_task(on_serving(), name="serving-report"))
+    if malloc_trim is not None:  # glibc: freed heap pages go back to the system
+        tasks.add(asyncio.create_task(trim_periodically(), name="malloc-trim"))
     try:
         stop_task = asyncio.create_task(stop.wait())
         waited = {*tasks, stop_task, *([campaign] if campaign else [])}

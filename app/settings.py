@@ -46,6 +46,8 @@ class Settings(BaseModel):
     max_response_buffer_bytes: int = Field(default=16 * 1024 * 1024, ge=0)
     stream_idle_timeout: float = Field(default=600.0, ge=0)
     max_concurrent_streams: int = Field(default=10_000, ge=0)
+    max_streams_per_connection: int = Field(default=100, ge=0)
+    max_unrouted_streams: int = Field(default=1000, ge=0)
     verbosity: int = Field(default=0, ge=0)
     log_format: Literal["text", "json"] = "text"
     tracing: bool = True

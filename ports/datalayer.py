@@ -16,6 +16,7 @@ __all__ = [
     "NotificationKind",
     "NotificationSource",
     "PollingDataSource",
+    "SourceWithEndpointState",
 ]
 
 
@@ -48,6 +49,19 @@ class PollingDataSource(Protocol):
     async def poll(self, endpoint: EndpointInfo) -> object: ...
 
     async def close(self) -> None: ...
+
+
+@runtime_checkable
+class SourceWithEndpointState(Protocol):
+    """A polling source that holds something per endpoint (a connection, a cached request).
+
+    The data layer calls ``forget`` once for an endpoint that was deleted, after that
+    endpoint's collector has stopped (no poll of it runs or follows, unless the endpoint is
+    added again, when it is not forgotten); ``forget`` releases what the source holds for it
+    and does not raise.
+    """
+
+    def forget(self, endpoint: EndpointInfo) -> None: ...
 
 
 class NotificationKind(enum.Enum):

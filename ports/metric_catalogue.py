@@ -29,6 +29,12 @@ __all__ = [
     "FLOW_CONTROL_QUEUE_DURATION",
     "FLOW_CONTROL_QUEUE_SIZE",
     "INPUT_TOKENS",
+    "KV_EVENTS",
+    "KV_EVENTS_ERRORS",
+    "KV_EVENTS_GAPS",
+    "KV_EVENTS_LAG",
+    "KV_EVENTS_TRUSTED",
+    "KV_INDEX_ENTRIES",
     "MODEL_REWRITE_DECISIONS",
     "NORMALIZED_TPOT",
     "OUTPUT_TOKENS",
@@ -381,6 +387,40 @@ SHARED_STATE_DROPPED_WRITES = CounterMetric(
     help="Writes to the shared store dropped (pending queue full, or store degraded).",
 )
 
+# --- KV-cache events (precise prefix-cache routing) ---
+
+KV_INDEX_ENTRIES = GaugeMetric(
+    name="inference_extension_kv_index_entries",
+    help="(block, endpoint) entries in the KV-block index fed by the model servers' events.",
+)
+KV_EVENTS = CounterMetric(
+    name="inference_extension_kv_events_total",
+    help="KV-cache events received, per endpoint and kind (BlockStored, BlockRemoved, "
+    "AllBlocksCleared).",
+    labels=("endpoint", "kind"),
+)
+#: Seconds from a batch's timestamp (the engine's clock) to its arrival.
+KV_EVENTS_LAG = HistogramMetric(
+    name="inference_extension_kv_events_lag_seconds",
+    help="Delay in seconds between a KV-event batch's timestamp and its arrival.",
+    buckets=(*_FAST_BUCKETS, 0.5, 1.0, 5.0),
+)
+KV_EVENTS_GAPS = CounterMetric(
+    name="inference_extension_kv_events_gaps_total",
+    help="Breaks in an endpoint's KV-event stream (sequence gaps, lost connections).",
+    labels=("endpoint",),
+)
+KV_EVENTS_ERRORS = CounterMetric(
+    name="inference_extension_kv_events_errors_total",
+    help="KV-event messages or events dropped, per endpoint and reason (malformed, unknown_kind).",
+    labels=("endpoint", "reason"),
+)
+KV_EVENTS_TRUSTED = GaugeMetric(
+    name="inference_extension_kv_events_endpoint_trusted",
+    help="1 while an endpoint's KV-event stream is unbroken (its index entries are used), else 0.",
+    labels=("endpoint",),
+)
+
 #: Every metric the EPP exports, in exposition order.
 CATALOGUE: tuple[Metric, ...] = (
     REQUEST_TOTAL,
@@ -420,4 +460,10 @@ CATALOGUE: tuple[Metric, ...] = (
     SHARED_STATE_DEGRADED,
     SHARED_STATE_WRITES,
     SHARED_STATE_DROPPED_WRITES,
+    KV_INDEX_ENTRIES,
+    KV_EVENTS,
+    KV_EVENTS_LAG,
+    KV_EVENTS_GAPS,
+    KV_EVENTS_ERRORS,
+    KV_EVENTS_TRUSTED,
 )

@@ -22,7 +22,11 @@ its ``Content-Length`` says so), without buffering more; a non-streamed response
 (the exchange still sees every byte, but token usage is not read from that response and the
 model name is rewritten back only where it lies within one chunk); a stream with no message
 from Envoy for ``idle_timeout`` seconds, while the EPP is waiting for one, is ended with
-``DEADLINE_EXCEEDED``.
+``DEADLINE_EXCEEDED``. Envoy's streams carry their whole request within moments of opening;
+streams whose request has not yet been routed ("unrouted": no request headers yet, or a body
+still coming) are bounded on their own by ``max_unrouted_streams``: past it, the oldest
+unrouted stream is ended with ``RESOURCE_EXHAUSTED``, so streams held open without a request
+cannot fill the server and keep newer ones (Envoy's) out.
 """
 
 from __future__ import annotations
@@ -40,7 +44,6 @@ from envoy.config.core.v3 import base_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from envoy.type.v3 import http_status_pb2
-from google.protobuf import struct_pb2
 
 from ports.errors import ErrorCode, RequestError
 from ports.observer import REQUEST_ID, NoopObserver, Observer, Span
@@ -59,6 +62,8 @@ __all__ = [
     "MAX_BODY_CHUNK_BYTES",
     "ExtProcServicer",
     "StreamLimits",
+    "add_extproc_servicer",
+    "serialize_reply",
 ]
 
 logger = logging.getLogger(__name__)
@@ -86,11 +91,13 @@ _OVERWRITE = base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD
 @dataclass(frozen=True, slots=True, kw_only=True)
 class StreamLimits:
     """What one ext_proc stream may hold (``--max-request-body-bytes``,
-    ``--max-response-buffer-bytes``, ``--stream-idle-timeout``; 0 means no limit)."""
+    ``--max-response-buffer-bytes``, ``--stream-idle-timeout``), and how many streams may
+    wait for their request at once (``--max-unrouted-streams``); 0 means no limit."""
 
     max_request_body_bytes: int = 16 * 1024 * 1024
     max_response_buffer_bytes: int = 16 * 1024 * 1024
     idle_timeout: float = 600.0
+    max_unrouted_streams: int = 1000
 
 
 def _payload_too_large(limit: int) -> Any:
@@ -198,11 +205,21 @@ def _metadata_of(request: Any) -> dict[str, dict[str, object]]:
     }
 
 
-def _struct(metadata: Metadata) -> Any:
-    struct = struct_pb2.Struct()
+def _fill_struct(struct: Any, metadata: Metadata) -> None:
+    """Sets ``metadata`` (namespace → fields) into the ``google.protobuf.Struct``
+    ``struct`` in place: a string value directly (half the cost of ``Struct.update``,
+    and no copy of a finished Struct), anything else through ``update``."""
     for namespace, fields in metadata.items():
-        struct.get_or_create_struct(namespace).update(cast(dict[str, Any], dict(fields)))
-    return struct
+        target = struct.fields[namespace].struct_value
+        target.SetInParent()
+        others: dict[str, Any] = {}
+        for key, value in fields.items():
+            if type(value) is str:
+                target.fields[key].string_value = value
+            else:
+                others[key] = value
+        if others:
+            target.update(others)
 
 
 def _chunks(body: bytes) -> Iterable[bytes]:
@@ -214,36 +231,86 @@ def _chunks(body: bytes) -> Iterable[bytes]:
         yield bytes(view[start : start + MAX_BODY_CHUNK_BYTES])
 
 
-def _request_body_response(chunk: bytes, end_of_stream: bool) -> Any:
-    return pb.ProcessingResponse(
-        request_body=pb.BodyResponse(
-            response=pb.CommonResponse(
-                body_mutation=pb.BodyMutation(
-                    streamed_response=pb.StreamedBodyResponse(
-                        body=chunk, end_of_stream=end_of_stream
-                    )
-                )
-            )
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while value > 0x7F:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+#: ``ProcessingResponse.request_body`` / ``.response_body`` (fields 3 and 4), each a
+#: ``BodyResponse{response: CommonResponse{body_mutation: BodyMutation{streamed_response:
+#: StreamedBodyResponse{body, end_of_stream}}}}``.
+_REQUEST_BODY_TAG = b"\x1a"
+_RESPONSE_BODY_TAG = b"\x22"
+_END_OF_STREAM = b"\x10\x01"
+
+
+def _streamed_body_prefix(tag: bytes, size: int, end_of_stream: bool) -> bytes:
+    """Everything of a body reply before its chunk of ``size`` bytes."""
+    streamed = (1 + len(_varint(size)) + size if size else 0) + (2 if end_of_stream else 0)
+    mutation = 1 + len(_varint(streamed)) + streamed
+    common = 1 + len(_varint(mutation)) + mutation
+    return b"".join(
+        (
+            tag,
+            _varint(1 + len(_varint(common)) + common),
+            b"\x0a",
+            _varint(common),
+            b"\x1a",
+            _varint(mutation),
+            b"\x1a",
+            _varint(streamed),
+            b"\x0a" + _varint(size) if size else b"",
         )
     )
+
+
+_PREFIXES: dict[tuple[bytes, int, bool], bytes] = {}
+_MAX_PREFIXES = 4096
+
+
+def _streamed_body(tag: bytes, chunk: bytes, end_of_stream: bool) -> bytes:
+    """A body reply encoded by hand: the same bytes ``SerializeToString`` gives for the
+    message, without building four nested messages and copying the chunk into them and
+    out again (docs/decisions/0013). The bytes before the chunk depend only on its size,
+    and are kept for the sizes seen (SSE chunks of a stream are much alike)."""
+    key = (tag, len(chunk), end_of_stream)
+    prefix = _PREFIXES.get(key)
+    if prefix is None:
+        if len(_PREFIXES) >= _MAX_PREFIXES:
+            _PREFIXES.clear()
+        prefix = _PREFIXES[key] = _streamed_body_prefix(tag, len(chunk), end_of_stream)
+    if end_of_stream:
+        return b"".join((prefix, chunk, _END_OF_STREAM))
+    return prefix + chunk
+
+
+def serialize_reply(reply: Any) -> bytes:
+    """The ext_proc servicer's response serializer: a reply is a ``ProcessingResponse`` or
+    its bytes already encoded (``_streamed_body``)."""
+    if type(reply) is bytes:
+        return reply
+    return cast(bytes, reply.SerializeToString())
+
+
+def _request_body_response(chunk: bytes, end_of_stream: bool) -> bytes:
+    return _streamed_body(_REQUEST_BODY_TAG, chunk, end_of_stream)
 
 
 def _response_body_response(
     chunk: bytes, end_of_stream: bool, metadata: Metadata | None = None
 ) -> Any:
-    response = pb.ProcessingResponse(
-        response_body=pb.BodyResponse(
-            response=pb.CommonResponse(
-                body_mutation=pb.BodyMutation(
-                    streamed_response=pb.StreamedBodyResponse(
-                        body=chunk, end_of_stream=end_of_stream
-                    )
-                )
-            )
-        )
-    )
-    if metadata:
-        response.dynamic_metadata.CopyFrom(_struct(metadata))
+    if not metadata:
+        return _streamed_body(_RESPONSE_BODY_TAG, chunk, end_of_stream)
+    response = pb.ProcessingResponse()
+    streamed = response.response_body.response.body_mutation.streamed_response
+    streamed.SetInParent()  # set even for an empty chunk without end of stream
+    streamed.body = chunk
+    streamed.end_of_stream = end_of_stream
+    _fill_struct(response.dynamic_metadata, metadata)
     return response
 
 
@@ -314,10 +381,19 @@ class _Stream:
         """An immediate response was sent: nothing more will be processed."""
         return self._finished
 
+    @property
+    def unrouted(self) -> bool:
+        """No request routed or refused yet: the stream still waits for its request."""
+        return self._exchange is None and not self._finished
+
     async def handle(self, request: Any) -> list[Any]:
         """The replies to one message; ``StreamProtocolError`` when it breaks the protocol."""
         kind = request.WhichOneof("request")
-        if request.HasField("metadata_context"):
+        if kind == "response_body" and self._response_started:
+            # The most frequent message (one per SSE chunk) first. Its metadata is not
+            # read: nothing after the response headers uses it.
+            return await self._on_response_body(request.response_body)
+        if kind != "response_trailers" and request.HasField("metadata_context"):
             # A new dict each time: a request handed to the domain keeps what it was given.
             self._metadata = {**self._metadata, **_metadata_of(request)}
         if kind == "request_headers":
@@ -459,7 +535,8 @@ class _Stream:
         metadata.setdefault(DESTINATION_METADATA_NAMESPACE, {})[DESTINATION_ENDPOINT_HEADER] = (
             destination
         )
-        reply = pb.ProcessingResponse(dynamic_metadata=_struct(metadata))
+        reply = pb.ProcessingResponse()
+        _fill_struct(reply.dynamic_metadata, metadata)
         common = reply.request_headers.response
         common.clear_route_cache = True
         _set_headers(common.header_mutation, set_headers)
@@ -563,27 +640,80 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
         self._processor = processor
         self._observer: Observer = observer if observer is not None else NoopObserver()
         self._limits = limits if limits is not None else StreamLimits()
+        # unrouted streams, oldest first: the task serving each (dicts keep insertion order)
+        self._unrouted: dict[_Stream, asyncio.Task[Any]] = {}
+        self._evicted: set[_Stream] = set()
+
+    @property
+    def unrouted_streams(self) -> int:
+        """Streams open whose request has not been routed yet."""
+        return len(self._unrouted)
+
+    def _admit_unrouted(self, stream: _Stream) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._unrouted[stream] = task
+        limit = self._limits.max_unrouted_streams
+        while limit and len(self._unrouted) > limit:
+            oldest = next(iter(self._unrouted))
+            oldest_task = self._unrouted.pop(oldest)
+            if oldest.unrouted:  # else it is being routed: it leaves the set on its own
+                self._evicted.add(oldest)
+                oldest_task.cancel()
 
     async def Process(  # noqa: N802 - the gRPC method name
         self, request_iterator: AsyncIterator[Any], context: grpc.aio.ServicerContext[Any, Any]
-    ) -> AsyncIterator[Any]:
+    ) -> None:
+        # A coroutine handler on grpc.aio's reader/writer API: ``context.read()`` and
+        # ``context.write()`` skip the two async generators of the iterator API, and one
+        # idle watch per stream replaces a timeout per message (docs/decisions/0013).
         stream = _Stream(self._processor, self._observer, self._limits)
+        self._admit_unrouted(stream)
+        try:
+            await self._serve(stream, context)
+        except asyncio.CancelledError:
+            if stream not in self._evicted:
+                raise
+            current = asyncio.current_task()
+            if current is not None:
+                current.uncancel()
+            limit = self._limits.max_unrouted_streams
+            logger.info("ext_proc stream closed: over %d streams without a routed request", limit)
+            await context.abort(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"more than {limit} streams without a routed request; the oldest is closed "
+                "(--max-unrouted-streams)",
+            )
+        finally:
+            self._unrouted.pop(stream, None)
+            self._evicted.discard(stream)
+            await stream.close()
+
+    async def _serve(self, stream: _Stream, context: grpc.aio.ServicerContext[Any, Any]) -> None:
         idle = self._limits.idle_timeout
-        messages = request_iterator.__aiter__()
+        watch = _IdleWatch(idle) if idle else None
+        read, write = context.read, context.write
         try:
             while True:
                 # Only the wait for Envoy's next message counts as idle, never routing.
-                try:
-                    async with asyncio.timeout(idle or None):
-                        request = await anext(messages)
-                except StopAsyncIteration:
-                    return
-                except TimeoutError:
-                    logger.info("ext_proc stream closed: no message from Envoy for %gs", idle)
-                    await context.abort(
-                        grpc.StatusCode.DEADLINE_EXCEEDED,
-                        f"no message from Envoy for {idle:g}s (--stream-idle-timeout)",
-                    )
+                if watch is None:
+                    request = await read()
+                else:
+                    watch.waiting_since = watch.loop.time()
+                    try:
+                        request = await read()
+                    except asyncio.CancelledError:
+                        if not watch.expired:
+                            raise
+                        watch.uncancel()
+                        logger.info("ext_proc stream closed: no message from Envoy for %gs", idle)
+                        await context.abort(
+                            grpc.StatusCode.DEADLINE_EXCEEDED,
+                            f"no message from Envoy for {idle:g}s (--stream-idle-timeout)",
+                        )
+                        return
+                    watch.waiting_since = None
+                if request is grpc.aio.EOF:
                     return
                 try:
                     replies = await stream.handle(request)
@@ -594,9 +724,69 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
                     logger.info("ext_proc stream refused: %s", exc.message)
                     await context.abort(exc.code, exc.message)
                     return
+                if not stream.unrouted and stream in self._unrouted:
+                    del self._unrouted[stream]
                 for reply in replies:
-                    yield reply
+                    await write(reply)
                 if stream.finished:
                     return
         finally:
-            await stream.close()
+            if watch is not None:
+                watch.stop()
+
+
+class _IdleWatch:
+    """Cancels the stream's task once it has waited ``idle`` seconds for Envoy's next
+    message. One timer per stream, re-armed only when it fires: a message costs two
+    attribute stores, not a timer."""
+
+    __slots__ = ("_handle", "_idle", "_task", "expired", "loop", "waiting_since")
+
+    def __init__(self, idle: float) -> None:
+        self.loop = asyncio.get_running_loop()
+        self._task = asyncio.current_task()
+        self._idle = idle
+        self.waiting_since: float | None = None
+        self.expired = False
+        self._handle: asyncio.TimerHandle | None = self.loop.call_at(
+            self.loop.time() + idle, self._check
+        )
+
+    def _check(self) -> None:
+        since = self.waiting_since
+        now = self.loop.time()
+        if since is not None and now - since >= self._idle and self._task is not None:
+            self.expired = True
+            self._handle = None
+            self._task.cancel()
+            return
+        due = (since if since is not None else now) + self._idle
+        self._handle = self.loop.call_at(due, self._check)
+
+    def uncancel(self) -> None:
+        """Takes back the cancellation this watch made (the stream handles it)."""
+        if self._task is not None:
+            self._task.uncancel()
+
+    def stop(self) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+
+
+_SERVICE = "envoy.service.ext_proc.v3.ExternalProcessor"
+
+
+def add_extproc_servicer(servicer: ExtProcServicer, server: grpc.aio.Server) -> None:
+    """Registers ``servicer`` as the generated ``add_ExternalProcessorServicer_to_server``
+    does, but with ``serialize_reply`` as the response serializer, so that body replies
+    encoded by hand go out as they are."""
+    handlers = {
+        "Process": grpc.stream_stream_rpc_method_handler(
+            servicer.Process,
+            request_deserializer=pb.ProcessingRequest.FromString,
+            response_serializer=serialize_reply,
+        )
+    }
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(_SERVICE, handlers),))
+    server.add_registered_method_handlers(_SERVICE, handlers)

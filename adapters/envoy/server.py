@@ -8,10 +8,9 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from grpc_health.v1 import health_pb2_grpc
 
-from adapters.envoy.extproc import ExtProcServicer, StreamLimits
+from adapters.envoy.extproc import ExtProcServicer, StreamLimits, add_extproc_servicer
 from adapters.envoy.health import HealthServicer
 from adapters.envoy.tls import CertificateReloader, ServerCertificate
 from ports.observer import Observer
@@ -51,6 +50,11 @@ class GrpcServers:
     ``leader`` (leader election), readiness also needs ``leader()`` (``HealthServicer``).
     ``reuse_port`` shares the ext_proc port with the pod's other workers (``SO_REUSEPORT``);
     ``health_port`` None serves no health port (a worker: its supervisor serves the pod's).
+    One HTTP/2 connection may open at most
+    ``max_streams_per_connection`` ext_proc streams at once (SETTINGS_MAX_CONCURRENT_STREAMS;
+    0: no limit): a peer holding many streams on a few connections cannot flood the queue of
+    calls gRPC holds before the server takes them, where past its hard limit (3,000) every
+    new stream, Envoy's too, is cancelled; Envoy opens more connections when one is full.
     """
 
     def __init__(
@@ -70,6 +74,7 @@ class GrpcServers:
         max_send_message_length: int = 64 * 1024 * 1024,
         leader: Callable[[], bool] | None = None,
         reuse_port: bool = False,
+        max_streams_per_connection: int = 0,
     ) -> None:
         self._host = host
         self._grpc_port = grpc_port
@@ -86,16 +91,20 @@ class GrpcServers:
         self.health = HealthServicer(processor.ready, leader)
         self._extproc = ExtProcServicer(processor, observer, limits)
         self._max_concurrent_streams = max_concurrent_streams or None
+        self._max_streams_per_connection = max_streams_per_connection
         self._health_on_extproc_port = health_on_extproc_port
         self._servers: list[Any] = []
         self.bound_grpc_port = 0
         self.bound_health_port = 0
 
     async def start(self) -> None:
+        options = list(self._extproc_options)
+        if self._max_streams_per_connection:
+            options.append(("grpc.max_concurrent_streams", self._max_streams_per_connection))
         extproc_server = grpc.aio.server(
-            options=self._extproc_options, maximum_concurrent_rpcs=self._max_concurrent_streams
+            options=options, maximum_concurrent_rpcs=self._max_concurrent_streams
         )
-        pb_grpc.add_ExternalProcessorServicer_to_server(self._extproc, extproc_server)
+        add_extproc_servicer(self._extproc, extproc_server)
         if self._health_on_extproc_port:
             health_pb2_grpc.add_HealthServicer_to_server(self.health, extproc_server)
         address = f"{self._host}:{self._grpc_port}"

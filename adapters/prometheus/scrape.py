@@ -34,10 +34,11 @@ class MetricsDataSource:
     """A ``PollingDataSource`` returning ``MetricsText``.
 
     One keep-alive connection per endpoint (an endpoint's polls are sequential), opened on
-    first use and again after any failure; a non-200 answer is an error. The collector
-    bounds each poll with its timeout (the reference's 10 s client timeout is never reached).
-    A body larger than ``max_body_bytes`` (or a malformed one) fails the poll with an
-    ``HttpProtocolError`` (a ``ValueError``) saying why, as soon as it is seen.
+    first use and again after any failure or when the endpoint's metrics address changes,
+    and closed by ``forget`` when the endpoint is deleted; a non-200 answer is an error. The
+    collector bounds each poll with its timeout (the reference's 10 s client timeout is
+    never reached). A body larger than ``max_body_bytes`` (or a malformed one) fails the
+    poll with an ``HttpProtocolError`` (a ``ValueError``) saying why, as soon as it is seen.
     """
 
     def __init__(
@@ -50,8 +51,9 @@ class MetricsDataSource:
         self._typed_name = typed_name
         self._parameters = parameters
         self._max_body_bytes = max_body_bytes
-        self._connections: dict[str, HttpGetConnection] = {}
-        self._requests: dict[str, bytes] = {}
+        # per endpoint name: its metrics host, the connection to it and the request bytes
+        self._connections: dict[str, tuple[str, HttpGetConnection]] = {}
+        self._requests: dict[str, tuple[str, bytes]] = {}
         self._tls: ssl.SSLContext | None = None
         if parameters.scheme == "https":
             self._tls = ssl.create_default_context()
@@ -68,8 +70,12 @@ class MetricsDataSource:
 
     async def poll(self, endpoint: EndpointInfo) -> MetricsText:
         host = endpoint.metrics_host or endpoint.address.host_port()
-        connection = self._connections.get(host)
+        held = self._connections.get(endpoint.name)
+        connection = held[1] if held is not None and held[0] == host else None
         if connection is None or connection.closed:
+            if held is not None:
+                held[1].close()  # a failed one, or one to the endpoint's former address
+                del self._connections[endpoint.name]
             name, _, port = host.rpartition(":")
             try:
                 connection = await HttpGetConnection.open(
@@ -77,13 +83,18 @@ class MetricsDataSource:
                 )
             except ValueError as exc:
                 raise OSError(f"{host}: {exc}") from exc
-            self._connections[host] = connection
-            if host not in self._requests:
-                self._requests[host] = (
+            self._connections[endpoint.name] = (host, connection)
+        request = self._requests.get(endpoint.name)
+        if request is None or request[0] != host:
+            request = (
+                host,
+                (
                     f"GET {self._parameters.path} HTTP/1.1\r\nHost: {host}\r\n"
                     "Accept: text/plain\r\nUser-Agent: epp\r\n\r\n"
-                ).encode()
-        status, body = await connection.get(self._requests[host])
+                ).encode(),
+            )
+            self._requests[endpoint.name] = request
+        status, body = await connection.get(request[1])
         if status != 200:
             raise ValueError(
                 f"GET {self._parameters.scheme}://{host}{self._parameters.path}: status {status}"
@@ -91,14 +102,19 @@ class MetricsDataSource:
         return MetricsText(body=body, fetched_at=time.monotonic())
 
     def forget(self, endpoint: EndpointInfo) -> None:
-        """Close the endpoint's connection (it was removed)."""
-        host = endpoint.metrics_host or endpoint.address.host_port()
-        connection = self._connections.pop(host, None)
-        self._requests.pop(host, None)
-        if connection is not None:
-            connection.close()
+        """Close the endpoint's connection and drop its request (it was deleted)."""
+        held = self._connections.pop(endpoint.name, None)
+        self._requests.pop(endpoint.name, None)
+        if held is not None:
+            held[1].close()
+
+    @property
+    def open_connections(self) -> int:
+        """Connections held (one per endpoint polled and not forgotten)."""
+        return sum(1 for _, connection in self._connections.values() if not connection.closed)
 
     async def close(self) -> None:
-        for connection in self._connections.values():
+        for _, connection in self._connections.values():
             connection.close()
         self._connections.clear()
+        self._requests.clear()

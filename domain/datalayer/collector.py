@@ -11,7 +11,9 @@ failed poll. An
 endpoint's error state is logged when it changes (first failure, a different failure,
 recovery), never on every poll, and every failed poll of a source is counted in
 ``SCRAPE_ERRORS{endpoint}``. Endpoint add/delete events start and stop collectors and reach
-the endpoint extractors.
+the endpoint extractors; once a deleted endpoint's collector has stopped, every source that
+holds per-endpoint state (``SourceWithEndpointState``) is told to ``forget`` it, so nothing
+(a keep-alive connection) stays behind for it.
 
 Notification sources (``NotificationSource``) each run as one task from ``start`` to
 ``stop``; every change they report reaches their extractors' ``extract_notification`` in
@@ -38,7 +40,12 @@ from domain.datalayer.interfaces import (
 )
 from domain.datastore.endpoint import Endpoint
 from domain.datastore.store import Datastore
-from ports.datalayer import NotificationEvent, NotificationSource, PollingDataSource
+from ports.datalayer import (
+    NotificationEvent,
+    NotificationSource,
+    PollingDataSource,
+    SourceWithEndpointState,
+)
 from ports.endpoints import EndpointEvent, EndpointEventKind
 from ports.metric_catalogue import SCRAPE_ERRORS
 from ports.observer import NoopObserver, Observer
@@ -105,6 +112,7 @@ class Collectors:
         self._notification_tasks: list[asyncio.Task[None]] = []
         self._clock = clock
         self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._retiring: set[asyncio.Task[None]] = set()
         self._errors: dict[str, str] = {}
         self._incomplete: set[str] = set()
         self._started = False
@@ -125,7 +133,7 @@ class Collectors:
 
     async def stop(self) -> None:
         self._started = False
-        tasks = [*self._tasks.values(), *self._notification_tasks]
+        tasks = [*self._tasks.values(), *self._notification_tasks, *self._retiring]
         self._tasks.clear()
         self._notification_tasks.clear()
         for task in tasks:
@@ -154,10 +162,30 @@ class Collectors:
             task = self._tasks.pop(endpoint.name, None)
             if task is not None:
                 task.cancel()
+                retire = asyncio.get_running_loop().create_task(
+                    self._retire(endpoint, task), name=f"retire {endpoint.name}"
+                )
+                self._retiring.add(retire)
+                retire.add_done_callback(self._retiring.discard)
             self._errors.pop(endpoint.name, None)
             self._incomplete.discard(endpoint.name)
         elif self._started:
             self._ensure(endpoint)
+
+    async def _retire(self, endpoint: Endpoint, task: asyncio.Task[None]) -> None:
+        """Waits for the deleted endpoint's collector to end, then has the sources forget it
+        (unless it was added again meanwhile)."""
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        if endpoint.name in self._tasks:
+            return
+        for binding in self._bindings:
+            source = binding.source
+            if isinstance(source, SourceWithEndpointState):
+                try:
+                    source.forget(endpoint.info)
+                except Exception:
+                    logger.exception("data source %s failed to forget", source.typed_name)
 
     async def _notify(self, binding: NotificationBinding) -> None:
         errors: dict[str, str] = {}

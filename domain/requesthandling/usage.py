@@ -8,6 +8,7 @@ passes through, holding at most one incomplete line.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -152,6 +153,10 @@ def usage_from_body(body: bytes, codec: JsonCodec) -> Usage | None:
 _DATA = b"data:"
 _DONE = b"[DONE]"
 _USAGE_KEY = b'"usage"'
+#: A ``"usage"`` key whose value is not ``null`` (OpenAI sends ``"usage":null`` in every
+#: chunk of a stream that asked for usage).
+_USAGE_VALUE = re.compile(rb'"usage"\s*+:\s*+(?!null)')
+_LINE_ENDS = frozenset(b"\r\n")
 DEFAULT_MAX_LINE_BYTES = 8 * 1024 * 1024
 
 
@@ -183,6 +188,15 @@ class SseUsageScanner:
 
     def feed(self, chunk: bytes) -> None:
         if self._usage is not None or not chunk:
+            return
+        if (
+            not self._buf
+            and not self._skipping
+            and chunk[-1] in _LINE_ENDS
+            and _USAGE_VALUE.search(chunk) is None
+        ):
+            # Whole lines, none with a usage other than null: nothing to keep or read.
+            # Most SSE chunks of a stream end here (the usage is in the last one).
             return
         # SSE lines end in LF, CR or CRLF; empty lines carry nothing we need, so
         # treating CR and LF alike is safe even when CRLF is split across chunks.

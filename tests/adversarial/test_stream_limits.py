@@ -6,7 +6,10 @@
   ``--max-response-buffer-bytes`` it goes on chunk by chunk, unchanged and never failed;
 - 20,000 idle streams held 636 MB for ever: now a stream with no message from Envoy for
   ``--stream-idle-timeout`` is closed, and past ``--max-concurrent-streams`` a new stream is
-  refused.
+  refused;
+- streams held open without a request crowded out Envoy's: now past
+  ``--max-unrouted-streams`` the oldest stream still waiting for its request is closed (the
+  test through Envoy is ``test_envoy_idle_streams.py``).
 """
 
 from __future__ import annotations
@@ -14,11 +17,14 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from pathlib import Path
 from typing import Any
 
 import grpc
+import yaml
 
 from adapters.envoy.extproc import StreamLimits
+from app.cli import parse_settings
 from tests.adversarial.extproc_support import (
     CountingProcessor,
     director_over,
@@ -37,6 +43,8 @@ from tests.support.extproc import (
 )
 
 MIB = 1 << 20
+ENVOY_CONFIG = "deploy/envoy/envoy.yaml"
+STATIC = ["--static-endpoints", "127.0.0.2:8000"]
 
 
 def _processor() -> CountingProcessor:
@@ -178,3 +186,45 @@ async def test_streams_beyond_the_limit_are_refused() -> None:
             call.cancel()
     # before: any number of streams held their memory; after: the third is refused
     assert code == grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+async def test_past_the_unrouted_limit_the_oldest_unrouted_stream_is_closed() -> None:
+    processor = _processor()
+    limits = StreamLimits(max_unrouted_streams=3)
+    async with extproc_channel(processor, limits=limits) as channel:
+        routed = await _routed(channel)  # routed: it is never closed for the limit
+        idle = []
+        for _ in range(3):
+            call = open_stream(channel)
+            await call.write(request_headers(envoy_headers()))  # then nothing
+            idle.append(call)
+        newest = open_stream(channel)
+        await newest.write(request_headers(envoy_headers()))
+        # before: every idle stream stayed until the idle timeout (10 minutes)
+        _, code, details = await read_all(idle[0])
+        assert code == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "--max-unrouted-streams" in details
+        assert not any(call.done() for call in idle[1:])
+        # the newest gets its request routed as usual
+        await newest.write(request_body(b'{"model": "llama", "prompt": "hi"}', end_of_stream=True))
+        first = await newest.read()
+        assert first.WhichOneof("response") == "request_headers", first
+        assert not routed.done()
+        for call in (*idle[1:], newest, routed):
+            call.cancel()
+    await processor.wait_all_closed()
+
+
+def test_the_shipped_envoy_opens_no_more_streams_per_connection_than_the_epp_takes() -> None:
+    # Envoy would put more streams on a new connection before the EPP's SETTINGS arrive,
+    # and the EPP would refuse the excess: the two limits must agree.
+    envoy = yaml.safe_load((Path(__file__).resolve().parents[2] / ENVOY_CONFIG).read_text())
+    (epp,) = [c for c in envoy["static_resources"]["clusters"] if c["name"] == "epp"]
+    options = epp["typed_extension_protocol_options"][
+        "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
+    ]
+    http2 = options["explicit_http_config"]["http2_protocol_options"]
+    assert (
+        http2["max_concurrent_streams"]
+        == parse_settings([*STATIC, "--metrics-endpoint-auth=false"]).max_streams_per_connection
+    )

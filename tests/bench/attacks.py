@@ -35,6 +35,7 @@ the highest sampled VmRSS), the EPP's warning/error log lines, and whether the t
 p99 < 50 ms, peak RSS < 300 MB) was met.
 
     .venv/bin/python -m tests.bench.attacks [--phase 15s] [--concurrency 8] [--only b,e]
+        [--epp-env MALLOC_ARENA_MAX=2]
 """
 
 from __future__ import annotations
@@ -492,28 +493,32 @@ class Attack:
     async def idle_streams(self, deadline: float) -> None:
         channels = [self.channel(i) for i in range(10)]
         calls: list[Any] = []
-        opened = 0
+        # Not awaited one by one: past the EPP's streams-per-connection limit a stream waits
+        # on the client's side until another on its connection ends.
+        writes: list[asyncio.Task[None]] = []
         try:
             for i in range(5000):
                 call = pb_grpc.ExternalProcessorStub(channels[i % 10]).Process(timeout=120)
                 calls.append(call)
-                try:
-                    await call.write(request_headers(envoy_headers()))
-                    opened += 1
-                except (grpc.aio.AioRpcError, asyncio.InvalidStateError):
-                    pass
+                writes.append(asyncio.create_task(call.write(request_headers(envoy_headers()))))
+                if i % 100 == 99:
+                    await asyncio.sleep(0)
                 if time.monotonic() > deadline:
                     break
-            self.notes.append(f"{opened} streams opened (request headers written)")
             await asyncio.sleep(max(0.0, deadline - time.monotonic()))
+            opened = sum(1 for w in writes if w.done() and not w.cancelled() and not w.exception())
+            self.notes.append(f"{opened} of {len(calls)} streams opened (request headers written)")
             for call in calls:
                 if call.done():
-                    self.outcomes[f"grpc {(await call.code()).name}"] += 1
+                    details = (await call.details() or "")[:60]
+                    self.outcomes[f"grpc {(await call.code()).name} {details}"] += 1
                 else:
                     self.outcomes["held to the end"] += 1
         finally:
             for call in calls:
                 call.cancel()
+            for write in writes:
+                write.cancel()
             for channel in channels:
                 await channel.close()
 
@@ -826,7 +831,10 @@ def _run_stack(args: Any, servers: tuple[RemoteServer, RemoteServer]) -> dict[st
         simulators=args.instances,
         extra_endpoints=[s.address for s in servers],
         epp_module="tests.bench.traced_epp" if args.trace_memory else "app",
-        epp_env={"EPP_TRACEMALLOC_OUT": str(args.memory_out)} if args.trace_memory else {},
+        epp_env={
+            **dict(item.split("=", 1) for item in args.epp_env),
+            **({"EPP_TRACEMALLOC_OUT": str(args.memory_out)} if args.trace_memory else {}),
+        },
     )
     with Stack.run(options) as stack:
         assert stack.epp is not None
@@ -873,6 +881,13 @@ def main() -> int:
         "after each phase (slows the EPP down)",
     )
     parser.add_argument("--restart", action=argparse.BooleanOptionalAction, default=True)
+    parser.add_argument(
+        "--epp-env",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="add to the EPP's environment (repeatable), e.g. MALLOC_ARENA_MAX=2",
+    )
     parser.add_argument(
         "--only", type=lambda s: s.split(","), default=None, help="phase name prefixes"
     )

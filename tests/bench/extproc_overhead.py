@@ -12,6 +12,17 @@ count: requests/s, latency, EPP CPU per request summed over all the pod's proces
 requests split over the workers, the memory of each process, the scrapes per second each
 model server received, and the requests/s per core that CPU cost projects.
 
+Then a streamed row: ``--stream-requests`` completions of ``--stream-tokens`` tokens
+(``stream: true`` with usage), through both Envoys, with the EPP's CPU per streamed request
+and per SSE chunk. The chunks are the response-body messages Envoy sent the EPP (its
+``ext_proc.stream_msgs_sent`` counter, per request, less the non-streamed requests' count);
+the CPU per chunk is the streamed request's CPU beyond a non-streamed one's, divided by them.
+
+With ``--profile DIR``, py-spy (the ``bench`` extra) samples the EPP during its rounds and
+writes collapsed stacks to ``DIR/plain.txt`` and ``DIR/streamed.txt`` (one
+``frame;frame;... count`` line per stack; ``--profile-native`` adds native frames). Profiling
+slows the EPP: its figures are for where the time goes, not for how much.
+
     .venv/bin/python -m tests.bench.extproc_overhead [--requests 4000] [--concurrency 32]
     .venv/bin/python -m tests.bench.extproc_overhead --workers 1,2,auto
 """
@@ -20,11 +31,19 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import random
+import shutil
+import signal
 import statistics
+import subprocess
+import sys
 import time
+import urllib.request
+from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import aiohttp
 import orjson
@@ -37,6 +56,50 @@ from tests.support.redis import RedisServer
 from tests.support.stack import Stack, StackOptions, wait_for
 
 BODY = orjson.dumps({"model": DEFAULT_MODEL, "prompt": "Benchmark prompt " * 16, "max_tokens": 4})
+
+
+def _stream_body(tokens: int) -> bytes:
+    return orjson.dumps(
+        {
+            "model": DEFAULT_MODEL,
+            "prompt": "Benchmark prompt " * 16,
+            "max_tokens": tokens,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+    )
+
+
+@contextlib.contextmanager
+def _sampled(pid: int, out: Path | None, native: bool) -> Iterator[None]:
+    """py-spy samples ``pid`` while the block runs, appending collapsed stacks to ``out``."""
+    if out is None:
+        yield
+        return
+    spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+    part = out.with_suffix(f".{os.getpid()}.{out.stat().st_size if out.exists() else 0}")
+    command = [spy, "record", "-p", str(pid), "-r", "250", "-f", "raw", "-o", str(part)]
+    if native:
+        command.append("--native")
+    recorder = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        yield
+    finally:
+        recorder.send_signal(signal.SIGINT)
+        recorder.wait(timeout=60)
+        if part.exists():
+            with out.open("a") as sink:
+                sink.write(part.read_text())
+            part.unlink()
+
+
+def _messages_to_epp(workdir: Path) -> int:
+    """Messages the ext_proc Envoy has sent the EPP so far (its ext_proc stats)."""
+    admin = (workdir / "envoy.admin").read_text().strip()
+    url = f"http://{admin}/stats?filter=ext_proc.stream_msgs_sent$"
+    with urllib.request.urlopen(url, timeout=5) as response:
+        text = response.read().decode()
+    return sum(int(line.rsplit(":", 1)[1]) for line in text.splitlines() if ":" in line)
 
 
 @dataclass(frozen=True)
@@ -58,7 +121,7 @@ class Result:
 
 
 async def _load(
-    url: str, total: int, concurrency: int, destinations: list[str] | None
+    url: str, total: int, concurrency: int, destinations: list[str] | None, body: bytes
 ) -> tuple[float, list[float], int]:
     rng = random.Random(7)
 
@@ -70,7 +133,7 @@ async def _load(
 
     connector = aiohttp.TCPConnector(limit=concurrency)
     async with aiohttp.ClientSession(connector=connector) as session:
-        return await closed_loop(session, url, BODY, total, concurrency, headers)
+        return await closed_loop(session, url, body, total, concurrency, headers)
 
 
 def _run(
@@ -80,9 +143,10 @@ def _run(
     concurrency: int,
     destinations: list[str] | None,
     epp_pid: int | None,
+    body: bytes = BODY,
 ) -> Result:
     cpu_before = cpu_seconds(epp_pid) if epp_pid else 0.0
-    seconds, latencies, errors = asyncio.run(_load(url, total, concurrency, destinations))
+    seconds, latencies, errors = asyncio.run(_load(url, total, concurrency, destinations, body))
     cpu = cpu_seconds(epp_pid) - cpu_before if epp_pid else None
     return Result(name, total, seconds, latencies, errors, cpu)
 
@@ -94,6 +158,18 @@ def main() -> None:
     parser.add_argument("--simulators", type=int, default=3)
     parser.add_argument("--rounds", type=int, default=2, help="alternating rounds per mode")
     parser.add_argument("--plaintext", action="store_true", help="EPP without TLS")
+    parser.add_argument(
+        "--stream-requests", type=int, default=1000, help="streamed requests per round (0: none)"
+    )
+    parser.add_argument("--stream-tokens", type=int, default=100, help="tokens per stream")
+    parser.add_argument(
+        "--itl-ms",
+        type=float,
+        default=2.0,
+        help="the simulators' time per output token: streamed tokens arrive one chunk each",
+    )
+    parser.add_argument("--profile", type=Path, help="directory for py-spy's collapsed stacks")
+    parser.add_argument("--profile-native", action="store_true", help="py-spy --native")
     parser.add_argument(
         "--epp-arg",
         action="append",
@@ -115,7 +191,10 @@ def main() -> None:
         return
 
     options = StackOptions(
-        simulators=args.simulators, epp_tls=not args.plaintext, epp_args=args.epp_arg
+        simulators=args.simulators,
+        simulator_args=["--itl-ms", str(args.itl_ms)],
+        epp_tls=not args.plaintext,
+        epp_args=args.epp_arg,
     )
     with Stack.run(options) as stack:
         _, direct_port = stack.start_envoy(ext_proc=False, name="envoy-direct")
@@ -128,11 +207,52 @@ def main() -> None:
         _run("warmup", epp_url, 300, args.concurrency, None, None)
         _run("warmup", direct_url, 300, args.concurrency, destinations, None)
         epp_runs, direct_runs = [], []
+        stream_runs, stream_direct_runs = [], []
+        messages = {"plain": 0, "stream": 0}
+        stream_body = _stream_body(args.stream_tokens)
+
+        def profile(name: str) -> Path | None:
+            if args.profile is None:
+                return None
+            args.profile.mkdir(parents=True, exist_ok=True)
+            return Path(args.profile / f"{name}.txt")
+
         for _ in range(args.rounds):
-            epp_runs.append(_run("epp", epp_url, args.requests, args.concurrency, None, epp_pid))
+            before = _messages_to_epp(stack.workdir)
+            with _sampled(epp_pid, profile("plain"), args.profile_native):
+                epp_runs.append(
+                    _run("epp", epp_url, args.requests, args.concurrency, None, epp_pid)
+                )
+            messages["plain"] += _messages_to_epp(stack.workdir) - before
             direct_runs.append(
                 _run("direct", direct_url, args.requests, args.concurrency, destinations, None)
             )
+            if args.stream_requests:
+                before = _messages_to_epp(stack.workdir)
+                with _sampled(epp_pid, profile("streamed"), args.profile_native):
+                    stream_runs.append(
+                        _run(
+                            "epp",
+                            epp_url,
+                            args.stream_requests,
+                            args.concurrency,
+                            None,
+                            epp_pid,
+                            stream_body,
+                        )
+                    )
+                messages["stream"] += _messages_to_epp(stack.workdir) - before
+                stream_direct_runs.append(
+                    _run(
+                        "direct",
+                        direct_url,
+                        args.stream_requests,
+                        args.concurrency,
+                        destinations,
+                        None,
+                        stream_body,
+                    )
+                )
 
     def merged(runs: list[Result]) -> Result:
         cpu = [r.epp_cpu_seconds for r in runs if r.epp_cpu_seconds is not None]
@@ -145,25 +265,47 @@ def main() -> None:
             sum(cpu) if cpu else None,
         )
 
+    def table(epp: Result, direct: Result) -> None:
+        print(f"{'':<22}{'EPP':>12}{'direct':>12}{'EPP/direct':>12}")
+        print(f"{'requests/s':<22}{epp.rps:>12.0f}{direct.rps:>12.0f}{epp.rps / direct.rps:>12.2f}")
+        for label, q in (("median latency ms", 0.5), ("p99 latency ms", 0.99)):
+            a, b = epp.percentile(q), direct.percentile(q)
+            print(f"{label:<22}{a:>12.2f}{b:>12.2f}{a / b:>12.2f}")
+        print(f"{'errors':<22}{epp.errors:>12}{direct.errors:>12}")
+
     epp, direct = merged(epp_runs), merged(direct_runs)
     print(
         f"concurrency {args.concurrency}, {args.requests} requests x {args.rounds} rounds per mode,"
-        f" {args.simulators} simulated servers, EPP TLS {'off' if args.plaintext else 'on'},"
+        f" {args.simulators} simulated servers (ITL {args.itl_ms:g} ms),"
+        f" EPP TLS {'off' if args.plaintext else 'on'},"
         f" {os.cpu_count()} CPUs, EPP flags {args.epp_arg or 'default'}"
     )
-    print(f"{'':<22}{'EPP':>12}{'direct':>12}{'EPP/direct':>12}")
-    print(f"{'requests/s':<22}{epp.rps:>12.0f}{direct.rps:>12.0f}{epp.rps / direct.rps:>12.2f}")
-    for label, q in (("median latency ms", 0.5), ("p99 latency ms", 0.99)):
-        a, b = epp.percentile(q), direct.percentile(q)
-        print(f"{label:<22}{a:>12.2f}{b:>12.2f}{a / b:>12.2f}")
-    print(f"{'errors':<22}{epp.errors:>12}{direct.errors:>12}")
-    if epp.epp_cpu_seconds is not None:
-        per_k = epp.epp_cpu_seconds / epp.requests * 1000
-        print(f"EPP CPU seconds per 1,000 requests: {per_k:.3f}")
+    table(epp, direct)
+    assert epp.epp_cpu_seconds is not None
+    per_request = epp.epp_cpu_seconds / epp.requests
+    print(f"EPP CPU seconds per 1,000 requests: {per_request * 1000:.3f}")
     print(
         f"(median of per-request latency over all rounds; stdev EPP "
         f"{statistics.pstdev(epp.latencies_ms):.2f} ms)"
     )
+    if stream_runs:
+        streamed = merged(stream_runs)
+        print(
+            f"streamed, {args.stream_tokens} tokens, {args.stream_requests} requests x"
+            f" {args.rounds} rounds per mode"
+        )
+        table(streamed, merged(stream_direct_runs))
+        assert streamed.epp_cpu_seconds is not None
+        per_stream = streamed.epp_cpu_seconds / streamed.requests
+        chunks = messages["stream"] / streamed.requests - messages["plain"] / epp.requests
+        print(f"EPP CPU ms per streamed request: {per_stream * 1000:.3f}")
+        print(
+            f"EPP messages per request: plain {messages['plain'] / epp.requests:.1f}, "
+            f"streamed {messages['stream'] / streamed.requests:.1f}"
+        )
+        if chunks > 0:
+            per_chunk = (per_stream - per_request) / chunks
+            print(f"EPP CPU us per SSE chunk: {per_chunk * 1e6:.1f} ({chunks:.1f} chunks each)")
 
 
 @dataclass(frozen=True)

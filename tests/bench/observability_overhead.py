@@ -43,9 +43,9 @@ import random
 import statistics
 import sys
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import cast
 
 import aiohttp
 import orjson
@@ -67,6 +67,7 @@ from tests.integration.observability.otlp_receiver import OtlpReceiver
 from tests.simulator import DEFAULT_MODEL
 from tests.support.extproc import (
     envoy_headers,
+    replay,
     request_body,
     request_headers,
     response_body,
@@ -266,11 +267,6 @@ class _EncodeOnly:
         return None
 
 
-async def _replay(messages: Sequence[Any]) -> AsyncIterator[Any]:
-    for message in messages:
-        yield message
-
-
 def _request_path_cpu(observer: Observer, requests: int, rounds: int) -> list[float]:
     """CPU microseconds per request through the ext_proc servicer and the Director (no
     network): request headers with an ``x-request-id``, the body, response headers and
@@ -290,8 +286,7 @@ def _request_path_cpu(observer: Observer, requests: int, rounds: int) -> list[fl
         for _ in range(rounds):
             started = time.process_time()
             for _ in range(requests):
-                async for _reply in servicer.Process(_replay(messages), cast(Any, None)):
-                    pass
+                await replay(servicer, messages, parse=False)
             if tracing is not None:
                 tracing.force_flush()
             per_round.append((time.process_time() - started) / requests * 1e6)

@@ -106,6 +106,16 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         help="report usage.prompt_tokens_details.cached_tokens",
     )
+    parser.add_argument(
+        "--kv-events-port",
+        type=int,
+        help="publish KV-cache events (vLLM's ZMQ format) on this port; replay on port + 1",
+    )
+    parser.add_argument("--tokenizer", help="a tokenizer.json: tokenize and hash as vLLM does")
+    parser.add_argument("--hash-seed", help="vLLM's PYTHONHASHSEED for block hashes")
+    parser.add_argument(
+        "--prefix-caching-hash-algo", choices=("sha256", "sha256_cbor"), help="default sha256"
+    )
     # earlier spellings, in seconds
     parser.add_argument("--ttft", type=float, help=argparse.SUPPRESS)
     parser.add_argument("--itl", type=float, help=argparse.SUPPRESS)
@@ -140,7 +150,16 @@ def config_from_args(args: argparse.Namespace) -> SimulatorConfig:
         "num_gpu_blocks": args.num_gpu_blocks,
         "max_model_len": args.max_model_len,
         "enable_prompt_tokens_details": args.enable_prompt_tokens_details,
+        "tokenizer_path": args.tokenizer,
+        "hash_seed": args.hash_seed,
+        "prefix_caching_hash_algo": args.prefix_caching_hash_algo,
     }
+    if args.kv_events_port is not None:
+        overrides.update(
+            kv_events=True,
+            kv_events_port=args.kv_events_port,
+            kv_events_replay_port=args.kv_events_port + 1,
+        )
     overrides.update({key: value for key, value in plain.items() if value is not None})
     resized = "num_gpu_blocks" in overrides or "block_size" in overrides
     if resized and "max_model_len" not in overrides and base.max_model_len is not None:

@@ -61,6 +61,21 @@ class SimulatorConfig:
     """Report ``usage.prompt_tokens_details.cached_tokens`` (vLLM's flag of that name)."""
     max_request_bytes: int = 64 * 1024 * 1024
     """Largest accepted request body; larger bodies get HTTP 413."""
+    tokenizer_path: str | None = None
+    """A ``tokenizer.json``: text prompts are tokenized with it and blocks are hashed as
+    vLLM hashes them (``domain.prefixcache.engine_hash``), so the EPP can compute the same
+    keys. ``None``: pseudo-tokens of four characters (see :mod:`tests.simulator.tokens`)."""
+    prefix_caching_hash_algo: str = "sha256"
+    """vLLM's ``--prefix-caching-hash-algo`` (with ``tokenizer_path``)."""
+    hash_seed: str = "0"
+    """vLLM's ``PYTHONHASHSEED``: seeds the block-hash chain (with ``tokenizer_path``)."""
+    kv_events: bool = False
+    """Publish KV-cache events on ZMQ, as vLLM's ``--kv-events-config`` does (see
+    :mod:`tests.simulator.kvevents`): a PUB and a replay ROUTER socket."""
+    kv_events_port: int = 0
+    """Port of the PUB socket on the instance's address (0: a free one)."""
+    kv_events_replay_port: int = 0
+    """Port of the replay ROUTER socket (0: a free one)."""
     shutdown_timeout: float = 0.25
     """Grace period for in-flight requests when an instance stops (real seconds)."""
 

@@ -18,6 +18,9 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncGenerator, Iterable
 
+from tokenizers import Tokenizer
+
+from domain.prefixcache.engine_hash import EngineBlockHasher
 from tests.simulator.config import SimulatorConfig
 from tests.simulator.kvcache import KVCache, block_hashes
 from tests.simulator.scheduler import Phase, RequestState, Scheduler
@@ -97,6 +100,13 @@ class SimulatedEngine:
         self._itl = Histogram(ITL_BUCKETS)
         self._e2e = Histogram(REQUEST_LATENCY_BUCKETS, keep_samples=True)
         self._queue_time = Histogram(REQUEST_LATENCY_BUCKETS)
+        self._tokenizer: Tokenizer | None = None
+        self._hasher: EngineBlockHasher | None = None
+        if config.tokenizer_path is not None:
+            self._tokenizer = Tokenizer.from_file(config.tokenizer_path)
+            self._hasher = EngineBlockHasher(
+                algorithm=config.prefix_caching_hash_algo, seed=config.hash_seed
+            )
 
     @property
     def config(self) -> SimulatorConfig:
@@ -114,6 +124,10 @@ class SimulatedEngine:
         Raises ``ValueError`` when prompt + ``max_tokens`` exceeds the model length.
         """
         config = self._config
+        if self._tokenizer is not None and prompt.ids is None:
+            ids = tuple(self._tokenizer.encode(prompt.text).ids)
+            if ids:
+                prompt = PromptTokens.from_ids(ids)
         total = prompt.num_tokens + max_tokens
         if total > config.effective_max_model_len:
             raise ValueError(
@@ -122,13 +136,23 @@ class SimulatedEngine:
             )
         adapter = model if model in config.lora_adapters else None
         cache_key = adapter if adapter is not None else config.model_name
+        if self._hasher is not None and prompt.ids is not None:
+            hashes = tuple(
+                self._hasher.chain(
+                    prompt.ids,
+                    config.block_size,
+                    extra_keys=(adapter,) if adapter is not None else None,
+                )
+            )
+        else:
+            hashes = block_hashes(cache_key, prompt.full_blocks(config.block_size))
         return RequestState(
             request_id=request_id,
             model=model,
             prompt=prompt,
             max_tokens=max_tokens,
             lora_adapter=adapter,
-            block_hashes=block_hashes(cache_key, prompt.full_blocks(config.block_size)),
+            block_hashes=hashes,
         )
 
     async def generate(self, state: RequestState) -> AsyncGenerator[str, None]:

@@ -11,6 +11,9 @@
   evicting their hash. A referenced block is never handed out, hence never evicted.
 - A request frees its blocks in reverse order, so the tail of a sequence is evicted
   before its (more shareable) head.
+- A :class:`KVCacheListener` hears every change of the cached content: a block stored
+  (with its parent's hash and token ids), a cached block evicted, the cache reset. The
+  KV-event publisher (:mod:`tests.simulator.kvevents`) turns these into vLLM's events.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from __future__ import annotations
 import hashlib
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
+from typing import Protocol
 
 
 class Block:
@@ -47,10 +51,27 @@ def block_hashes(cache_key: str, contents: Iterable[bytes]) -> tuple[bytes, ...]
     return tuple(chain)
 
 
+class KVCacheListener(Protocol):
+    """Hears changes of a :class:`KVCache`'s cached content (synchronously, in order)."""
+
+    def stored(
+        self, block_hash: bytes, parent_hash: bytes | None, token_ids: Sequence[int]
+    ) -> None:
+        """A block became findable under ``block_hash`` (``parent_hash``: ``None`` first)."""
+
+    def removed(self, block_hash: bytes) -> None:
+        """The cached block ``block_hash`` was evicted."""
+
+    def cleared(self) -> None:
+        """Every cached block was dropped (a prefix-cache reset)."""
+
+
 class KVCache:
     """Block pool with prefix caching and LRU eviction of unreferenced cached blocks."""
 
-    def __init__(self, num_blocks: int, block_size: int) -> None:
+    def __init__(
+        self, num_blocks: int, block_size: int, *, listener: KVCacheListener | None = None
+    ) -> None:
         if num_blocks < 1 or block_size < 1:
             raise ValueError("num_blocks and block_size must be >= 1")
         self._num_blocks = num_blocks
@@ -61,6 +82,7 @@ class KVCache:
         self._by_hash: dict[bytes, Block] = {}
         self._used = 0
         self._evictions = 0
+        self.listener = listener
 
     @property
     def num_blocks(self) -> int:
@@ -141,6 +163,8 @@ class KVCache:
                 _, block = self._evictable.popitem(last=False)
                 assert block.block_hash is not None
                 del self._by_hash[block.block_hash]
+                if self.listener is not None:
+                    self.listener.removed(block.block_hash)
                 block.block_hash = None
                 self._evictions += 1
             block.ref_count = 1
@@ -148,12 +172,41 @@ class KVCache:
         self._used += count
         return taken
 
-    def cache(self, block: Block, block_hash: bytes) -> bool:
-        """Make ``block`` findable under ``block_hash``; ``False`` if that content is cached."""
+    def cache(
+        self,
+        block: Block,
+        block_hash: bytes,
+        *,
+        parent_hash: bytes | None = None,
+        token_ids: Sequence[int] = (),
+    ) -> bool:
+        """Make ``block`` findable under ``block_hash``; ``False`` if that content is cached.
+
+        ``parent_hash`` (the previous block's hash, ``None`` for a first block) and
+        ``token_ids`` (the block's tokens) are only passed on to the listener.
+        """
         if block_hash in self._by_hash or block.block_hash is not None:
             return False
         block.block_hash = block_hash
         self._by_hash[block_hash] = block
+        if self.listener is not None:
+            self.listener.stored(block_hash, parent_hash, token_ids)
+        return True
+
+    def reset(self) -> bool:
+        """Drop every cached block (vLLM's prefix-cache reset); ``False`` while any is in use.
+
+        Like vLLM, a reset is refused while requests hold blocks.
+        """
+        if self._used:
+            return False
+        for block in self._evictable.values():
+            block.block_hash = None
+            self._unhashed_free.append(block)
+        self._evictable.clear()
+        self._by_hash.clear()
+        if self.listener is not None:
+            self.listener.cleared()
         return True
 
     def free(self, blocks: Sequence[Block]) -> None:

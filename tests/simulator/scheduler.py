@@ -184,10 +184,19 @@ class Scheduler:
         kv.acquire(hits)
         fresh = kv.allocate(num_new)
         hashes = state.block_hashes
+        if len(hits) < len(hashes) and kv.listener is not None:
+            tokens = list(state.prompt.block_token_ids(kv.block_size))
+        else:
+            tokens = []
         for index, block in enumerate(fresh, start=len(hits)):
             if index >= len(hashes):
                 break
-            kv.cache(block, hashes[index])
+            kv.cache(
+                block,
+                hashes[index],
+                parent_hash=hashes[index - 1] if index else None,
+                token_ids=tokens[index] if tokens else (),
+            )
         state.blocks = hits + fresh
         state.cached_tokens = len(hits) * kv.block_size
         if state.first_cached_tokens is None:

@@ -15,6 +15,7 @@ from aiohttp.typedefs import Handler
 
 from tests.simulator.config import SimulatorConfig
 from tests.simulator.engine import SimulatedEngine
+from tests.simulator.kvevents import KVEventPublisher
 from tests.simulator.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from tests.simulator.metrics import render_metrics
 from tests.simulator.protocol import (
@@ -94,6 +95,7 @@ class ModelServerSimulator:
         self._bound_port: int | None = None
         self._engine = SimulatedEngine(self._config)
         self._runner: web.AppRunner | None = None
+        self._kv_events: KVEventPublisher | None = None
 
     @property
     def name(self) -> str:
@@ -122,6 +124,16 @@ class ModelServerSimulator:
         """Base URL, e.g. ``http://127.0.0.2:8000``."""
         host = f"[{self._host}]" if ":" in self._host else self._host
         return f"http://{host}:{self.port}"
+
+    @property
+    def kv_events(self) -> KVEventPublisher | None:
+        """The KV-event publisher while running with ``config.kv_events``."""
+        return self._kv_events
+
+    @property
+    def kv_events_topic(self) -> str:
+        """The topic of the KV-event messages: ``kv@<address>@<model>``."""
+        return f"kv@{self._host}@{self._config.model_name}"
 
     @property
     def running(self) -> bool:
@@ -167,12 +179,27 @@ class ModelServerSimulator:
             await runner.cleanup()
             raise
         self._runner = runner
+        if self._config.kv_events:
+            host = f"[{self._host}]" if ":" in self._host else self._host
+            publisher = KVEventPublisher(
+                endpoint=f"tcp://{host}:{self._config.kv_events_port or '*'}",
+                replay_endpoint=f"tcp://{host}:{self._config.kv_events_replay_port or '*'}",
+                topic=self.kv_events_topic,
+                block_size=self._config.block_size,
+            )
+            publisher.start()
+            self._kv_events = publisher
+            self._engine.scheduler.kv_cache.listener = publisher
 
     async def stop(self) -> None:
         """Stop listening and close every connection within ``shutdown_timeout``."""
         runner, self._runner = self._runner, None
         if runner is not None:
             await runner.cleanup()
+        publisher, self._kv_events = self._kv_events, None
+        if publisher is not None:
+            self._engine.scheduler.kv_cache.listener = None
+            await publisher.stop()
 
     async def __aenter__(self) -> Self:
         await self.start()
@@ -200,6 +227,7 @@ class ModelServerSimulator:
         app.router.add_post("/v1/messages", self._messages)
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/health", self._health)
+        app.router.add_post("/reset_prefix_cache", self._reset_prefix_cache)
         app.router.add_get("/metrics", self._metrics)
         app.router.add_get("/sim/stats", self._sim_stats)
         return app
@@ -339,6 +367,12 @@ class ModelServerSimulator:
 
     async def _health(self, request: web.Request) -> web.Response:
         return web.Response(status=200)
+
+    async def _reset_prefix_cache(self, request: web.Request) -> web.Response:
+        """vLLM's dev endpoint: drop every cached block; 409 while requests hold blocks."""
+        if self._engine.scheduler.kv_cache.reset():
+            return web.Response(status=200)
+        return web.Response(status=409, text="requests are running")
 
     async def _metrics(self, request: web.Request) -> web.Response:
         self.metrics_scrapes += 1

@@ -11,6 +11,7 @@ approximate prefix index predicts for completions prompts.
 from __future__ import annotations
 
 import math
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -47,6 +48,26 @@ class PromptTokens:
     def num_tokens(self) -> int:
         """Number of prompt tokens (what ``usage.prompt_tokens`` reports)."""
         return len(self.ids) if self.ids is not None else estimate_tokens(self.text)
+
+    def block_token_ids(self, block_size: int) -> Iterator[tuple[int, ...]]:
+        """The token ids of every *full* block, in order (what a BlockStored event carries).
+
+        A text prompt's pseudo-token is numbered by the CRC-32 of its four characters.
+        """
+        count = self.num_tokens // block_size
+        if self.ids is not None:
+            ids = self.ids
+            for index in range(count):
+                yield ids[index * block_size : (index + 1) * block_size]
+        else:
+            text = self.text
+            step = CHARS_PER_TOKEN
+            for index in range(count):
+                start = index * block_size * step
+                yield tuple(
+                    zlib.crc32(text[offset : offset + step].encode())
+                    for offset in range(start, start + block_size * step, step)
+                )
 
     def full_blocks(self, block_size: int) -> Iterator[bytes]:
         """The content of every *full* ``block_size``-token block, in order.

@@ -6,9 +6,12 @@ import json
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+import grpc
 from envoy.config.core.v3 import base_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from google.protobuf import json_format
+
+from adapters.envoy.extproc import serialize_reply
 
 ENVOY_CHUNK = 16_384
 
@@ -120,3 +123,43 @@ def streamed(reply: Any, kind: str) -> tuple[bytes, bool]:
     mutation = getattr(reply, kind).response.body_mutation
     assert mutation.WhichOneof("mutation") == "streamed_response", reply
     return mutation.streamed_response.body, mutation.streamed_response.end_of_stream
+
+
+# --- driving the servicer in process (no gRPC) -------------------------------------------------
+
+
+class StreamAbortedByServicerError(Exception):
+    """The servicer aborted the stream: ``code`` and ``details`` as the gRPC status."""
+
+    def __init__(self, code: grpc.StatusCode, details: str) -> None:
+        super().__init__(f"{code}: {details}")
+        self.code = code
+        self.details = details
+
+
+class ReplayContext:
+    """A grpc.aio servicer context that replays ``messages`` to
+    ``ExtProcServicer.Process`` (then end of stream) and keeps what it writes: each reply
+    serialized as on the wire, and parsed back unless ``parse`` is false."""
+
+    def __init__(self, messages: Iterable[Any], *, parse: bool = True) -> None:
+        self._messages = iter(messages)
+        self._parse = parse
+        self.replies: list[Any] = []
+
+    async def read(self) -> Any:
+        return next(self._messages, grpc.aio.EOF)
+
+    async def write(self, reply: Any) -> None:
+        raw = serialize_reply(reply)
+        self.replies.append(pb.ProcessingResponse.FromString(raw) if self._parse else raw)
+
+    async def abort(self, code: grpc.StatusCode, details: str = "") -> None:
+        raise StreamAbortedByServicerError(code, details)
+
+
+async def replay(servicer: Any, messages: Iterable[Any], *, parse: bool = True) -> list[Any]:
+    """The replies ``servicer`` writes to one stream carrying ``messages``."""
+    context = ReplayContext(messages, parse=parse)
+    await servicer.Process(None, context)
+    return context.replies

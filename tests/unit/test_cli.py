@@ -33,6 +33,17 @@ def test_defaults_match_the_reference() -> None:
     assert settings.disable_endpoint_subset_filter is False
 
 
+def test_stream_limit_flags() -> None:
+    defaults = parse_settings(STATIC)
+    assert defaults.max_streams_per_connection == 100  # the shipped Envoy config's too
+    assert defaults.max_unrouted_streams == 1000
+    settings = parse_settings(
+        [*STATIC, "--max-streams-per-connection", "0", "--max-unrouted-streams=50"]
+    )
+    assert settings.max_streams_per_connection == 0
+    assert settings.max_unrouted_streams == 50
+
+
 @pytest.mark.parametrize(
     ("argv", "expected"),
     [
@@ -111,6 +122,8 @@ def test_pool_namespace_falls_back_to_the_environment(monkeypatch: pytest.Monkey
         (["--config-file", "/nonexistent/epp.yaml"], "--config-file"),
         (["--cert-path", "/nonexistent"], "--cert-path"),
         (["-v", "loud"], "-v"),
+        (["--max-streams-per-connection", "-1"], "--max-streams-per-connection"),
+        (["--max-unrouted-streams", "many"], "--max-unrouted-streams"),
     ],
 )
 def test_bad_flags_exit_2_naming_the_flag(

@@ -303,6 +303,17 @@ def test_sse_null_usage_chunks_are_skipped() -> None:
     assert _scan([stream]) == Usage(prompt_tokens=1, total_tokens=1)
 
 
+def test_sse_one_event_per_chunk_with_null_usage_in_each() -> None:
+    """As a stream arrives from a model server: one event per chunk, every event but the
+    last with ``"usage": null`` (spaced or not), the last one split after a line end."""
+    events = [{**_chunk_event(t), "usage": None} for t in ["a", "b", "c"]]
+    chunks = [b"data: " + json.dumps(e).encode() + b"\n\n" for e in events]
+    chunks[1] = chunks[1].replace(b'"usage": null', b'"usage" :null')
+    final = b"data: " + json.dumps({**_chunk_event(""), "usage": {"prompt_tokens": 2}}).encode()
+    chunks += [b"\n", final[:9], final[9:] + b"\n\n", b"data: [DONE]\n\n"]
+    assert _scan(chunks) == Usage(prompt_tokens=2, total_tokens=2)
+
+
 def test_sse_first_usage_wins() -> None:
     first = {"object": "text_completion", "usage": {"prompt_tokens": 1, "completion_tokens": 1}}
     second = {"object": "text_completion", "usage": {"prompt_tokens": 9, "completion_tokens": 9}}

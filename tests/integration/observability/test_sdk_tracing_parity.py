@@ -10,7 +10,7 @@ receiver (the latter needs the SDK's OTLP exporter, the ``bench`` extra).
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, cast
 
 import orjson
@@ -26,6 +26,7 @@ from tests.bench.sdk_tracing import SdkTracing, otlp_exporter_available
 from tests.integration.observability.otlp_receiver import OtlpReceiver, ReceivedSpan
 from tests.support.extproc import (
     envoy_headers,
+    replay,
     request_body,
     request_headers,
     response_body,
@@ -68,11 +69,6 @@ def _requests() -> list[list[Any]]:
     ]
 
 
-async def _replay(messages: Sequence[Any]) -> AsyncIterator[Any]:
-    for message in messages:
-        yield message
-
-
 async def _drive(tracing: OtelTracing | SdkTracing) -> list[dict[str, str]]:
     """Runs the requests through the servicer and the Director; returns the trace headers
     each request had set upstream."""
@@ -82,7 +78,7 @@ async def _drive(tracing: OtelTracing | SdkTracing) -> list[dict[str, str]]:
     upstream = []
     for messages in _requests():
         headers: dict[str, str] = {}
-        async for reply in servicer.Process(_replay(messages), cast(Any, None)):
+        for reply in await replay(servicer, messages):
             kind = reply.WhichOneof("response")
             if kind in ("request_headers", "request_body"):
                 for key, value in set_headers(getattr(reply, kind).response):

@@ -1150,6 +1150,7 @@ NEEDING_PARAMETERS = {
     "utilization-filter",
     "endpoint-attribute-filter",
     "endpoint-attribute-scorer",
+    "precise-prefix-cache-producer",  # tokenProcessorConfig: the engine's seed, a tokenizer
 }
 
 

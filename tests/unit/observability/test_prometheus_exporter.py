@@ -77,6 +77,12 @@ EXPECTED: dict[str, tuple[str, set[str]]] = {
     "inference_extension_shared_state_degraded": ("gauge", set()),
     "inference_extension_shared_state_writes_total": ("counter", set()),
     "inference_extension_shared_state_dropped_writes_total": ("counter", set()),
+    "inference_extension_kv_index_entries": ("gauge", set()),
+    "inference_extension_kv_events_total": ("counter", {"endpoint", "kind"}),
+    "inference_extension_kv_events_lag_seconds": ("histogram", set()),
+    "inference_extension_kv_events_gaps_total": ("counter", {"endpoint"}),
+    "inference_extension_kv_events_errors_total": ("counter", {"endpoint", "reason"}),
+    "inference_extension_kv_events_endpoint_trusted": ("gauge", {"endpoint"}),
 }
 
 
@@ -117,6 +123,9 @@ BUCKETS: dict[str, tuple[float, ...]] = {
     ),
     "inference_extension_shared_state_roundtrip_seconds": (
         0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
+    ),
+    "inference_extension_kv_events_lag_seconds": (
+        0.00001, 0.00005, 0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0,
     ),
 }  # fmt: skip
 

@@ -1,0 +1,165 @@
+"""The model server's block-hash chain (vLLM's prefix caching), so EPP keys equal its events'.
+
+vLLM names a full block of ``block_size`` tokens by chaining:
+
+    h(0)  = H((NONE_HASH, tokens(0), extra_keys(0)))
+    h(i)  = H((h(i-1), tokens(i), extra_keys(i)))
+
+where ``tokens(i)`` is the tuple of the block's token ids, ``extra_keys(i)`` is ``None`` or
+a tuple (LoRA name, multimodal hashes, cache salt, ...), ``NONE_HASH = H(seed)`` with
+``seed`` the engine's ``PYTHONHASHSEED`` string (unset: random per process, so nothing
+outside the engine can match), and ``H`` the ``--prefix-caching-hash-algo``:
+
+- ``sha256`` (vLLM's default): SHA-256 of the object pickled with protocol 5;
+- ``sha256_cbor``: SHA-256 of its canonical CBOR encoding (language-neutral).
+
+Hashes are 32 bytes; events carry their low 64 bits as an unsigned integer
+(``external``). Only the standard library is used: ``pickle`` and ``hashlib``, and a
+canonical CBOR encoder for the few types a key holds (None, bool, int, bytes, str,
+tuples and lists).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import pickle
+import struct
+from collections.abc import Callable, Sequence
+from typing import Any
+
+__all__ = [
+    "HASH_ALGORITHMS",
+    "EngineBlockHasher",
+    "canonical_cbor",
+    "external",
+]
+
+_PICKLE_PROTOCOL = 5
+
+
+def _sha256_pickle(value: object) -> bytes:
+    return hashlib.sha256(pickle.dumps(value, protocol=_PICKLE_PROTOCOL)).digest()
+
+
+def _sha256_cbor(value: object) -> bytes:
+    return hashlib.sha256(canonical_cbor(value)).digest()
+
+
+HASH_ALGORITHMS: dict[str, Callable[[object], bytes]] = {
+    "sha256": _sha256_pickle,
+    "sha256_cbor": _sha256_cbor,
+}
+
+
+def external(block_hash: bytes) -> int:
+    """The integer a KV event carries for ``block_hash``: its low 64 bits, big-endian."""
+    return int.from_bytes(block_hash[-8:], "big")
+
+
+class EngineBlockHasher:
+    """Computes the engine's block hashes for token ids. Pure and thread-safe."""
+
+    __slots__ = ("_fn", "_none_hash", "algorithm")
+
+    def __init__(self, *, algorithm: str = "sha256", seed: str) -> None:
+        fn = HASH_ALGORITHMS.get(algorithm)
+        if fn is None:
+            raise ValueError(
+                f"hash algorithm must be one of {sorted(HASH_ALGORITHMS)}, got {algorithm!r}"
+            )
+        self.algorithm = algorithm
+        self._fn = fn
+        self._none_hash = fn(seed)
+
+    def chain(
+        self,
+        token_ids: Sequence[int],
+        block_size: int,
+        *,
+        extra_keys: tuple[Any, ...] | None = None,
+        max_blocks: int | None = None,
+        parent: bytes | None = None,
+    ) -> list[bytes]:
+        """The hashes of the full blocks of ``token_ids`` (a trailing partial block has none).
+
+        ``parent``: continue a chain (the hash of the block before ``token_ids[0]``).
+        """
+        if block_size < 1:
+            raise ValueError("block_size must be >= 1")
+        count = len(token_ids) // block_size
+        if max_blocks is not None:
+            count = min(count, max_blocks)
+        fn = self._fn
+        previous = self._none_hash if parent is None else parent
+        out: list[bytes] = []
+        for index in range(count):
+            block = tuple(token_ids[index * block_size : (index + 1) * block_size])
+            previous = fn((previous, block, extra_keys))
+            out.append(previous)
+        return out
+
+    def keys(
+        self,
+        token_ids: Sequence[int],
+        block_size: int,
+        *,
+        extra_keys: tuple[Any, ...] | None = None,
+        max_blocks: int | None = None,
+    ) -> list[int]:
+        """:meth:`chain` as the integers the engine's events carry."""
+        return [
+            external(h)
+            for h in self.chain(token_ids, block_size, extra_keys=extra_keys, max_blocks=max_blocks)
+        ]
+
+
+def canonical_cbor(value: object) -> bytes:
+    """Canonical CBOR (RFC 8949 core deterministic encoding) of a key's values."""
+    out = bytearray()
+    _cbor(value, out)
+    return bytes(out)
+
+
+def _head(major: int, length: int, out: bytearray) -> None:
+    if length < 24:
+        out.append(major << 5 | length)
+    elif length < 1 << 8:
+        out += bytes((major << 5 | 24, length))
+    elif length < 1 << 16:
+        out.append(major << 5 | 25)
+        out += struct.pack(">H", length)
+    elif length < 1 << 32:
+        out.append(major << 5 | 26)
+        out += struct.pack(">I", length)
+    elif length < 1 << 64:
+        out.append(major << 5 | 27)
+        out += struct.pack(">Q", length)
+    else:
+        raise ValueError("integer out of CBOR's 64-bit range")
+
+
+def _cbor(value: object, out: bytearray) -> None:
+    if value is None:
+        out.append(0xF6)
+    elif value is True:
+        out.append(0xF5)
+    elif value is False:
+        out.append(0xF4)
+    elif isinstance(value, int):
+        if value >= 0:
+            _head(0, value, out)
+        else:
+            _head(1, -1 - value, out)
+    elif isinstance(value, bytes | bytearray):
+        _head(2, len(value), out)
+        out += value
+    elif isinstance(value, str):
+        raw = value.encode()
+        _head(3, len(raw), out)
+        out += raw
+    elif isinstance(value, tuple | list):
+        _head(4, len(value), out)
+        for item in value:
+            _cbor(item, out)
+    else:
+        raise TypeError(f"cannot encode {type(value).__name__} in a block key")

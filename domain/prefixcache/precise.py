@@ -1,0 +1,74 @@
+"""A prompt's block keys as the model server names them: tokenize, then hash the chain.
+
+Tokenizing costs CPU on the routing path, so the token ids of recent prompts are kept in
+an LRU keyed by the exact text, bounded by the total characters held; and with
+``max_blocks`` only the first ``max_blocks * block_size * MAX_CHARS_PER_TOKEN`` characters
+are tokenized (far more than those blocks can span, so their tokens are those of the whole
+text unless a token is longer than that on average).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+
+from domain.prefixcache.engine_hash import EngineBlockHasher
+from ports.tokenizer import Tokenizer
+
+__all__ = ["MAX_CHARS_PER_TOKEN", "PromptKeyer"]
+
+MAX_CHARS_PER_TOKEN = 16
+
+
+class PromptKeyer:
+    """Text → the engine's 64-bit block keys (see ``engine_hash``)."""
+
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        hasher: EngineBlockHasher,
+        *,
+        block_size: int,
+        cache_chars: int = 32 * 1024 * 1024,
+    ) -> None:
+        if block_size < 1:
+            raise ValueError("block_size must be >= 1")
+        self._tokenizer = tokenizer
+        self._hasher = hasher
+        self.block_size = block_size
+        self._cache: OrderedDict[str, tuple[int, ...]] = OrderedDict()
+        self._cache_chars = cache_chars
+        self._held = 0
+        self.hits = 0
+        self.misses = 0
+
+    def tokens(self, text: str) -> tuple[int, ...]:
+        """The prompt's token ids (raises ``ports.tokenizer.TokenizerError``)."""
+        cached = self._cache.get(text)
+        if cached is not None:
+            self._cache.move_to_end(text)
+            self.hits += 1
+            return cached
+        self.misses += 1
+        ids = tuple(self._tokenizer.encode(text))
+        if len(text) <= self._cache_chars:
+            self._cache[text] = ids
+            self._held += len(text)
+            while self._held > self._cache_chars:
+                old, _ = self._cache.popitem(last=False)
+                self._held -= len(old)
+        return ids
+
+    def keys(
+        self, text: str, *, lora_name: str | None = None, max_blocks: int | None = None
+    ) -> list[int]:
+        """The block keys of ``text``'s full blocks; a LoRA adapter's name is an extra key."""
+        if max_blocks is not None:
+            text = text[: max_blocks * self.block_size * MAX_CHARS_PER_TOKEN]
+        return self.keys_for_tokens(self.tokens(text), lora_name=lora_name, max_blocks=max_blocks)
+
+    def keys_for_tokens(
+        self, ids: Sequence[int], *, lora_name: str | None = None, max_blocks: int | None = None
+    ) -> list[int]:
+        extra = (lora_name,) if lora_name else None
+        return self._hasher.keys(ids, self.block_size, extra_keys=extra, max_blocks=max_blocks)

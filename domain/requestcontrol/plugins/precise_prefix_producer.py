@@ -1,0 +1,238 @@
+"""``precise-prefix-cache-producer``: which endpoints *really* hold a request's prompt prefix.
+
+Where ``approx-prefix-cache-producer`` remembers where prompts were sent, this producer
+reads the model servers' own KV-cache events: the app subscribes to every endpoint's event
+publisher and feeds a ``KVBlockIndex`` (block hash → endpoints). Before scheduling, the
+prompt is tokenized with the model's tokenizer and its full blocks are hashed the way the
+engine hashes them (``domain.prefixcache.engine_hash``), so the keys equal the events'
+keys; every candidate gets a ``PrefixCacheMatchInfo`` with the leading blocks it holds,
+which ``prefix-cache-scorer`` turns into a score.
+
+After scheduling, the chosen endpoint is credited with the prompt's blocks for
+``speculativeTtl`` seconds (until its events confirm them), so a burst of one prefix
+does not scatter before the first events arrive.
+
+Requests whose prompt is not a completions text (chat messages: no chat template yet,
+token ids, other APIs) or that the tokenizer cannot encode get no match (score 0).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from domain.datalayer.attributes import PREFIX_CACHE_MATCH_INFO, PrefixCacheMatchInfo
+from domain.plugins.base import Duration, TypedName
+from domain.plugins.hooks import ConsumerPlugin, ProducerPlugin
+from domain.plugins.state import StateKey
+from domain.prefixcache.engine_hash import HASH_ALGORITHMS
+from domain.prefixcache.kv_block_index import InMemoryKVBlockIndex
+from domain.prefixcache.precise import PromptKeyer
+from domain.requesthandling.openai import ApiKind
+from domain.scheduling.types import Candidate, InferenceRequest, SchedulingResult
+from ports.endpoints import EndpointEvent
+from ports.metric_catalogue import PREFIX_INDEXER_HIT_RATIO
+from ports.observer import NoopObserver, Observer
+from ports.tokenizer import TokenizerError
+
+__all__ = [
+    "TYPE",
+    "IndexerConfig",
+    "KVEventsConfig",
+    "PrecisePrefixCacheParameters",
+    "PrecisePrefixCacheProducer",
+    "TokenProcessorConfig",
+]
+
+logger = logging.getLogger(__name__)
+
+TYPE = "precise-prefix-cache-producer"
+_KEYS: StateKey[list[int]] = StateKey("precise-prefix-keys")
+_NO_LABELS: dict[str, str] = {}
+INDEX_BACKENDS = ("in-memory",)
+_REPLAY_TIMEOUT = Duration(1.0)
+_SPECULATIVE_TTL = Duration(2.0)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TokenProcessorConfig:
+    """How the engine hashes blocks: these must equal the model server's settings.
+
+    - ``blockSizeTokens`` (16): vLLM's ``--block-size``; ``blockSize`` is its older name.
+    - ``hashSeed``: the engine's ``PYTHONHASHSEED`` (required: unset, vLLM seeds randomly).
+    - ``hashAlgorithm`` (``sha256``): vLLM's ``--prefix-caching-hash-algo``.
+    - ``tokenizerPath``: the model's ``tokenizer.json`` (or a directory holding it).
+    """
+
+    block_size_tokens: int | None = None
+    block_size: int | None = None
+    hash_seed: str = ""
+    hash_algorithm: str = "sha256"
+    tokenizer_path: str = ""
+
+    def __post_init__(self) -> None:
+        for key, value in (
+            ("blockSizeTokens", self.block_size_tokens),
+            ("blockSize", self.block_size),
+        ):
+            if value is not None and value < 1:
+                raise ValueError(f"{key}: must be >= 1")
+        if not self.hash_seed:
+            raise ValueError(
+                "hashSeed: required: the model servers' PYTHONHASHSEED (without one, vLLM "
+                "seeds its block hashes randomly and no one else can compute them)"
+            )
+        if self.hash_algorithm not in HASH_ALGORITHMS:
+            raise ValueError(f"hashAlgorithm: must be one of {', '.join(sorted(HASH_ALGORITHMS))}")
+        if not self.tokenizer_path:
+            raise ValueError("tokenizerPath: required: the model's tokenizer.json")
+
+    @property
+    def tokens_per_block(self) -> int:
+        if self.block_size_tokens is not None:
+            return self.block_size_tokens
+        return self.block_size if self.block_size is not None else 16
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class KVEventsConfig:
+    """Where the events come from: each endpoint's publisher at ``tcp://<ip>:socketPort``
+    (vLLM's ``--kv-events-config`` ``endpoint``), its replay socket at ``replayPort``
+    (``null``: none), messages whose topic starts with ``topicFilter``."""
+
+    socket_port: int = 5557
+    replay_port: int | None = None
+    topic_filter: str = ""
+    replay_timeout: Duration = _REPLAY_TIMEOUT
+
+    def __post_init__(self) -> None:
+        for key, port in (("socketPort", self.socket_port), ("replayPort", self.replay_port)):
+            if port is not None and not 0 < port < 65536:
+                raise ValueError(f"{key}: must be within 1..65535")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class IndexerConfig:
+    """The index: ``backend`` (``in-memory``; Redis is not built yet) and
+    ``maxBlocksPerEndpoint`` (1,048,576), the most blocks remembered per endpoint."""
+
+    backend: str = "in-memory"
+    max_blocks_per_endpoint: int = 1 << 20
+
+    def __post_init__(self) -> None:
+        if self.backend not in INDEX_BACKENDS:
+            raise ValueError(f"backend: must be one of {', '.join(INDEX_BACKENDS)}")
+        if self.max_blocks_per_endpoint < 1:
+            raise ValueError("maxBlocksPerEndpoint: must be >= 1")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PrecisePrefixCacheParameters:
+    """``tokenProcessorConfig`` (required), ``kvEventsConfig``, ``indexerConfig``,
+    ``speculativeTtl`` (2s; 0 turns speculative entries off), ``maxPrefixBlocksToMatch``
+    (8192) and ``tokenizationCacheChars`` (32 Mi characters of recent prompts)."""
+
+    token_processor_config: TokenProcessorConfig
+    kv_events_config: KVEventsConfig = field(default_factory=KVEventsConfig)
+    indexer_config: IndexerConfig = field(default_factory=IndexerConfig)
+    speculative_ttl: Duration = _SPECULATIVE_TTL
+    max_prefix_blocks_to_match: int = 8192
+    tokenization_cache_chars: int = 32 * 1024 * 1024
+
+    def __post_init__(self) -> None:
+        if self.max_prefix_blocks_to_match < 1:
+            raise ValueError("maxPrefixBlocksToMatch: must be >= 1")
+        if self.tokenization_cache_chars < 0:
+            raise ValueError("tokenizationCacheChars: must be >= 0")
+
+
+class PrecisePrefixCacheProducer(ProducerPlugin, ConsumerPlugin):
+    """DataProducer + PreRequest writing ``PrefixCacheMatchInfo`` from the events' index."""
+
+    def __init__(
+        self,
+        typed_name: TypedName,
+        parameters: PrecisePrefixCacheParameters,
+        *,
+        keyer: PromptKeyer,
+        index: InMemoryKVBlockIndex,
+        observer: Observer | None = None,
+        endpoint_listener: Callable[[EndpointEvent], None] | None = None,
+        start: Callable[[], None] | None = None,
+    ) -> None:
+        self._typed_name = typed_name
+        self.parameters = parameters
+        self.keyer = keyer
+        self.index = index
+        self._observer = observer if observer is not None else NoopObserver()
+        self._block = keyer.block_size
+        self._warned = False
+        self._endpoint_listener = endpoint_listener
+        self._start = start
+
+    def on_endpoint_event(self, event: EndpointEvent, _endpoint: object = None) -> None:
+        """A datastore listener (owned by this plugin, so a config reload drops it)."""
+        if self._endpoint_listener is not None:
+            self._endpoint_listener(event)
+
+    @property
+    def typed_name(self) -> TypedName:
+        return self._typed_name
+
+    def produces(self) -> Sequence[str]:
+        return [PREFIX_CACHE_MATCH_INFO]
+
+    def consumes(self) -> Sequence[str]:
+        return []
+
+    def _keys(self, request: InferenceRequest) -> list[int]:
+        body = request.body
+        if body is None or body.opaque or body.api is not ApiKind.COMPLETIONS:
+            return []
+        prompt = body.payload.get("prompt")
+        if not isinstance(prompt, str) or not prompt:
+            return []
+        # the engine's hash of a LoRA adapter's blocks carries the adapter's name; which
+        # model names are adapters is not known here yet, so base-model keys are used
+        try:
+            return self.keyer.keys(prompt, max_blocks=self.parameters.max_prefix_blocks_to_match)
+        except TokenizerError as exc:
+            if not self._warned:
+                self._warned = True
+                logger.warning("%s: a prompt could not be tokenized: %s", self._typed_name, exc)
+            return []
+
+    async def prepare_request_data(
+        self, request: InferenceRequest, candidates: Sequence[Candidate]
+    ) -> None:
+        if self._start is not None:
+            start, self._start = self._start, None
+            start()
+        keys = self._keys(request)
+        if not keys:
+            none = PrefixCacheMatchInfo(0, 0, self._block)
+            for candidate in candidates:
+                candidate.attributes[PREFIX_CACHE_MATCH_INFO] = none
+            return
+        request.state.put(self._typed_name.name, _KEYS, keys)
+        total = len(keys)
+        matches = self.index.match(keys, [c.info.name for c in candidates])
+        best = 0
+        for candidate in candidates:
+            matched = matches.get(candidate.info.name, 0)
+            best = max(best, matched)
+            candidate.attributes[PREFIX_CACHE_MATCH_INFO] = PrefixCacheMatchInfo(
+                matched, total, self._block
+            )
+        self._observer.histogram(PREFIX_INDEXER_HIT_RATIO, _NO_LABELS, best / total)
+
+    async def pre_request(self, request: InferenceRequest, result: SchedulingResult) -> None:
+        ttl = self.parameters.speculative_ttl
+        if ttl <= 0:
+            return
+        keys = request.state.get(self._typed_name.name, _KEYS)
+        primary = result.primary
+        if not keys or primary is None or not primary.target_endpoints:
+            return
+        self.index.speculate(primary.target_endpoints[0].info.name, keys, ttl)

@@ -1,0 +1,111 @@
+"""The EPP computes the same block keys as the server's events, for the same prompt."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from adapters.hftokenizers import HFTokenizer
+from adapters.kvevents import KVEventSubscriptions
+from domain.prefixcache.engine_hash import EngineBlockHasher
+from domain.prefixcache.kv_block_index import InMemoryKVBlockIndex
+from domain.prefixcache.precise import PromptKeyer
+from ports.kv_events import BlockStored, KVEvent
+from ports.tokenizer import TokenizerError
+from tests.simulator import ModelServerSimulator, SimulatorConfig
+from tests.support.tokenizer import write_tokenizer_json
+
+BLOCK = 4
+PROMPT = (
+    "You are a helpful assistant. Summarize the following document about prefix caching "
+    "and KV-cache events: routing decisions depend on which server holds the blocks."
+)
+
+
+@pytest.fixture(scope="module")
+def tokenizer_json(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_tokenizer_json(tmp_path_factory.mktemp("tok") / "tokenizer.json")
+
+
+class Recorder(InMemoryKVBlockIndex):
+    def __init__(self) -> None:
+        super().__init__()
+        self.stored: list[int] = []
+
+    def apply(self, endpoint: str, events: object) -> None:
+        assert isinstance(events, tuple)
+        batch: tuple[KVEvent, ...] = events
+        for event in batch:
+            if isinstance(event, BlockStored):
+                self.stored.extend(event.block_hashes)
+        super().apply(endpoint, batch)
+
+
+@pytest.mark.parametrize("algorithm", ["sha256", "sha256_cbor"])
+async def test_epp_keys_equal_the_servers_event_keys(tokenizer_json: Path, algorithm: str) -> None:
+    config = SimulatorConfig(
+        kv_events=True,
+        block_size=BLOCK,
+        num_gpu_blocks=256,
+        tokenizer_path=str(tokenizer_json),
+        prefix_caching_hash_algo=algorithm,
+        hash_seed="42",
+    )
+    keyer = PromptKeyer(
+        HFTokenizer.from_file(tokenizer_json),
+        EngineBlockHasher(algorithm=algorithm, seed="42"),
+        block_size=BLOCK,
+    )
+    expected = keyer.keys(PROMPT)
+    assert len(expected) >= 5
+    index = Recorder()
+    async with ModelServerSimulator(config, name="s", host="127.0.0.8", port=0) as sim:
+        publisher = sim.kv_events
+        assert publisher is not None
+        subscriptions = KVEventSubscriptions(sink=index)
+        subscriptions.add_address("s", publisher.endpoint, publisher.replay_endpoint)
+        subscriber = subscriptions.subscriber("s")
+        assert subscriber is not None
+        try:
+            deadline = time.monotonic() + 5
+            while subscriber.batches == 0:
+                assert time.monotonic() < deadline, "the subscriber never connected"
+                publisher.publish([])
+                await asyncio.sleep(0.02)
+            async with aiohttp.ClientSession() as session:
+                body = {"model": config.model_name, "prompt": PROMPT, "max_tokens": 1}
+                async with session.post(f"{sim.url}/v1/completions", json=body) as response:
+                    assert response.status == 200
+            deadline = time.monotonic() + 5
+            while len(index.stored) < len(expected):
+                assert time.monotonic() < deadline, "no stored event"
+                await asyncio.sleep(0.01)
+        finally:
+            await subscriptions.close()
+    assert index.stored[: len(expected)] == expected
+    assert index.match(expected, ["s"]) == {"s": len(expected)}
+    # a LoRA adapter's name is an extra key: other keys
+    assert set(keyer.keys(PROMPT, lora_name="ad")).isdisjoint(expected)
+
+
+def test_tokenization_is_cached_per_prompt(tokenizer_json: Path) -> None:
+    keyer = PromptKeyer(
+        HFTokenizer.from_file(tokenizer_json), EngineBlockHasher(seed="0"), block_size=BLOCK
+    )
+    first = keyer.keys(PROMPT)
+    assert keyer.keys(PROMPT) == first
+    assert (keyer.hits, keyer.misses) == (1, 1)
+
+
+def test_a_missing_tokenizer_names_the_path(tmp_path: Path) -> None:
+    missing = tmp_path / "nope" / "tokenizer.json"
+    with pytest.raises(TokenizerError, match=str(missing)):
+        HFTokenizer.from_file(missing)
+    broken = tmp_path / "tokenizer.json"
+    broken.write_text("{not json")
+    with pytest.raises(TokenizerError, match=str(broken)):
+        HFTokenizer.from_file(tmp_path)

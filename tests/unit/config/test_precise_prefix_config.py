@@ -1,0 +1,91 @@
+"""``precise-prefix-cache-producer`` in an EndpointPickerConfig: its parameters and errors."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from app.config import ConfigError, load_config
+from app.plugins import build_registry
+from domain.requestcontrol.plugins.precise_prefix_producer import PrecisePrefixCacheProducer
+from tests.support.tokenizer import write_tokenizer_json
+from tests.unit.config import make_handle
+
+
+def config(parameters: str) -> str:
+    return textwrap.dedent(
+        """\
+        plugins:
+        - type: precise-prefix-cache-producer
+          parameters:
+        {parameters}
+        - type: prefix-cache-scorer
+        - type: max-score-picker
+        schedulingProfiles:
+        - name: default
+          plugins: [{{pluginRef: prefix-cache-scorer}}, {{pluginRef: max-score-picker}}]
+        """
+    ).format(parameters=textwrap.indent(textwrap.dedent(parameters), "    "))
+
+
+def load(text: str) -> object:
+    return load_config(
+        text, registry=build_registry(include_entry_points=False), handle=make_handle()
+    )
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_tokenizer_json(tmp_path_factory.mktemp("tok") / "tokenizer.json")
+
+
+def test_parameters_and_the_scorer_reads_its_matches(tokenizer: Path) -> None:
+    loaded = load(
+        config(
+            f"""\
+            tokenProcessorConfig:
+              blockSizeTokens: 64
+              hashSeed: "42"
+              hashAlgorithm: sha256_cbor
+              tokenizerPath: {tokenizer}
+            kvEventsConfig: {{socketPort: 5557, replayPort: 5558, topicFilter: "kv@"}}
+            indexerConfig: {{backend: in-memory, maxBlocksPerEndpoint: 1000}}
+            speculativeTtl: 500ms
+            """
+        )
+    )
+    plugins = loaded.plugins  # type: ignore[attr-defined]
+    producer = plugins["precise-prefix-cache-producer"]
+    assert isinstance(producer, PrecisePrefixCacheProducer)
+    assert producer.keyer.block_size == 64
+    assert producer.parameters.speculative_ttl == 0.5
+    assert producer.parameters.kv_events_config.replay_port == 5558
+    # the scorer's match info comes from this producer: no approximate one is added
+    assert "approx-prefix-cache-producer" not in plugins
+
+
+@pytest.mark.parametrize(
+    ("parameters", "message"),
+    [
+        ("tokenProcessorConfig: {tokenizerPath: /x}\n", "hashSeed: required"),
+        ('tokenProcessorConfig: {hashSeed: "1"}\n', "tokenizerPath: required"),
+        (
+            'tokenProcessorConfig: {hashSeed: "1", tokenizerPath: /x, hashAlgorithm: md5}\n',
+            "hashAlgorithm",
+        ),
+        (
+            'tokenProcessorConfig: {hashSeed: "1", tokenizerPath: /nowhere/tokenizer.json}\n',
+            "/nowhere/tokenizer.json",
+        ),
+        (
+            'tokenProcessorConfig: {hashSeed: "1", tokenizerPath: /x}\n'
+            "indexerConfig: {backend: redis}\n",
+            "backend: must be one of in-memory",
+        ),
+    ],
+)
+def test_bad_parameters_stop_the_load_naming_the_field(parameters: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        load(config(parameters))

@@ -1,0 +1,54 @@
+"""The engine's block-hash chain: structure, seed, extra keys, both algorithms."""
+
+from __future__ import annotations
+
+import hashlib
+import pickle
+
+import pytest
+
+from domain.prefixcache.engine_hash import EngineBlockHasher, canonical_cbor, external
+
+
+def test_sha256_chain_is_sha256_of_the_pickled_parent_tokens_extra_triple() -> None:
+    hasher = EngineBlockHasher(algorithm="sha256", seed="0")
+    seed = hashlib.sha256(pickle.dumps("0", protocol=5)).digest()
+    first = hashlib.sha256(pickle.dumps((seed, (1, 2), None), protocol=5)).digest()
+    second = hashlib.sha256(pickle.dumps((first, (3, 4), None), protocol=5)).digest()
+    assert hasher.chain([1, 2, 3, 4, 5], 2) == [first, second]  # no hash for a partial block
+    assert hasher.keys([1, 2, 3, 4], 2) == [external(first), external(second)]
+    assert external(first) == int.from_bytes(first[24:], "big")
+
+
+def test_seed_algorithm_and_extra_keys_change_every_hash() -> None:
+    tokens = list(range(8))
+    base = EngineBlockHasher(seed="0").chain(tokens, 4)
+    assert set(base).isdisjoint(EngineBlockHasher(seed="1").chain(tokens, 4))
+    assert set(base).isdisjoint(
+        EngineBlockHasher(algorithm="sha256_cbor", seed="0").chain(tokens, 4)
+    )
+    assert set(base).isdisjoint(EngineBlockHasher(seed="0").chain(tokens, 4, extra_keys=("lora",)))
+    assert EngineBlockHasher(seed="0").chain(tokens, 4, max_blocks=1) == base[:1]
+
+
+def test_canonical_cbor_encodings() -> None:
+    # RFC 8949 appendix A examples
+    assert canonical_cbor(0) == bytes.fromhex("00")
+    assert canonical_cbor(23) == bytes.fromhex("17")
+    assert canonical_cbor(24) == bytes.fromhex("1818")
+    assert canonical_cbor(1000) == bytes.fromhex("1903e8")
+    assert canonical_cbor(1000000) == bytes.fromhex("1a000f4240")
+    assert canonical_cbor(1000000000000) == bytes.fromhex("1b000000e8d4a51000")
+    assert canonical_cbor(-1) == bytes.fromhex("20")
+    assert canonical_cbor(-1000) == bytes.fromhex("3903e7")
+    assert canonical_cbor(None) == bytes.fromhex("f6")
+    assert canonical_cbor(b"\x01\x02\x03\x04") == bytes.fromhex("4401020304")
+    assert canonical_cbor("IETF") == bytes.fromhex("6449455446")
+    assert canonical_cbor((1, [2, 3], [4, 5])) == bytes.fromhex("8301820203820405")
+    with pytest.raises(TypeError):
+        canonical_cbor(1.5)
+
+
+def test_unknown_algorithm() -> None:
+    with pytest.raises(ValueError, match="sha256_cbor"):
+        EngineBlockHasher(algorithm="md5", seed="0")

@@ -1,0 +1,113 @@
+"""``precise-prefix-cache-producer``: matches from the events' index, speculation, fallbacks."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from domain.datalayer.attributes import PREFIX_CACHE_MATCH_INFO, PrefixCacheMatchInfo
+from domain.plugins.base import Duration, TypedName
+from domain.prefixcache.engine_hash import EngineBlockHasher
+from domain.prefixcache.kv_block_index import InMemoryKVBlockIndex
+from domain.prefixcache.precise import PromptKeyer
+from domain.requestcontrol.plugins.precise_prefix_producer import (
+    TYPE,
+    PrecisePrefixCacheParameters,
+    PrecisePrefixCacheProducer,
+    TokenProcessorConfig,
+)
+from domain.scheduling.types import ProfileRunResult, SchedulingResult
+from ports.kv_events import BlockStored
+from ports.tokenizer import TokenizerError
+from tests.support.scheduling import candidate, inference_request
+
+BLOCK = 4
+
+
+class CharTokenizer:
+    """One token per character (its code point); ``!`` cannot be encoded."""
+
+    def encode(self, text: str) -> Sequence[int]:
+        if "!" in text:
+            raise TokenizerError("cannot encode '!'")
+        return [ord(c) for c in text]
+
+
+def producer(ttl: float = 2.0) -> tuple[PrecisePrefixCacheProducer, InMemoryKVBlockIndex]:
+    now = [0.0]
+    index = InMemoryKVBlockIndex(clock=lambda: now[0])
+    params = PrecisePrefixCacheParameters(
+        token_processor_config=TokenProcessorConfig(
+            block_size_tokens=BLOCK, hash_seed="1", tokenizer_path="unused"
+        ),
+        speculative_ttl=Duration(ttl),
+    )
+    keyer = PromptKeyer(CharTokenizer(), EngineBlockHasher(seed="1"), block_size=BLOCK)
+    return PrecisePrefixCacheProducer(
+        TypedName(TYPE, TYPE), params, keyer=keyer, index=index
+    ), index
+
+
+def stored(keys: Sequence[int]) -> BlockStored:
+    return BlockStored(
+        block_hashes=tuple(keys), parent_block_hash=None, token_ids=(), block_size=BLOCK
+    )
+
+
+async def test_candidates_get_the_blocks_their_events_reported() -> None:
+    plugin, index = producer()
+    keys = plugin.keyer.keys("abcdefghijkl")
+    index.apply("a", [stored(keys)])
+    index.apply("b", [stored(keys[:1])])
+    cands = [candidate("a"), candidate("b"), candidate("c")]
+    request = inference_request({"model": "m", "prompt": "abcdefghijklmn"})
+    await plugin.prepare_request_data(request, cands)
+    infos = [c.attributes[PREFIX_CACHE_MATCH_INFO] for c in cands]
+    assert infos == [
+        PrefixCacheMatchInfo(3, 3, BLOCK),
+        PrefixCacheMatchInfo(1, 3, BLOCK),
+        PrefixCacheMatchInfo(0, 3, BLOCK),
+    ]
+
+
+async def test_the_chosen_endpoint_is_credited_until_events_arrive() -> None:
+    plugin, index = producer()
+    index.apply("a", [])  # known, no blocks
+    cands = [candidate("a"), candidate("b")]
+    request = inference_request({"model": "m", "prompt": "abcdefgh"})
+    await plugin.prepare_request_data(request, cands)
+    result = SchedulingResult(
+        profile_results={"default": ProfileRunResult((cands[0],))}, primary_profile_name="default"
+    )
+    await plugin.pre_request(request, result)
+    again = [candidate("a"), candidate("b")]
+    await plugin.prepare_request_data(
+        inference_request({"model": "m", "prompt": "abcdefgh"}), again
+    )
+    assert again[0].attributes[PREFIX_CACHE_MATCH_INFO] == PrefixCacheMatchInfo(2, 2, BLOCK)
+
+
+async def test_unkeyable_requests_match_nothing() -> None:
+    plugin, _ = producer()
+    chat = {"model": "m", "messages": [{"role": "user", "content": "abcdefgh"}]}
+    for request in (
+        inference_request({"model": "m", "prompt": "abcdefgh!"}),  # the tokenizer fails
+        inference_request(chat, path="/v1/chat/completions"),  # no chat template yet
+        inference_request({"model": "m", "prompt": "abc"}),  # shorter than a block
+    ):
+        cands = [candidate("a")]
+        await plugin.prepare_request_data(request, cands)
+        assert cands[0].attributes[PREFIX_CACHE_MATCH_INFO] == PrefixCacheMatchInfo(0, 0, BLOCK)
+
+
+def test_only_the_text_the_matched_blocks_can_span_is_tokenized() -> None:
+    seen: list[int] = []
+
+    class Counting(CharTokenizer):
+        def encode(self, text: str) -> Sequence[int]:
+            seen.append(len(text))
+            return super().encode(text)
+
+    keyer = PromptKeyer(Counting(), EngineBlockHasher(seed="1"), block_size=BLOCK)
+    text = "x" * 10_000
+    assert keyer.keys(text, max_blocks=2) == keyer.keys(text)[:2]
+    assert seen[0] == 2 * BLOCK * 16
