@@ -3,6 +3,7 @@
 from app.config.loader import (
     DEFAULT_CONFIG,
     FEATURE_GATES,
+    REFERENCE_DEFAULT_CONFIG_TEXT,
     ConfigError,
     DataLayerSpec,
     LoadedConfig,
@@ -16,6 +17,7 @@ from app.config.schema import EndpointPickerConfigSpec, FlowControlSpec
 __all__ = [
     "DEFAULT_CONFIG",
     "FEATURE_GATES",
+    "REFERENCE_DEFAULT_CONFIG_TEXT",
     "ConfigError",
     "DataLayerSpec",
     "EndpointPickerConfigSpec",

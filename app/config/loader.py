@@ -53,6 +53,7 @@ from domain.scheduling.profile import SchedulerProfile
 __all__ = [
     "DEFAULT_CONFIG",
     "FEATURE_GATES",
+    "REFERENCE_DEFAULT_CONFIG_TEXT",
     "ConfigError",
     "DataLayerSpec",
     "LoadedConfig",
@@ -65,25 +66,55 @@ logger = logging.getLogger(__name__)
 #: The feature gates the reference registers. ``dataLayer`` is accepted and has no effect.
 FEATURE_GATES = ("dataLayer", "enableLegacyMetrics", "flowControl")
 
-#: What runs without any config (the reference's ``loader/defaults.go``); the data-layer
-#: default is added like for any config without a ``dataLayer`` section.
+#: What runs without any config: "sticky until saturated", chosen from
+#: ``tests.bench.routing_quality`` (README "Routing quality"): a request stays on the
+#: endpoints holding at least ``affinityThreshold`` of its prefix
+#: (``prefix-cache-affinity-filter``) unless their estimated TTFT is ``maxTTFTPenaltyMs``
+#: worse than another's, then goes to the one with the fewest in-flight uncached tokens
+#: counting this prompt's (``token-load-scorer``). The approximate prefix index remembers
+#: ``lruCapacityPerServer`` blocks per endpoint (``autoTune: false``) rather than the
+#: server's KV size, so a prefix keeps going back to the endpoint that had it. The
+#: reference's own default (queue 2, KV-cache utilization 2, prefix 3) is
+#: ``REFERENCE_DEFAULT_CONFIG_TEXT``. The data-layer default is added like for any config without
+#: a ``dataLayer`` section.
 DEFAULT_CONFIG: dict[str, Any] = {
     "plugins": [
-        {"type": "queue-scorer"},
-        {"type": "kv-cache-utilization-scorer"},
-        {"type": "prefix-cache-scorer"},
+        {"type": "approx-prefix-cache-producer", "parameters": {"autoTune": False}},
+        {"type": "inflight-load-producer", "parameters": {"addEstimatedOutputTokens": False}},
+        {"type": "prefix-cache-affinity-filter"},
+        {"type": "token-load-scorer"},
+        {"type": "max-score-picker"},
     ],
     "schedulingProfiles": [
         {
             "name": "default",
             "plugins": [
-                {"pluginRef": "queue-scorer", "weight": 2.0},
-                {"pluginRef": "kv-cache-utilization-scorer", "weight": 2.0},
-                {"pluginRef": "prefix-cache-scorer", "weight": 3.0},
+                {"pluginRef": "prefix-cache-affinity-filter"},
+                {"pluginRef": "token-load-scorer"},
+                {"pluginRef": "max-score-picker"},
             ],
         }
     ],
 }
+
+#: The reference's no-config default (``loader/defaults.go``), as a config document.
+REFERENCE_DEFAULT_CONFIG_TEXT = """\
+apiVersion: inference.networking.x-k8s.io/v1alpha1
+kind: EndpointPickerConfig
+plugins:
+- type: queue-scorer
+- type: kv-cache-utilization-scorer
+- type: prefix-cache-scorer
+schedulingProfiles:
+- name: default
+  plugins:
+  - pluginRef: queue-scorer
+    weight: 2
+  - pluginRef: kv-cache-utilization-scorer
+    weight: 2
+  - pluginRef: prefix-cache-scorer
+    weight: 3
+"""
 
 DEFAULT_PARSER = "openai-parser"
 #: Added beside the default parser when no parser is configured (``/v1/messages``).

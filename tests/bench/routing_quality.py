@@ -1,46 +1,65 @@
-"""Benchmark (not a test): routing quality of the EPP's default profile against random routing.
+"""Benchmark (not a test): routing quality of the EPP's profiles against SGLang's gateway.
 
-Runs the same shared-prefix workload twice through Envoy, each time on a fresh stack
-(``tests.support.stack``: simulated vLLM instances with the ``h100-8b`` timing preset and
-a small KV cache, the EPP, Envoy from the shipped config):
+Runs each workload once per column, each column on a fresh stack (``tests.support.stack``:
+simulated vLLM instances with the ``h100-8b`` timing preset and a small KV cache):
 
-- ``default``: the EPP without a config (queue, KV-cache-utilization and prefix-cache
-  scorers, max-score picker);
-- ``sticky``: "sticky until saturated" (``tests.bench.profiles.sticky_config``):
-  ``prefix-cache-affinity-filter`` with its TTFT gate, ``token-load-scorer`` with the prompt
-  look-ahead, ``max-score-picker``; ``peakPrefillThroughput`` is the simulator's 4,000
-  tokens/s;
-- ``random``: the EPP with a config of only ``random-picker`` (uniformly random routing).
+- ``default``: the EPP without a config ("sticky until saturated", ``app.config.loader``'s
+  ``DEFAULT_CONFIG``), through Envoy;
+- ``sticky``: the same filter and scorer as a config (``tests.bench.profiles.sticky_config``)
+  with ``peakPrefillThroughput`` the simulator's 4,000 tokens/s and the prefix index sized
+  by the servers' KV blocks (``autoTune``);
+- ``reference``: the reference's default (queue 2 + KV-cache utilization 2 + prefix 3,
+  ``REFERENCE_DEFAULT_CONFIG_TEXT``; this repository's default until 2026-11-24);
+- ``random``: ``random-picker`` only;
+- ``sglang-cache_aware``, ``sglang-round_robin``: SGLang's model gateway (the
+  ``sglang-router`` wheel, the ``bench`` extra, installed with pip on first use; the columns
+  are skipped with a message when it cannot be installed or started) with that ``--policy``
+  and its default thresholds, the client talking to it directly (no Envoy, no EPP).
 
-Workload: ``--groups`` (20) groups of ``--prompts-per-group`` (5) prompts; each prompt is
-the group's ~2,000-token system prompt (8,000 characters: 125 whole 64-character blocks, so
-the EPP's approximate prefix index and the simulators' block hashes cut it alike) followed
-by its own ~200-token question, sent ``--rounds`` times each (6; ``--quick``: 2), every
-round in a seeded random order (the same order both times), as streamed
-``/v1/completions`` requests with ``max_tokens`` = ``--max-tokens`` (30), by
-``--concurrency`` (24) closed-loop workers. Each simulator has ``--num-gpu-blocks`` (480)
-KV blocks of 16 tokens: about 3.8 group prefixes, fewer than the 5 groups per instance a
-perfect partition would need, so cache pressure matters and requests queue for blocks.
+Workloads (``--workload``, default all; one table each), streamed ``/v1/completions`` with
+``max_tokens`` = ``--max-tokens`` (30) by ``--concurrency`` (24) closed-loop workers; every
+text is whole 64-character blocks where it is shared, so the EPP's approximate prefix index
+and the simulators' block hashes cut it alike:
+
+- ``shared-prefix``: ``--groups`` (20) groups of ``--prompts-per-group`` (5) prompts, each
+  the group's ~2,000-token system prompt (8,000 characters) and its own ~200-token question,
+  sent ``--rounds`` times (6; ``--quick``: 2), every round shuffled;
+- ``multi-turn``: ``--sessions`` (48; quick 24) agentic chat sessions of ``--turns`` (6;
+  quick 4) turns; each turn resends the whole conversation (instructions shared by every
+  session, the session's own context, every earlier user part and reply) and starts when the
+  previous turn has finished;
+- ``no-share``: ``--requests`` (400; quick 100) prompts of the same size sharing nothing
+  (routing can only balance);
+- ``zipf``: ``--requests`` prompts on ``--prefixes`` (40) system prompts drawn with weight
+  1/rank^``--zipf`` (1.1): a few hot prefixes and a long tail.
+
+Each simulator has ``--num-gpu-blocks`` (480) KV blocks of 16 tokens: about 3.8 of the
+shared-prefix groups' prefixes, so cache pressure matters and requests queue for blocks.
 ``--time-scale`` (0.5; ``--quick``: 0.2) shortens every simulated wait.
 
 Prints, side by side: the prefix-cache hit rate from the simulators' own counters
 (``GET /sim/stats``: hits / queries in tokens, summed over instances), the simulators' TTFT
 p50/p90/p99 and mean queue time (in simulated time: what an H100 would show), the
-client's time to first byte p50/p90 and latency p50 (real time, through Envoy and the EPP),
-requests per instance, how many instances served each group, KV evictions, preemptions and
-errors. A full run takes about a minute on 2 cores, ``--quick`` about 15 s.
+client's time to first byte p50/p90 and latency p50 (real time), requests per instance, how
+many instances served each group (session, prefix), KV evictions, preemptions and errors.
+All workloads and columns take about 10 minutes on 2 cores, ``--quick`` about 3.
 
     .venv/bin/python -m tests.bench.routing_quality [--quick] [--seed 1]
-        [--modes default,sticky,random]
+        [--workload shared-prefix|multi-turn|no-share|zipf|all]
+        [--modes default,sticky,reference,random,sglang-cache_aware,sglang-round_robin]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
 import math
 import random
+import subprocess
+import sys
 import time
+import urllib.request
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -49,16 +68,26 @@ from typing import Any
 import aiohttp
 import orjson
 
+from app.config import REFERENCE_DEFAULT_CONFIG_TEXT
 from tests.bench.profiles import RANDOM_CONFIG, sticky_config
 from tests.simulator import DEFAULT_MODEL
 from tests.simulator.server import INSTANCE_HEADER
-from tests.support.stack import Stack, StackOptions
+from tests.support.stack import Stack, StackOptions, free_port, wait_for
 
 MODES: dict[str, list[str]] = {
     "default": [],
     "sticky": ["--config-text", sticky_config()],
+    "reference": ["--config-text", REFERENCE_DEFAULT_CONFIG_TEXT],
     "random": ["--config-text", RANDOM_CONFIG],
 }
+#: SGLang's model gateway in front of the same simulators: mode -> its ``--policy``.
+SGLANG_MODES: dict[str, str] = {
+    "sglang-cache_aware": "cache_aware",
+    "sglang-round_robin": "round_robin",
+}
+#: The bench extra's requirement (pyproject.toml), installed on first use.
+SGLANG_REQUIREMENT = "sglang-router>=0.3"
+WORKLOADS = ("shared-prefix", "multi-turn", "no-share", "zipf")
 
 SYSTEM_CHARS = 8000  # 2,000 pseudo-tokens = 125 blocks of 16 tokens (64 characters)
 QUESTION_CHARS = 800  # 200 pseudo-tokens
@@ -99,6 +128,61 @@ def build_workload(
         rng.shuffle(batch)
         order.extend(batch)
     return order
+
+
+#: One workload: sessions, each a list of ``(group, prompt)`` sent one after the other.
+Sessions = list[list[tuple[int, str]]]
+
+MULTI_TURN_SYSTEM_CHARS = 2048  # 512 tokens, the same agent instructions in every session
+MULTI_TURN_CONTEXT_CHARS = 2048  # 512 tokens of the session's own context
+MULTI_TURN_USER_CHARS = 256  # 64 tokens: the next instruction or tool result
+MULTI_TURN_REPLY_CHARS = 256  # 64 tokens: the previous answer, resent with the history
+
+
+def multi_turn_sessions(*, sessions: int, turns: int, seed: int) -> Sessions:
+    """Agentic chat: every session resends its whole conversation each turn (the shared
+    instructions, its context, then every earlier user part and reply); every part is whole
+    64-character blocks. The group of a request is its session."""
+    rng = random.Random(seed)
+    system = _text(rng, MULTI_TURN_SYSTEM_CHARS, "Agent instructions: you are a coding agent")
+    result: Sessions = []
+    for s in range(sessions):
+        history = system + _text(rng, MULTI_TURN_CONTEXT_CHARS, f"\nSession {s:03d} context:")
+        requests: list[tuple[int, str]] = []
+        for t in range(turns):
+            history += _text(rng, MULTI_TURN_USER_CHARS, f"\nUser {s:03d}.{t:02d}:")
+            requests.append((s, history))
+            history += _text(rng, MULTI_TURN_REPLY_CHARS, f"\nAssistant {s:03d}.{t:02d}:")
+        result.append(requests)
+    rng.shuffle(result)
+    return result
+
+
+def no_share_workload(*, requests: int, seed: int) -> Sessions:
+    """Prompts that share nothing (each of the shared-prefix workload's size, different
+    from its first block): no cache to win, so routing must only balance."""
+    rng = random.Random(seed)
+    return [
+        [(i, _text(rng, SYSTEM_CHARS + QUESTION_CHARS, f"Prompt {i:05d} on its own:"))]
+        for i in range(requests)
+    ]
+
+
+def zipf_workload(*, prefixes: int, requests: int, exponent: float, seed: int) -> Sessions:
+    """Skewed popularity: ``requests`` prompts on ``prefixes`` system prompts drawn with
+    weight 1 / rank^``exponent`` (a few hot prefixes, a long tail), each with its own
+    question."""
+    rng = random.Random(seed)
+    systems = [
+        _text(rng, SYSTEM_CHARS, f"System prompt of tenant {g:03d}: you are assistant")
+        for g in range(prefixes)
+    ]
+    weights = [1.0 / (rank + 1) ** exponent for rank in range(prefixes)]
+    drawn = rng.choices(range(prefixes), weights=weights, k=requests)
+    return [
+        [(g, systems[g] + _text(rng, QUESTION_CHARS, f"\nQuestion {i:05d}:"))]
+        for i, g in enumerate(drawn)
+    ]
 
 
 @dataclass
@@ -159,10 +243,19 @@ async def send_one(
 async def drive(
     url: str, workload: Sequence[tuple[int, str]], concurrency: int, max_tokens: int
 ) -> tuple[ClientRecord, float]:
+    """Every request of ``workload`` on its own, in order, by ``concurrency`` workers."""
+    return await drive_sessions(url, [[item] for item in workload], concurrency, max_tokens)
+
+
+async def drive_sessions(
+    url: str, sessions: Sequence[Sequence[tuple[int, str]]], concurrency: int, max_tokens: int
+) -> tuple[ClientRecord, float]:
+    """``concurrency`` closed-loop workers; each takes the next session and sends its
+    requests one after the other (a turn starts when the previous one has finished)."""
     rec = ClientRecord()
-    queue: asyncio.Queue[tuple[int, str]] = asyncio.Queue()
-    for item in workload:
-        queue.put_nowait(item)
+    queue: asyncio.Queue[Sequence[tuple[int, str]]] = asyncio.Queue()
+    for session_requests in sessions:
+        queue.put_nowait(session_requests)
     connector = aiohttp.TCPConnector(limit=concurrency)
     timeout = aiohttp.ClientTimeout(total=300)
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
@@ -170,10 +263,11 @@ async def drive(
         async def worker() -> None:
             while True:
                 try:
-                    group, prompt = queue.get_nowait()
+                    turns = queue.get_nowait()
                 except asyncio.QueueEmpty:
                     return
-                await send_one(session, url, group, prompt, max_tokens, rec)
+                for group, prompt in turns:
+                    await send_one(session, url, group, prompt, max_tokens, rec)
 
         start = time.perf_counter()
         await asyncio.gather(*(worker() for _ in range(concurrency)))
@@ -267,17 +361,87 @@ def summarise(
     )
 
 
-def run_mode(mode: str, args: argparse.Namespace, workload: Sequence[tuple[int, str]]) -> Outcome:
+def run_mode(mode: str, args: argparse.Namespace, sessions: Sessions) -> Outcome:
+    """One column on fresh simulators: through Envoy and the EPP, or through the
+    ``sglang-router`` gateway for the ``sglang-*`` modes."""
+    policy = SGLANG_MODES.get(mode)
     options = StackOptions(
         simulators=args.instances,
         simulator_base_ip=args.base_ip,
         simulator_args=simulator_args(args),
-        epp_args=MODES[mode],
+        epp=policy is None,
+        envoy=policy is None,
+        epp_args=MODES.get(mode, ()),
     )
     with Stack.run(options) as stack:
-        rec, elapsed = asyncio.run(drive(stack.url, workload, args.concurrency, args.max_tokens))
+        url = stack.url if policy is None else start_sglang_router(stack, policy)
+        rec, elapsed = asyncio.run(drive_sessions(url, sessions, args.concurrency, args.max_tokens))
         stats = asyncio.run(sim_stats(stack.simulator_urls))
     return summarise(mode, rec, elapsed, stats)
+
+
+def sglang_router_missing() -> str | None:
+    """Why the ``sglang-*`` columns cannot run (``None``: they can). Installs the bench
+    extra's ``sglang-router`` into this interpreter's environment on first use."""
+    if importlib.util.find_spec("sglang_router") is None:
+        print(f"  installing {SGLANG_REQUIREMENT} (the bench extra) ...", flush=True)
+        done = subprocess.run(
+            [sys.executable, "-m", "pip", "install", "-q", SGLANG_REQUIREMENT],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        importlib.invalidate_caches()
+        if done.returncode != 0 or importlib.util.find_spec("sglang_router") is None:
+            last = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["?"]
+            return f"{SGLANG_REQUIREMENT} is not installable here: {last[0]}"
+    probe = subprocess.run(
+        [sys.executable, "-m", "sglang_router.launch_router", "--help"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if probe.returncode != 0:
+        return f"sglang_router.launch_router does not start here: {probe.stderr.strip()[-300:]}"
+    return None
+
+
+def start_sglang_router(stack: Stack, policy: str) -> str:
+    """SGLang's model gateway in front of the stack's simulators (no Envoy, no EPP), with
+    its default thresholds; waits until it reports every worker healthy. Its URL."""
+    port = free_port()
+    router = stack._spawn(
+        "sglang-router",
+        [
+            sys.executable,
+            "-m",
+            "sglang_router.launch_router",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--policy",
+            policy,
+            "--log-level",
+            "warn",
+            "--worker-urls",
+            *stack.simulator_urls.values(),
+        ],
+    )
+    url = f"http://127.0.0.1:{port}"
+    expected = len(stack.simulator_urls)
+
+    def ready() -> bool:
+        router.check_alive()
+        try:
+            with urllib.request.urlopen(f"{url}/readiness", timeout=2) as response:
+                document = orjson.loads(response.read())
+        except (OSError, ValueError):
+            return False
+        return bool(document.get("healthy_workers") == expected)
+
+    wait_for(ready, timeout=60, what="the sglang router's workers")
+    return url
 
 
 def print_table(
@@ -303,7 +467,10 @@ def print_table(
             "requests per instance",
             [" ".join(str(v) for v in o.per_instance.values()) for o in outcomes],
         ),
-        ("instances per group (mean)", [f"{o.instances_per_group:.2f}" for o in outcomes]),
+        (
+            "instances per group/session (mean)",
+            [f"{o.instances_per_group:.2f}" for o in outcomes],
+        ),
         ("KV evictions (blocks)", [str(o.evictions) for o in outcomes]),
         ("preemptions", [str(o.preemptions) for o in outcomes]),
         *extra_rows,
@@ -359,28 +526,92 @@ def describe(args: argparse.Namespace, workload: Sequence[tuple[int, str]]) -> s
     )
 
 
+def build_sessions(name: str, args: argparse.Namespace) -> tuple[Sessions, str]:
+    """The workload ``name`` and one line describing it."""
+    if name == "shared-prefix":
+        workload = build_workload(
+            groups=args.groups,
+            prompts_per_group=args.prompts_per_group,
+            rounds=args.rounds,
+            seed=args.seed,
+        )
+        return [[item] for item in workload], describe(args, workload)
+    if name == "multi-turn":
+        sessions = multi_turn_sessions(sessions=args.sessions, turns=args.turns, seed=args.seed)
+        last = MULTI_TURN_SYSTEM_CHARS + MULTI_TURN_CONTEXT_CHARS
+        last += args.turns * MULTI_TURN_USER_CHARS + (args.turns - 1) * MULTI_TURN_REPLY_CHARS
+        return sessions, (
+            f"{args.sessions} sessions x {args.turns} turns = {args.sessions * args.turns}"
+            f" requests, each turn the whole conversation ({MULTI_TURN_SYSTEM_CHARS} shared +"
+            f" {MULTI_TURN_CONTEXT_CHARS} own chars, then +{MULTI_TURN_USER_CHARS} user"
+            f" +{MULTI_TURN_REPLY_CHARS} reply a turn; last turn {last} chars)"
+        )
+    if name == "no-share":
+        return no_share_workload(requests=args.requests, seed=args.seed), (
+            f"{args.requests} prompts of {SYSTEM_CHARS + QUESTION_CHARS} chars sharing nothing"
+        )
+    if name == "zipf":
+        return zipf_workload(
+            prefixes=args.prefixes, requests=args.requests, exponent=args.zipf, seed=args.seed
+        ), (
+            f"{args.requests} prompts on {args.prefixes} prefixes of {SYSTEM_CHARS} chars,"
+            f" popularity 1/rank^{args.zipf} (a few hot), each + {QUESTION_CHARS} chars own"
+        )
+    raise ValueError(name)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_workload_arguments(parser)
-    parser.add_argument("--modes", default="default,sticky,random")
+    parser.add_argument(
+        "--modes",
+        default=",".join([*MODES, *SGLANG_MODES]),
+        help=f"columns, in order (default: all of {', '.join([*MODES, *SGLANG_MODES])})",
+    )
+    parser.add_argument(
+        "--workload",
+        default="all",
+        choices=[*WORKLOADS, "all"],
+        help="which workload (default: all, one table each)",
+    )
+    parser.add_argument("--sessions", type=int, default=None, help="multi-turn (48; quick 24)")
+    parser.add_argument("--turns", type=int, default=None, help="multi-turn (6; quick 4)")
+    parser.add_argument(
+        "--requests", type=int, default=None, help="no-share and zipf (400; quick 100)"
+    )
+    parser.add_argument("--prefixes", type=int, default=40, help="zipf")
+    parser.add_argument("--zipf", type=float, default=1.1, help="zipf exponent")
     args = parser.parse_args()
     finish_workload_arguments(args)
+    if args.sessions is None:
+        args.sessions = 24 if args.quick else 48
+    if args.turns is None:
+        args.turns = 4 if args.quick else 6
+    if args.requests is None:
+        args.requests = 100 if args.quick else 400
 
-    workload = build_workload(
-        groups=args.groups,
-        prompts_per_group=args.prompts_per_group,
-        rounds=args.rounds,
-        seed=args.seed,
-    )
-    print(describe(args, workload))
-    outcomes = []
-    for mode in args.modes.split(","):
-        started = time.perf_counter()
-        outcome = run_mode(mode, args, workload)
-        print(f"  {mode}: done in {time.perf_counter() - started:.0f} s", flush=True)
-        outcomes.append(outcome)
-    print()
-    print_table(outcomes)
+    modes = args.modes.split(",")
+    unknown = [m for m in modes if m not in MODES and m not in SGLANG_MODES]
+    if unknown:
+        parser.error(f"--modes: unknown {', '.join(unknown)}")
+    if any(m in SGLANG_MODES for m in modes):
+        missing = sglang_router_missing()
+        if missing:
+            print(f"skipping the sglang columns: {missing}")
+            modes = [m for m in modes if m not in SGLANG_MODES]
+    names = list(WORKLOADS) if args.workload == "all" else [args.workload]
+    for name in names:
+        sessions, line = build_sessions(name, args)
+        print(f"== {name}: {line}", flush=True)
+        outcomes = []
+        for mode in modes:
+            started = time.perf_counter()
+            outcome = run_mode(mode, args, sessions)
+            print(f"  {mode}: done in {time.perf_counter() - started:.0f} s", flush=True)
+            outcomes.append(outcome)
+        print()
+        print_table(outcomes)
+        print(flush=True)
 
 
 if __name__ == "__main__":

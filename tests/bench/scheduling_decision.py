@@ -2,11 +2,12 @@
 
 A request goes through the Director as the gRPC server hands it over: ``route()`` on the
 exchange that ``Director.open`` returns, with the Director built by ``configured_director``
-from the in-tree default config (queue-scorer 2, kv-cache-utilization-scorer 2,
-prefix-cache-scorer 3, max-score-picker, single-profile-handler and the auto-created
-approx-prefix-cache-producer), inside one asyncio loop (uvloop when installed). One decision
-is the OpenAI body parse (orjson), the prefix hashing (xxh64), the prefix-index match, the
-scorers and the picker, and the PreRequest index update. Its wall time (and the thread's
+from the in-tree default config ("sticky until saturated": approx-prefix-cache-producer
+without autoTune, inflight-load-producer, prefix-cache-affinity-filter, token-load-scorer,
+max-score-picker, single-profile-handler), inside one asyncio loop (uvloop when installed).
+One decision is the OpenAI body parse (orjson), the prefix hashing (xxh64), the prefix-index
+match, the in-flight load lookup, the filter, the scorer and the picker, and the PreRequest
+hooks (index update, load booking). Its wall time (and the thread's
 CPU time) is taken with ``perf_counter_ns`` around ``route()``; ``close()`` runs after each
 request, untimed. The PreRequest hook is wrapped in a thin timer (one extra coroutine call)
 so that its share is reported too. Observability is off (the Director's no-op observer).
@@ -29,11 +30,12 @@ directly (parse, hashing, index match, attributes, scoring+picking, index update
 
     .venv/bin/python -m tests.bench.scheduling_decision [--quick] [--cell 100x4k]
         [--breakdown 1000x4k] [--no-breakdown] [--iterations N] [--warmup N]
-        [--fill 1.0] [--capacity 31250] [--seed 1] [--no-uvloop] [--profile sticky]
+        [--fill 1.0] [--capacity 31250] [--seed 1] [--no-uvloop] [--profile reference|sticky]
 
-``--profile sticky`` measures "sticky until saturated" (``tests.bench.profiles``:
-prefix-cache-affinity-filter, token-load-scorer, max-score-picker, with the
-inflight-load-producer's PrepareData and PreRequest/response hooks) instead of the default.
+``--profile reference`` measures the reference's default (queue-scorer 2,
+kv-cache-utilization-scorer 2, prefix-cache-scorer 3; the default here until 2026-11-24) and
+prints the per-piece breakdown, which calls that profile's pieces by name; ``--profile
+sticky`` measures ``tests.bench.profiles.sticky_config`` (the prefix index auto-tuned).
 """
 
 from __future__ import annotations
@@ -55,6 +57,7 @@ from typing import Any
 
 import orjson
 
+from app.config import REFERENCE_DEFAULT_CONFIG_TEXT
 from domain.datastore.endpoint import Endpoint, EndpointMetrics
 from domain.datastore.store import Datastore
 from domain.plugins.base import TypedName
@@ -95,7 +98,11 @@ PREFIX_SHARE = 0.75
 REFRESH_EVERY = 20
 TARGET_CELL = (100, "4k")
 #: The configs ``--profile`` picks from (None: the in-tree default).
-PROFILES: dict[str, str | None] = {"default": None, "sticky": sticky_config(15928.0)}
+PROFILES: dict[str, str | None] = {
+    "default": None,
+    "reference": REFERENCE_DEFAULT_CONFIG_TEXT,
+    "sticky": sticky_config(15928.0),
+}
 TARGET_P99_US = 1000.0
 CORPUS_CHARS = 1_500_000
 
@@ -688,8 +695,8 @@ async def run(args: argparse.Namespace) -> None:
                 f" p99 {percentile(sorted(cell.route_ns), 0.99):.1f} µs",
                 flush=True,
             )
-            # The breakdown calls the default profile's pieces by name.
-            if (count, size) == focus and not args.no_breakdown and args.profile == "default":
+            # The breakdown calls the reference profile's pieces by name.
+            if (count, size) == focus and not args.no_breakdown and args.profile == "reference":
                 times = await breakdown(bench, prompts, iterations)
                 target = cell
         del bench

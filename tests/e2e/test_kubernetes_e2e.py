@@ -25,6 +25,7 @@ import orjson
 import pytest
 from grpc_health.v1 import health_pb2
 
+from app.config import REFERENCE_DEFAULT_CONFIG_TEXT
 from tests.simulator import BODY_SHA256_HEADER, DEFAULT_MODEL, INSTANCE_HEADER
 from tests.support.kube_api import (
     INFERENCE_MODEL_REWRITES,
@@ -298,7 +299,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
                 "--kubeconfig",
                 str(kubeconfig),
             ],
-            epp_args=["--explain-decisions"],
+            # the reference's default: these tests follow the scraped metrics' scorers
+            epp_args=["--explain-decisions", "--config-text", REFERENCE_DEFAULT_CONFIG_TEXT],
         )
         with Stack.run(options) as stack:
             assert set(stack.simulator_addresses.values()) == {

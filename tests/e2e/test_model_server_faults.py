@@ -22,6 +22,7 @@ import aiohttp
 import orjson
 import pytest
 
+from app.config import REFERENCE_DEFAULT_CONFIG_TEXT
 from tests.simulator import DEFAULT_MODEL, INSTANCE_HEADER
 from tests.support.stack import Stack, StackOptions, trusted_header
 
@@ -292,7 +293,8 @@ def fleet() -> Iterator[Fleet]:
             simulators=2,
             simulator_base_ip=HEALTHY_BASE_IP,
             extra_endpoints=[s.address for s in servers.values()],
-            epp_args=["--explain-decisions"],
+            # the reference's default: its metric scorers give a failing endpoint 0
+            epp_args=["--explain-decisions", "--config-text", REFERENCE_DEFAULT_CONFIG_TEXT],
         )
         yield Fleet(stack.enter_context(Stack.run(options)), servers)
 

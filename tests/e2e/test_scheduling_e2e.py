@@ -11,6 +11,7 @@ import aiohttp
 import orjson
 import pytest
 
+from app.config import REFERENCE_DEFAULT_CONFIG_TEXT
 from tests.simulator import (
     DEFAULT_MODEL,
     DESTINATION_SEEN_HEADER,
@@ -48,7 +49,8 @@ async def test_requests_go_to_the_less_loaded_server() -> None:
         simulators=2,
         simulator_base_ip="127.0.0.12",
         simulator_args=["--max-num-seqs", "1", "--itl-ms", "200"],
-        epp_args=["--explain-decisions"],
+        # the reference's default: load that bypasses the EPP shows only in scraped metrics
+        epp_args=["--explain-decisions", "--config-text", REFERENCE_DEFAULT_CONFIG_TEXT],
     )
     with Stack.run(options) as stack:
         busy_name, busy_url = next(iter(stack.simulator_urls.items()))

@@ -136,9 +136,8 @@ def test_plugin_durations_cover_every_extension_point(
     counts: Counter[tuple[str, str]] = Counter()
     for labels, value in samples["inference_extension_plugin_duration_seconds_count"]:
         counts[(labels["extension_point"], labels["plugin_type"])] += int(value)
-    assert counts[("Scorer", "queue-scorer")] == ok
-    assert counts[("Scorer", "kv-cache-utilization-scorer")] == ok
-    assert counts[("Scorer", "prefix-cache-scorer")] == ok
+    assert counts[("Filter", "prefix-cache-affinity-filter")] == ok
+    assert counts[("Scorer", "token-load-scorer")] == ok
     assert counts[("Picker", "max-score-picker")] == ok
     assert counts[("ProfilePicker", "single-profile-handler")] >= ok
     assert counts[("ProcessProfilesResults", "single-profile-handler")] == ok

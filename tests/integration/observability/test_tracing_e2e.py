@@ -97,7 +97,7 @@ def test_the_epp_continues_the_clients_trace_and_propagates_it_upstream(
     assert profile.attributes["profile"] == "default"
     plugins = named["gateway.scheduling.plugin"]
     assert {p.parent_span_id for p in plugins} == {profile.span_id}
-    assert {p.attributes["extension_point"] for p in plugins} == {"Scorer", "Picker"}
+    assert {p.attributes["extension_point"] for p in plugins} == {"Filter", "Scorer", "Picker"}
     assert all(profile.start_ns <= p.start_ns <= p.end_ns <= profile.end_ns for p in plugins)
     producers = named["gateway.prepare_data"]
     assert {p.parent_span_id for p in producers} == {orchestration.span_id}

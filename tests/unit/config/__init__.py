@@ -70,6 +70,13 @@ class PrefixParameters:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class LoadParameters:
+    """The in-flight load producer double's one parameter."""
+
+    add_estimated_output_tokens: bool = True
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ChainParameters:
     """What a configurable producer/consumer double declares."""
 
@@ -269,7 +276,9 @@ def make_registry(*, data_layer: bool = True, policies: bool = True) -> PluginRe
     add("prefix-cache-scorer", PrefixScorerDouble, PrefixParameters)
     add("approx-prefix-cache-producer", PrefixProducerDouble, PrefixParameters,
         default_for=(PREFIX_KEY,))  # fmt: skip
-    add("inflight-load-producer", LoadProducerDouble, default_for=(LOAD_KEY,))
+    add("inflight-load-producer", LoadProducerDouble, LoadParameters, default_for=(LOAD_KEY,))
+    add("prefix-cache-affinity-filter", FilterDouble)
+    add("token-load-scorer", ScorerDouble)
     add("header-based-testing-filter", FilterDouble)
     add("prefix-consumer-filter", PrefixFilterDouble, PrefixParameters)
     add("destination-endpoint-served-verifier", HooksDouble)

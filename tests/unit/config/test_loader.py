@@ -8,7 +8,14 @@ from typing import Any
 
 import pytest
 
-from app.config import ConfigError, DataLayerSpec, FlowControlSpec, LoadedConfig, load_config
+from app.config import (
+    REFERENCE_DEFAULT_CONFIG_TEXT,
+    ConfigError,
+    DataLayerSpec,
+    FlowControlSpec,
+    LoadedConfig,
+    load_config,
+)
 from app.plugins import build_registry
 from domain.plugins.base import Plugin, PluginRegistry
 from domain.plugins.handle import Handle
@@ -18,6 +25,7 @@ from tests.unit.config import (
     DetectorDouble,
     DisaggHandlerDouble,
     HandlerDouble,
+    LoadParameters,
     ParserDouble,
     PickerDouble,
     PrefixParameters,
@@ -115,26 +123,45 @@ def test_conformance_example() -> None:
 
 
 @pytest.mark.parametrize("text", [None, "", "  \n", "# nothing configured\n"])
-def test_no_config_gives_the_reference_defaults(text: str | None) -> None:
+def test_no_config_gives_sticky_until_saturated(text: str | None) -> None:
     loaded = load(text)
     assert list(loaded.profiles) == ["default"]
-    assert scorer_weights(loaded, "default") == [
-        ("queue-scorer", 2.0),
-        ("kv-cache-utilization-scorer", 2.0),
-        ("prefix-cache-scorer", 3.0),
-    ]
-    assert loaded.profiles["default"].picker.typed_name.name == "max-score-picker"
+    profile = loaded.profiles["default"]
+    assert names(profile.filters) == ["prefix-cache-affinity-filter"]
+    assert scorer_weights(loaded, "default") == [("token-load-scorer", 1.0)]
+    assert profile.picker.typed_name.name == "max-score-picker"
     assert loaded.profile_handler.typed_name.name == "single-profile-handler"
     assert isinstance(loaded.parser, ParserDouble)
     assert loaded.parser.typed_name.name == "openai-parser"
     assert isinstance(loaded.saturation_detector, DetectorDouble)
-    assert names(loaded.data_producers) == ["approx-prefix-cache-producer"]
+    assert names(loaded.data_producers) == [
+        "approx-prefix-cache-producer",
+        "inflight-load-producer",
+    ]
+    prefix = loaded.plugins["approx-prefix-cache-producer"]
+    assert isinstance(prefix, ParameterizedPlugin)
+    assert prefix.parameters == PrefixParameters(auto_tune=False)
+    load_producer = loaded.plugins["inflight-load-producer"]
+    assert isinstance(load_producer, ParameterizedPlugin)
+    assert load_producer.parameters == LoadParameters(add_estimated_output_tokens=False)
     assert loaded.data_layer is not None
     [source] = loaded.data_layer.sources
     assert source.source.typed_name.name == "metrics-data-source"
     assert names(source.extractors) == ["core-metrics-extractor"]
     assert loaded.flow_control is None
     assert loaded.feature_gates == frozenset()
+
+
+def test_the_reference_default_is_kept_as_a_config() -> None:
+    loaded = load(REFERENCE_DEFAULT_CONFIG_TEXT)
+    assert scorer_weights(loaded, "default") == [
+        ("queue-scorer", 2.0),
+        ("kv-cache-utilization-scorer", 2.0),
+        ("prefix-cache-scorer", 3.0),
+    ]
+    assert loaded.profiles["default"].filters == ()
+    assert loaded.profiles["default"].picker.typed_name.name == "max-score-picker"
+    assert names(loaded.data_producers) == ["approx-prefix-cache-producer"]
 
 
 def test_no_config_without_data_layer_types_has_no_data_layer() -> None:
@@ -704,7 +731,9 @@ def test_parser_and_detector_errors(text: str, message: str) -> None:
 
 def test_missing_default_type_is_an_error() -> None:
     registry = PluginRegistry()
-    assert error("", registry).startswith('plugins[0].type: unknown plugin type "queue-scorer"')
+    assert error("", registry).startswith(
+        'plugins[0].type: unknown plugin type "approx-prefix-cache-producer"'
+    )
     assert error("plugins: []\n", registry) == (
         'schedulingProfiles: the default plugin type "max-score-picker" is not registered'
     )
@@ -1013,10 +1042,9 @@ def in_tree_registry() -> RecordingRegistry:
 def test_in_tree_no_config() -> None:
     registry = in_tree_registry()
     loaded = load(None, registry)
-    assert scorer_weights(loaded, "default") == [
-        ("queue-scorer", 2.0),
-        ("kv-cache-utilization-scorer", 2.0),
-        ("prefix-cache-scorer", 3.0),
+    assert scorer_weights(loaded, "default") == [("token-load-scorer", 1.0)]
+    assert [f.typed_name.type for f in loaded.profiles["default"].filters] == [
+        "prefix-cache-affinity-filter"
     ]
     assert loaded.profiles["default"].picker.typed_name.type == "max-score-picker"
     assert loaded.profile_handler.typed_name.type == "single-profile-handler"
@@ -1026,7 +1054,11 @@ def test_in_tree_no_config() -> None:
         "anthropic-parser",
     ]
     assert loaded.saturation_detector.typed_name.type == "utilization-detector"
-    assert names(loaded.data_producers) == ["approx-prefix-cache-producer"]
+    assert names(loaded.data_producers) == [
+        "approx-prefix-cache-producer",
+        "inflight-load-producer",
+    ]
+    assert registry.created["approx-prefix-cache-producer"].auto_tune is False
     if "metrics-data-source" in registry and "core-metrics-extractor" in registry:
         assert loaded.data_layer is not None
         assert [s.source.typed_name.name for s in loaded.data_layer.sources] == [

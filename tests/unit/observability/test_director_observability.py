@@ -196,11 +196,11 @@ async def test_scheduling_reports_plugin_durations_e2e_and_the_chosen_pod() -> N
         for r in observer.histograms
         if r.metric is catalogue.PLUGIN_DURATION
     }
-    # the default config: three scorers, the max-score picker, the single profile handler
+    # the default config: the affinity filter, the token-load scorer, the max-score picker,
+    # the single profile handler
     assert {
-        ("Scorer", "queue-scorer"),
-        ("Scorer", "kv-cache-utilization-scorer"),
-        ("Scorer", "prefix-cache-scorer"),
+        ("Filter", "prefix-cache-affinity-filter"),
+        ("Scorer", "token-load-scorer"),
         ("Picker", "max-score-picker"),
         ("ProfilePicker", "single-profile-handler"),
         ("ProcessProfilesResults", "single-profile-handler"),
@@ -268,7 +268,8 @@ async def test_routing_is_a_span_tree_under_the_gateway_span_and_goes_upstream()
     assert all(s.ended for s in plugins)
     assert [s.attributes["extension_point"] for s in plugins][-1] == "Picker"
     assert {(s.attributes["extension_point"], s.attributes["plugin.type"]) for s in plugins} >= {
-        ("Scorer", "prefix-cache-scorer"),
+        ("Filter", "prefix-cache-affinity-filter"),
+        ("Scorer", "token-load-scorer"),
         ("Picker", "max-score-picker"),
     }
     assert observer.spans_named("gateway.flow_control") == []  # legacy admission: no wait
