@@ -24,7 +24,6 @@ import argparse
 import asyncio
 import sys
 import time
-import urllib.request
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -36,6 +35,8 @@ from tests.demo import DECISION_HEADER, QUESTIONS, SYSTEMS, _why
 from tests.simulator import DEFAULT_MODEL, DESTINATION_SEEN_HEADER, INSTANCE_HEADER
 from tests.support.redis import RedisServer, redis_available
 from tests.support.stack import Stack, StackOptions
+from tests.support.stack import metric_sum as _metric
+from tests.support.stack import replica_metrics_urls as _metrics_urls
 
 REPLICAS = 3
 REQUEST_TOTAL = "inference_objective_request_total"
@@ -52,21 +53,6 @@ class Routed:
     instance: str
     destination: str
     why: str
-
-
-def _metric(url: str, name: str) -> float:
-    """The sum of ``name``'s samples on one EPP's /metrics."""
-    with urllib.request.urlopen(url, timeout=5) as response:
-        text = response.read().decode()
-    return sum(
-        float(line.rsplit(" ", 1)[1])
-        for line in text.splitlines()
-        if line.startswith((f"{name}{{", f"{name} "))
-    )
-
-
-def _metrics_urls(stack: Stack) -> list[str]:
-    return [f"http://127.0.0.1:{metrics}/metrics" for _, _, metrics in stack.replica_ports]
 
 
 def _body(conversation: int, question: int) -> bytes:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-import urllib.request
 import uuid
 from collections.abc import Iterator, Sequence
 
@@ -21,6 +20,8 @@ import pytest
 from tests.simulator import DEFAULT_MODEL, INSTANCE_HEADER
 from tests.support.redis import RedisServer, redis_available
 from tests.support.stack import Stack, StackOptions
+from tests.support.stack import metric_sum as _counter
+from tests.support.stack import replica_metrics_urls as _metrics_urls
 
 pytestmark = pytest.mark.e2e
 
@@ -38,21 +39,6 @@ def redis() -> Iterator[RedisServer]:
     server.start()
     yield server
     server.close()
-
-
-def _counter(url: str, name: str) -> float:
-    """The sum of every sample of the counter ``name`` on one EPP's /metrics."""
-    with urllib.request.urlopen(url, timeout=5) as response:
-        text = response.read().decode()
-    return sum(
-        float(line.rsplit(" ", 1)[1])
-        for line in text.splitlines()
-        if line.startswith((f"{name}{{", f"{name} "))
-    )
-
-
-def _metrics_urls(stack: Stack) -> list[str]:
-    return [f"http://127.0.0.1:{metrics}/metrics" for _, _, metrics in stack.replica_ports]
 
 
 def _prompt(prefix: int, question: int) -> bytes:

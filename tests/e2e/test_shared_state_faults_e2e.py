@@ -20,10 +20,12 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from tests.e2e.test_shared_state_e2e import _counter, _metrics_urls, _prompt, _until_written
+from tests.e2e.test_shared_state_e2e import _prompt, _until_written
 from tests.simulator import INSTANCE_HEADER
 from tests.support.redis import RedisCluster, RedisServer, make_tls_files, redis_available
 from tests.support.stack import Stack, StackOptions, free_port
+from tests.support.stack import metric_sum as _counter
+from tests.support.stack import replica_metrics_urls as _metrics_urls
 
 pytestmark = pytest.mark.e2e
 

@@ -35,6 +35,8 @@ __all__ = [
     "envoy_binary",
     "envoy_config",
     "free_port",
+    "metric_sum",
+    "replica_metrics_urls",
     "trusted_header",
     "wait_for",
 ]
@@ -488,3 +490,19 @@ class Stack:
         if match is None or metrics is None:
             return None
         return int(match.group(1)), int(match.group(2)), int(metrics.group(1))
+
+
+def metric_sum(url: str, name: str) -> float:
+    """The sum of every sample of the metric ``name`` on the exposition at ``url``."""
+    with urllib.request.urlopen(url, timeout=5) as response:
+        text = response.read().decode()
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith((f"{name}{{", f"{name} "))
+    )
+
+
+def replica_metrics_urls(stack: Stack) -> list[str]:
+    """Each EPP replica's /metrics URL, in replica order."""
+    return [f"http://127.0.0.1:{metrics}/metrics" for _, _, metrics in stack.replica_ports]
