@@ -9,7 +9,7 @@ hashes each cover the prefix before them). ``size()`` may be -1 (unknown) on a s
 from __future__ import annotations
 
 import random
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable
 
 import pytest
 from redis.asyncio.cluster import RedisCluster as ClusterClient
@@ -18,6 +18,7 @@ from adapters.redis import RedisClient, RedisPrefixIndex, connect
 from domain.prefixcache import InMemoryPrefixIndex
 from ports.prefix_index import PrefixIndex
 from tests.contract.conftest import BACKENDS, CONTRACT_TIMEOUT
+from tests.support.prefix_model import PrefixIndexModel
 from tests.support.redis import RedisCluster, RedisServer
 
 MakeIndex = Callable[[], PrefixIndex]
@@ -247,39 +248,11 @@ async def test_chains_with_different_roots_spread_over_the_cluster(
             assert len(slots) == 1
 
 
-class _Model:
-    """The index semantics written plainly: a recency list per endpoint."""
-
-    def __init__(self) -> None:
-        self.lrus: dict[str, list[int]] = {}
-
-    def add(self, hashes: Sequence[int], endpoint: str, capacity: int) -> None:
-        lru = self.lrus.setdefault(endpoint, [])
-        for h in hashes:
-            if h in lru:
-                lru.remove(h)
-            lru.append(h)
-        del lru[: max(0, len(lru) - capacity)]
-
-    def remove(self, endpoint: str) -> None:
-        self.lrus.pop(endpoint, None)
-
-    def match(self, hashes: Sequence[int]) -> dict[str, int]:
-        counts: dict[str, int] = {}
-        for h in hashes:
-            holders = [name for name, lru in self.lrus.items() if h in lru]
-            if not holders:
-                break
-            for name in holders:
-                counts[name] = counts.get(name, 0) + 1
-        return counts
-
-
 async def test_random_operations_agree_with_the_model(index: PrefixIndex) -> None:
     rng = random.Random(42)
     chains = [chain(200 + i, 12) for i in range(5)]
     endpoints = ["a", "b", "c", "d"]
-    model = _Model()
+    model = PrefixIndexModel()
     for step in range(250):
         hashes = rng.choice(chains)[: rng.randint(1, 12)]
         roll = rng.random()

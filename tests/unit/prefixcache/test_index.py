@@ -14,6 +14,7 @@ from domain.prefixcache import InMemoryPrefixIndex
 from domain.prefixcache import index as index_module
 from domain.sharedstate import ResilientPrefixIndex
 from ports.prefix_index import PrefixIndex
+from tests.support.prefix_model import PrefixIndexModel
 
 _rng = random.Random(7)
 #: 64-bit hashes; a few share their low byte to land in the same owner-map shard.
@@ -194,37 +195,6 @@ async def test_many_endpoints_share_one_hash(index: PrefixIndex) -> None:
     assert await index.match(H[:2]) == {names[149]: 2}
 
 
-class _Model:
-    """The index semantics written plainly: a recency list per endpoint."""
-
-    def __init__(self) -> None:
-        self.lrus: dict[str, list[int]] = {}
-
-    def add(self, hashes: Sequence[int], endpoint: str, capacity: int) -> None:
-        lru = self.lrus.setdefault(endpoint, [])
-        for h in hashes:
-            if h in lru:
-                lru.remove(h)
-            lru.append(h)
-        del lru[: max(0, len(lru) - capacity)]
-
-    def remove(self, endpoint: str) -> None:
-        self.lrus.pop(endpoint, None)
-
-    def match(self, hashes: Sequence[int]) -> dict[str, int]:
-        counts: dict[str, int] = {}
-        for h in hashes:
-            holders = [name for name, lru in self.lrus.items() if h in lru]
-            if not holders:
-                break
-            for name in holders:
-                counts[name] = counts.get(name, 0) + 1
-        return counts
-
-    def size(self) -> int:
-        return sum(len(lru) for lru in self.lrus.values())
-
-
 ENDPOINTS = ["a", "b", "c", "d"]
 OPS = st.lists(
     st.one_of(
@@ -252,7 +222,7 @@ def _compacting_eagerly(eager: bool) -> Iterator[None]:
 
 def _check(ops: list[tuple[str, str, list[int], int]], eager: bool) -> None:
     index = InMemoryPrefixIndex()
-    model = _Model()
+    model = PrefixIndexModel()
     with _compacting_eagerly(eager):
         for op, endpoint, hashes, capacity in ops:
             if op == "add":
