@@ -250,6 +250,7 @@ def _request_control(
         saturation_detector=loaded.saturation_detector,
         data_producers=loaded.data_producers,
         admitters=loaded.admitters,
+        placement_claimers=loaded.placement_claimers,
         pre_request=loaded.pre_request,
         response_header=loaded.response_header,
         response_body=loaded.response_body,

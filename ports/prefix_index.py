@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
-__all__ = ["BlockHasher", "PrefixIndex"]
+__all__ = ["BlockHasher", "ClaimingPrefixIndex", "PrefixIndex"]
 
 
 class BlockHasher(Protocol):
@@ -46,4 +46,21 @@ class PrefixIndex(Protocol):
 
     def size(self) -> int:
         """Number of (hash, endpoint) entries held, for metrics; -1 when unknown."""
+        ...
+
+
+@runtime_checkable
+class ClaimingPrefixIndex(PrefixIndex, Protocol):
+    """A ``PrefixIndex`` that can place a new chain atomically (several EPP processes
+    routing the same new prefix at the same instant agree on one endpoint).
+
+    Errors: as ``PrefixIndex`` (the domain's wrapper never raises).
+    """
+
+    async def claim(self, hashes: Sequence[int], endpoint: str, capacity: int) -> str:
+        """If no endpoint holds ``hashes[0]``, record ``hashes`` for ``endpoint`` (as
+        ``add``) and return ``endpoint``. Otherwise record nothing and return the endpoint
+        matching the most of ``hashes`` (as ``match`` counts). One atomic step: of two
+        callers claiming the same new chain, one records it and the other is told its
+        endpoint. ``hashes`` is non-empty."""
         ...

@@ -21,13 +21,18 @@ One round trip per call on a single server:
   holds, count per endpoint);
 - ``add``: one script: write the blocks, push them on the endpoint's recency set, pop what
   is beyond ``capacity`` and remove the endpoint from those blocks;
+- ``claim``: one script: the chain's owner when its first block is held (the walk of
+  ``match``, the endpoint counting the most), otherwise ``add``'s writes; atomic, so of
+  several processes claiming one new chain at once exactly one writes it;
 - ``remove_endpoint``: one script (removes the endpoint from every block of its set, then
   the set).
 
 On a cluster the recency set is in another slot than the chain's blocks, so ``add`` sends
 two scripts at once, one to each slot's node (the blocks; the recency set, which returns
 the evicted members), then removes the endpoint from the evicted blocks with one pipeline
-(one request per node). ``remove_endpoint`` reads the set, then pipelines the removals.
+(one request per node). ``claim`` sends the chain's node the walk-or-write script, then,
+when it wrote, the endpoint's node the recency push (two or three round trips on a cluster,
+one on a single server). ``remove_endpoint`` reads the set, then pipelines the removals.
 Those follow-ups are not atomic with the add: an endpoint re-added to a block by another
 process between the two steps can lose that block's entry (it is then matched a little
 less until it is added again). The add runs after the reply to Envoy, off the routing path.
@@ -73,28 +78,49 @@ local function split(packed)
 end
 """
 
+# Walk block keys in order, stop at the first block no fresh entry holds, count per endpoint:
+# returns the endpoints in the order first seen and their counts.
+_WALK = """
+local function walk(n, key_at, cutoff)
+  local counts, order = {}, {}
+  for i = 1, n do
+    local flat = redis.call('HGETALL', key_at(i))
+    local held = false
+    for j = 1, #flat, 2 do
+      if tonumber(flat[j + 1]) >= cutoff then
+        held = true
+        local ep = flat[j]
+        local c = counts[ep]
+        if c then counts[ep] = c + 1 else counts[ep] = 1; order[#order + 1] = ep end
+      end
+    end
+    if not held then break end
+  end
+  return order, counts
+end
+local function chain_walk(base, hashes, cutoff)
+  return walk(#hashes, function(i) return base .. hashes[i] end, cutoff)
+end
+local function keys_walk(keys, cutoff)
+  return walk(#keys, function(i) return keys[i] end, cutoff)
+end
+local function best(order, counts)
+  local top, most = false, 0
+  for _, ep in ipairs(order) do
+    if counts[ep] > most then top = ep; most = counts[ep] end
+  end
+  return top
+end
+"""
+
 # KEYS = the chain's first block key; ARGV = cutoff ms, block-key prefix "P:b:{<root>}:",
 # packed hashes.
 _MATCH = LuaScript(
     "prefix-match",
     _SPLIT
+    + _WALK
     + """
-local cutoff = tonumber(ARGV[1])
-local base = ARGV[2]
-local counts, order = {}, {}
-for _, h in ipairs(split(ARGV[3])) do
-  local flat = redis.call('HGETALL', base .. h)
-  local held = false
-  for j = 1, #flat, 2 do
-    if tonumber(flat[j + 1]) >= cutoff then
-      held = true
-      local ep = flat[j]
-      local c = counts[ep]
-      if c then counts[ep] = c + 1 else counts[ep] = 1; order[#order + 1] = ep end
-    end
-  end
-  if not held then break end
-end
+local order, counts = chain_walk(ARGV[2], split(ARGV[3]), tonumber(ARGV[1]))
 local out = {}
 for k = 1, #order do out[2 * k - 1] = order[k]; out[2 * k] = counts[order[k]] end
 return out
@@ -185,6 +211,47 @@ return lru_push(KEYS[1], tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3], split(AR
 """,
 )
 
+# Single server: KEYS = lru; ARGV = endpoint, now ms, ttl ms, capacity, key prefix P, root,
+# packed hashes, cutoff ms. The chain's owner if its first block is held, else the add.
+_CLAIM_ONE_NODE = LuaScript(
+    "prefix-claim",
+    _SPLIT
+    + _WALK
+    + _LRU_PUSH
+    + _WRITE_BLOCKS
+    + """
+local ep, now, ttl, prefix, root = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[5], ARGV[6]
+local hashes = split(ARGV[7])
+local base = prefix .. ':b:{' .. root .. '}:'
+local owner = best(chain_walk(base, hashes, tonumber(ARGV[8])))
+if owner then return owner end
+write_blocks(base, hashes, ep, now, ttl)
+local evicted = lru_push(KEYS[1], tonumber(ARGV[4]), ttl, root, hashes)
+for _, m in ipairs(evicted) do
+  local r, h = string.match(m, '^(%x+):(%x+)$')
+  if r then redis.call('HDEL', prefix .. ':b:{' .. r .. '}:' .. h, ep) end
+end
+return ep
+""",
+)
+
+# Cluster, the chain's node: KEYS = every block key; ARGV = endpoint, now ms, ttl ms,
+# cutoff ms. The chain's owner if its first block is held, else the blocks' write.
+_CLAIM_BLOCKS = LuaScript(
+    "prefix-claim-blocks",
+    _WALK
+    + """
+local ep, now, ttl = ARGV[1], ARGV[2], tonumber(ARGV[3])
+local owner = best(keys_walk(KEYS, tonumber(ARGV[4])))
+if owner then return owner end
+for _, key in ipairs(KEYS) do
+  redis.call('HSET', key, ep, now)
+  redis.call('PEXPIRE', key, ttl)
+end
+return ep
+""",
+)
+
 # Single server: KEYS = lru; ARGV = endpoint, key prefix P.
 _REMOVE_ONE_NODE = LuaScript(
     "prefix-remove",
@@ -259,6 +326,37 @@ class RedisPrefixIndex:
         if evicted:
             await self._forget(endpoint, evicted)
 
+    async def claim(self, hashes: Sequence[int], endpoint: str, capacity: int) -> str:
+        if not hashes:
+            raise ValueError("claim needs at least one hash")
+        if capacity <= 0:
+            raise ValueError(f"capacity must be positive, got {capacity}")
+        root = f"{hashes[0]:016x}"
+        packed = _pack(hashes)
+        lru = self.lru_key(endpoint)
+        now = _now_ms()
+        cutoff = now - self._ttl_ms
+        if not self._cluster:
+            args = (endpoint, now, self._ttl_ms, capacity, self._prefix, root, packed, cutoff)
+            reply = await guarded("prefix claim", _CLAIM_ONE_NODE.run(self._client, [lru], args))
+            return _owner(reply)
+        # The recency set is on another node: pushed once the claim is won (pushing it
+        # with the claim would count blocks of a lost claim against the capacity).
+        base = f"{self._prefix}:b:{{{root}}}:"
+        keys = [base + packed[i : i + 16] for i in range(0, len(packed), 16)]
+        claim = _CLAIM_BLOCKS.run(self._client, keys, (endpoint, now, self._ttl_ms, cutoff))
+        owner = _owner(await guarded("prefix claim", claim))
+        if owner != endpoint:
+            return owner
+        reply = await guarded(
+            "prefix claim",
+            _ADD_LRU.run(self._client, [lru], (capacity, self._ttl_ms, root, packed)),
+        )
+        evicted = _members("prefix claim", reply)
+        if evicted:
+            await self._forget(endpoint, evicted)
+        return owner
+
     async def remove_endpoint(self, endpoint: str) -> None:
         lru = self.lru_key(endpoint)
         if not self._cluster:
@@ -312,6 +410,16 @@ def _members(operation: str, reply: object) -> list[bytes]:
         if len(members) == len(reply):
             return members
     raise SharedStateReplyError(f"redis {operation}: unexpected reply {reply!r:.100}")
+
+
+def _owner(reply: object) -> str:
+    """A claim's reply: the endpoint name that owns the chain."""
+    if isinstance(reply, bytes) and reply:
+        try:
+            return reply.decode()
+        except UnicodeDecodeError as error:
+            raise SharedStateReplyError(f"redis prefix claim: endpoint name {error}") from error
+    raise SharedStateReplyError(f"redis prefix claim: unexpected reply {reply!r:.100}")
 
 
 def _parse_counts(reply: object) -> dict[str, int]:

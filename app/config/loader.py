@@ -41,6 +41,7 @@ from domain.requestcontrol.interfaces import (
     Admitter,
     DataProducer,
     Parser,
+    PlacementClaimer,
     PreRequest,
     ResponseBodyProcessor,
     ResponseHeaderProcessor,
@@ -139,6 +140,7 @@ class LoadedConfig:
     saturation_detector: SaturationDetector
     data_producers: list[DataProducer]
     admitters: list[Admitter]
+    placement_claimers: list[PlacementClaimer]
     pre_request: list[PreRequest]
     response_header: list[ResponseHeaderProcessor]
     response_body: list[ResponseBodyProcessor]
@@ -193,6 +195,7 @@ def _build(instances: PluginInstances, spec: EndpointPickerConfigSpec) -> Loaded
         saturation_detector=saturation_detector,
         data_producers=sorted_producers(plugins),
         admitters=plugins_with(plugins, Admitter),
+        placement_claimers=plugins_with(plugins, PlacementClaimer),
         pre_request=plugins_with(plugins, PreRequest),
         response_header=plugins_with(plugins, ResponseHeaderProcessor),
         response_body=plugins_with(plugins, ResponseBodyProcessor),

@@ -86,6 +86,9 @@ class InMemoryPrefixIndex:
     async def remove_endpoint(self, endpoint: str) -> None:
         self.remove_endpoint_sync(endpoint)
 
+    async def claim(self, hashes: Sequence[int], endpoint: str, capacity: int) -> str:
+        return self.claim_sync(hashes, endpoint, capacity)
+
     def size(self) -> int:
         return self._entries
 
@@ -152,6 +155,19 @@ class InMemoryPrefixIndex:
             self._evict(lru, bit, lru.live - capacity)
         if len(lru.order) > 2 * lru.live + _COMPACT_SLACK:
             _compact(lru)
+
+    def claim_sync(self, hashes: Sequence[int], endpoint: str, capacity: int) -> str:
+        """``ClaimingPrefixIndex.claim``: ``endpoint`` records ``hashes`` unless some
+        endpoint holds the first one; then the endpoint matching the most is returned
+        (the lowest id among equals)."""
+        if hashes:
+            first = hashes[0]
+            if self._shards[first & _SHARD_MASK].get(first) is not None:
+                held = self.match_sync(hashes)
+                if held:
+                    return max(held, key=held.__getitem__)
+        self.add_sync(hashes, endpoint, capacity)
+        return endpoint
 
     def remove_endpoint_sync(self, endpoint: str) -> None:
         """Forget ``endpoint`` and every hash it holds; unknown names are ignored."""

@@ -44,6 +44,7 @@ from domain.requestcontrol.interfaces import (
     Admitter,
     DataProducer,
     Parser,
+    PlacementClaimer,
     PreRequest,
     ResponseBodyProcessor,
     ResponseHeaderProcessor,
@@ -55,7 +56,12 @@ from domain.requestcontrol.metrics import RequestMetrics
 from domain.requesthandling.openai import ParsedRequest, rewrite_model
 from domain.requesthandling.usage import SseUsageScanner, rewrite_model_back, usage_from_body
 from domain.scheduling.scheduler import Scheduler
-from domain.scheduling.types import Candidate, InferenceRequest, SchedulingResult
+from domain.scheduling.types import (
+    Candidate,
+    InferenceRequest,
+    ProfileRunResult,
+    SchedulingResult,
+)
 from ports.codec import JsonCodec
 from ports.endpoints import EndpointInfo
 from ports.errors import ErrorCode
@@ -100,6 +106,7 @@ class RequestControl:
     saturation_detector: SaturationDetector
     data_producers: Sequence[DataProducer] = ()
     admitters: Sequence[Admitter] = ()
+    placement_claimers: Sequence[PlacementClaimer] = ()
     pre_request: Sequence[PreRequest] = ()
     response_header: Sequence[ResponseHeaderProcessor] = ()
     response_body: Sequence[ResponseBodyProcessor] = ()
@@ -315,6 +322,10 @@ class RequestExchangeState:
         primary = result.primary
         if primary is None or not primary.target_endpoints:
             raise ResourceExhaustedError("failed to find target endpoint")
+        for claimer in control.placement_claimers:
+            chosen = await _guarded(claimer.typed_name, claimer.claim_placement(request, result))
+            if chosen is not None:
+                result = _put_first(result, chosen)
         request.scheduling_result = result
         return result
 
@@ -532,6 +543,20 @@ def _plugin_span(observer: Observer, parent: Span, name: str, plugin: str) -> Sp
     if not parent.recording:
         return _NOOP_SPAN
     return observer.start_span(name, parent=parent, attributes={"plugin": plugin})
+
+
+def _put_first(result: SchedulingResult, chosen: Candidate) -> SchedulingResult:
+    """``result`` with ``chosen`` first among the primary profile's targets, the others
+    after it in their order."""
+    primary = result.primary
+    assert primary is not None
+    targets = primary.target_endpoints
+    if targets[0] is chosen:
+        return result
+    rest = tuple(c for c in targets if c.info.name != chosen.info.name)
+    runs = dict(result.profile_results)
+    runs[result.primary_profile_name] = ProfileRunResult(target_endpoints=(chosen, *rest))
+    return SchedulingResult(profile_results=runs, primary_profile_name=result.primary_profile_name)
 
 
 async def _guarded(name: object, call: Awaitable[T]) -> T:

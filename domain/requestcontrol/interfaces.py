@@ -17,6 +17,7 @@ __all__ = [
     "Admitter",
     "DataProducer",
     "Parser",
+    "PlacementClaimer",
     "PreRequest",
     "ResponseBodyProcessor",
     "ResponseHeaderProcessor",
@@ -91,6 +92,22 @@ class Admitter(Protocol):
     async def admit_request(
         self, request: InferenceRequest, candidates: Sequence[Candidate]
     ) -> str | None: ...
+
+
+@runtime_checkable
+class PlacementClaimer(Protocol):
+    """Runs after scheduling, before the ``PreRequest`` hooks. Returns the candidate the
+    primary profile's pick gives way to, or ``None`` to keep it: another EPP process placed
+    the same new prompt prefix a moment earlier, and agreeing on its endpoint keeps the
+    prefix on one server. The returned candidate goes first; the profile's other picks
+    follow it as fallbacks."""
+
+    @property
+    def typed_name(self) -> TypedName: ...
+
+    async def claim_placement(
+        self, request: InferenceRequest, result: SchedulingResult
+    ) -> Candidate | None: ...
 
 
 @runtime_checkable

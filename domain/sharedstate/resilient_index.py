@@ -19,6 +19,10 @@ process's own ``InMemoryPrefixIndex`` as fallback. What callers see never raises
 - ``add`` records locally at once and queues the write for the remote; one background task
   sends the queue in order. The request never awaits the remote. At most ``max_pending``
   writes wait; past that a write is dropped and counted.
+- ``claim`` (a new chain, after the pick: ``ClaimingPrefixIndex``) awaits the remote's
+  atomic claim within ``budget`` like ``match``, and returns the endpoint that owns the
+  chain; without an answer in time the caller's endpoint keeps it and the chain is recorded
+  as by ``add``.
 - ``remove_endpoint`` removes locally at once, then from the remote (in the caller's task,
   under ``write_timeout``; the prefix producer calls it from a background task).
 
@@ -84,7 +88,7 @@ from ports.metric_catalogue import (
     SHARED_STATE_WRITES,
 )
 from ports.observer import NoopObserver, Observer
-from ports.prefix_index import PrefixIndex
+from ports.prefix_index import ClaimingPrefixIndex, PrefixIndex
 from ports.shared_state import SharedStateReplyError, SharedStateWriteRefusedError
 
 __all__ = ["ResilientPrefixIndex"]
@@ -95,6 +99,7 @@ _NO_LABELS: dict[str, str] = {}
 _MATCH = {"operation": "match"}
 _ADD = {"operation": "add"}
 _REMOVE = {"operation": "remove_endpoint"}
+_CLAIM = {"operation": "claim"}
 _PROBE = {"operation": "probe"}
 #: Seconds between two warnings about error replies (the first one is logged at once).
 _REPLY_WARNING_INTERVAL = 60.0
@@ -266,6 +271,68 @@ class ResilientPrefixIndex:
         self._pending.append(write)
         self._wake.set()
 
+    async def claim(self, hashes: Sequence[int], endpoint: str, capacity: int) -> str:
+        """The remote's claim within ``budget``. Without its answer in time (degraded, a
+        miss, an error, a remote that cannot claim), ``endpoint`` keeps the request and the
+        chain is recorded as by ``add``; a claim answered late that names another owner
+        records it for ``endpoint`` then (the request went there)."""
+        remote = self.remote
+        if self._degraded or not hashes or not isinstance(remote, ClaimingPrefixIndex):
+            await self.add(hashes, endpoint, capacity)
+            return endpoint
+        start = self._clock()
+        call = asyncio.ensure_future(remote.claim(hashes, endpoint, capacity))
+        try:
+            async with asyncio.timeout(self._budget):
+                owner = await asyncio.shield(call)
+        except asyncio.CancelledError:
+            call.add_done_callback(functools.partial(self._late_claim, hashes, endpoint, capacity))
+            raise
+        except TimeoutError:
+            call.add_done_callback(functools.partial(self._late_claim, hashes, endpoint, capacity))
+            self._observer.counter(SHARED_STATE_DEADLINE_MISSES, _NO_LABELS)
+            self._misses += 1
+            if self._misses >= self._miss_limit:
+                self._degrade(
+                    f"{self._misses} consecutive deadline misses of {self._budget}s", slow=True
+                )
+            self._record_locally(hashes, endpoint, capacity)
+            return endpoint
+        except SharedStateReplyError as exc:
+            self._reply_error(_CLAIM, exc)
+            await self.add(hashes, endpoint, capacity)
+            return endpoint
+        except Exception as exc:
+            self._failed(_CLAIM, exc)
+            await self.add(hashes, endpoint, capacity)
+            return endpoint
+        self._observer.histogram(SHARED_STATE_ROUNDTRIP, _CLAIM, self._clock() - start)
+        self._misses = 0
+        if owner == endpoint:
+            self._observer.counter(SHARED_STATE_WRITES, _NO_LABELS)
+            self._record_locally(hashes, endpoint, capacity)
+        return owner
+
+    def _record_locally(self, hashes: Sequence[int], endpoint: str, capacity: int) -> None:
+        """An add the remote has (or will have) already: the local index and the journal."""
+        self.local.add_sync(hashes, endpoint, capacity)
+        self._answers_capacity = capacity
+        self._remember((tuple(hashes), endpoint, capacity))
+
+    def _late_claim(
+        self, hashes: Sequence[int], endpoint: str, capacity: int, call: asyncio.Future[str]
+    ) -> None:
+        """A claim past the budget (``endpoint`` got the request): when it recorded nothing,
+        because another endpoint owned the chain or it failed, the chain is written as an
+        add; an error is not this request's (retrieved, not raised)."""
+        if not call.cancelled() and call.exception() is None and call.result() == endpoint:
+            return
+        if (self._degraded and not self._slow) or len(self._pending) >= self._max_pending:
+            self._observer.counter(SHARED_STATE_DROPPED_WRITES, _NO_LABELS)
+            return
+        self._pending.append((tuple(hashes), endpoint, capacity))
+        self._wake.set()
+
     async def remove_endpoint(self, endpoint: str) -> None:
         self.local.remove_endpoint_sync(endpoint)
         self._answers.remove_endpoint_sync(endpoint)
@@ -291,10 +358,13 @@ class ResilientPrefixIndex:
             self._start_probe()
 
     async def _warm(self) -> None:
-        calls = [self.remote.match(_PROBE_HASHES) for _ in range(self._warm_connections)]
         try:
             async with asyncio.timeout(self._probe_timeout):
-                await asyncio.gather(*calls)
+                # One call alone first: a cluster client learns the slot map on its first
+                # call, and several first calls at once can fail in it.
+                await self.remote.match(_PROBE_HASHES)
+                more = self._warm_connections - 1
+                await asyncio.gather(*(self.remote.match(_PROBE_HASHES) for _ in range(more)))
         except SharedStateReplyError as exc:
             self._reply_error(_MATCH, exc)
         except Exception as exc:  # the first requests would find the same: degrade now

@@ -8,6 +8,7 @@ hashes each cover the prefix before them). ``size()`` may be -1 (unknown) on a s
 
 from __future__ import annotations
 
+import asyncio
 import random
 from collections.abc import AsyncIterator, Callable
 
@@ -16,7 +17,7 @@ from redis.asyncio.cluster import RedisCluster as ClusterClient
 
 from adapters.redis import RedisClient, RedisPrefixIndex, connect
 from domain.prefixcache import InMemoryPrefixIndex
-from ports.prefix_index import PrefixIndex
+from ports.prefix_index import ClaimingPrefixIndex, PrefixIndex
 from tests.contract.conftest import BACKENDS, CONTRACT_TIMEOUT
 from tests.support.prefix_model import PrefixIndexModel
 from tests.support.redis import RedisCluster, RedisServer
@@ -248,6 +249,54 @@ async def test_chains_with_different_roots_spread_over_the_cluster(
             assert len(slots) == 1
 
 
+def claiming(index: PrefixIndex) -> ClaimingPrefixIndex:
+    assert isinstance(index, ClaimingPrefixIndex)
+    return index
+
+
+async def test_claiming_a_new_chain_records_it_for_the_claimer(index: PrefixIndex) -> None:
+    assert await claiming(index).claim(D, "a", 100) == "a"
+    assert await index.match(D) == {"a": 10}
+    # The claim's capacity applies as an add's: D's oldest blocks make room for E.
+    assert await claiming(index).claim(E, "a", 12) == "a"
+    assert await index.match(E) == {"a": 10}
+    assert await index.match(D) == {}
+
+
+async def test_claiming_a_held_chain_names_its_owner_and_records_nothing(
+    index: PrefixIndex,
+) -> None:
+    await index.add(D[:3], "a", 100)
+    await index.add(D[:8], "b", 100)
+    assert await claiming(index).claim(D, "c", 100) == "b"
+    assert await index.match(D) == {"a": 3, "b": 8}
+    # A chain sharing only the first block is held too: its holder owns it.
+    other = [D[0], *chain(7, 5)]
+    assert await claiming(index).claim(other, "c", 100) in ("a", "b")
+    assert await index.match(other) == {"a": 1, "b": 1}
+
+
+async def test_a_removed_owner_no_longer_owns(index: PrefixIndex) -> None:
+    await claiming(index).claim(D, "a", 100)
+    await index.remove_endpoint("a")
+    assert await claiming(index).claim(D, "b", 100) == "b"
+    assert await index.match(D) == {"b": 10}
+
+
+async def test_processes_claiming_one_new_chain_at_once_agree_on_one_owner(
+    backend: _Backend,
+) -> None:
+    indexes = [claiming(backend.make()) for _ in range(6)]
+    await indexes[0].match(D)  # a cluster client's first call learns the slots, alone
+    for round_ in range(5):
+        hashes = chain(500 + round_, 12)
+        owners = await asyncio.gather(
+            *(ix.claim(hashes, f"pod-{i}", 100) for i, ix in enumerate(indexes))
+        )
+        assert len(set(owners)) == 1, owners
+        assert await indexes[0].match(hashes) == {owners[0]: 12}
+
+
 async def test_random_operations_agree_with_the_model(index: PrefixIndex) -> None:
     rng = random.Random(42)
     chains = [chain(200 + i, 12) for i in range(5)]
@@ -264,6 +313,15 @@ async def test_random_operations_agree_with_the_model(index: PrefixIndex) -> Non
             endpoint = rng.choice(endpoints)
             await index.remove_endpoint(endpoint)
             model.remove(endpoint)
+        elif roll < 0.7:
+            endpoint, capacity = rng.choice(endpoints), rng.choice([3, 8, 20])
+            held = model.match(hashes)
+            owner = await claiming(index).claim(hashes, endpoint, capacity)
+            if model.match(hashes[:1]):
+                assert held.get(owner) == max(held.values()), f"step {step}"
+            else:
+                assert owner == endpoint, f"step {step}"
+                model.add(hashes, endpoint, capacity)
         else:
             assert await index.match(hashes) == model.match(hashes), f"step {step}"
 

@@ -119,6 +119,9 @@ class Recorder:
     deny: str | None = None
     raise_in_producer: bool = False
     block_producer: bool = False
+    #: ``claim_placement`` moves the pick to this address's candidate.
+    claim_to: str | None = None
+    seen: list[Candidate] = field(default_factory=list)
 
     def produces(self) -> Sequence[str]:
         return ["Seen"]
@@ -134,6 +137,7 @@ class Recorder:
             raise RuntimeError("producer broke")
         if self.block_producer:
             await asyncio.Event().wait()
+        self.seen = list(candidates)
         for c in candidates:
             c.attributes["Seen"] = True
 
@@ -142,6 +146,13 @@ class Recorder:
     ) -> str | None:
         self.calls.append("admit")
         return self.deny
+
+    async def claim_placement(
+        self, request: InferenceRequest, result: SchedulingResult
+    ) -> Candidate | None:
+        assert result.primary is not None
+        self.calls.append(f"claim:{result.primary.target_endpoints[0].info.address.ip}")
+        return next((c for c in self.seen if c.info.address.ip == self.claim_to), None)
 
     async def pre_request(self, request: InferenceRequest, result: SchedulingResult) -> None:
         assert result.primary is not None
@@ -189,6 +200,7 @@ def _director(
         saturation_detector=Saturation(saturation),
         data_producers=[rec],
         admitters=[rec],
+        placement_claimers=[rec],
         pre_request=[rec],
         response_header=[rec],
         response_body=[rec],
@@ -250,14 +262,14 @@ async def test_the_request_control_order_and_the_decision() -> None:
     assert decision.error is None
     assert [e.ip for e in decision.endpoints] == ["10.0.0.2"]
     assert decision.body is BODY  # not rewritten: forwarded as received
-    assert recorder.calls == ["prepare:3", "admit", "pre:10.0.0.2"]
+    assert recorder.calls == ["prepare:3", "admit", "claim:10.0.0.2", "pre:10.0.0.2"]
     assert len(states) == 1
 
     await exchange.response_headers({":status": "200", "content-type": "application/json"}, {})
     reply = await exchange.response_body(b'{"model":"m","usage":{"prompt_tokens":3}}', True)
     assert reply.dynamic_metadata == {"envoy.lb": {"tokens": 7}}
     await exchange.close()
-    assert recorder.calls[3:] == ["header:200", "body:True:True:completed"]
+    assert recorder.calls[4:] == ["header:200", "body:True:True:completed"]
     assert len(states) == 0  # request state released with the stream
 
 
@@ -267,6 +279,16 @@ async def test_fallbacks_come_in_order() -> None:
     assert decision.endpoints[0].ip == "fd00::3"
     assert len(decision.endpoints) == 3
     assert len({e.ip for e in decision.endpoints}) == 3
+
+
+async def test_a_placement_claim_moves_the_pick_first_and_keeps_the_others_as_fallbacks() -> None:
+    recorder = Recorder(claim_to="fd00::3")
+    director, _, _ = _director(recorder=recorder, picks=2, prefer="10.0.0.2")
+    decision = await director.open(_request(BODY)).route()
+    assert decision.error is None
+    assert [e.ip for e in decision.endpoints][:2] == ["fd00::3", "10.0.0.2"]
+    assert len({e.ip for e in decision.endpoints}) == len(decision.endpoints)
+    assert recorder.calls[-2:] == ["claim:10.0.0.2", "pre:fd00::3"]  # PreRequest sees the move
 
 
 async def test_a_denying_admitter_is_a_500() -> None:

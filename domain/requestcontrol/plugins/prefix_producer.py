@@ -33,6 +33,7 @@ from domain.prefixcache.parameters import (
 from domain.scheduling.types import Candidate, InferenceRequest, SchedulingResult
 from ports.endpoints import EndpointEvent, EndpointEventKind
 from ports.metric_catalogue import PREFIX_INDEXER_HIT_BYTES, PREFIX_INDEXER_HIT_RATIO
+from ports.prefix_index import ClaimingPrefixIndex
 
 __all__ = [
     "BLOCK_HASHES",
@@ -52,11 +53,22 @@ TYPE = "approx-prefix-cache-producer"
 PREFILL_PROFILE = "prefill"
 #: The request's block hashes, from ``prepare_request_data`` to ``pre_request``.
 BLOCK_HASHES: StateKey[list[int]] = StateKey("prefix-block-hashes")
+#: A request whose prefix nobody held: its candidates by name, for ``claim_placement``.
+NEW_CHAIN: StateKey[dict[str, Candidate]] = StateKey("prefix-new-chain")
+#: The endpoint ``claim_placement`` recorded the chain for (``pre_request`` skips it).
+CLAIMED_FOR: StateKey[str] = StateKey("prefix-claimed-for")
 _NO_LABELS: dict[str, str] = {}
 
 
 class ApproxPrefixCacheProducer(ProducerPlugin, ConsumerPlugin):
-    """DataProducer + PreRequest writing ``PrefixCacheMatchInfo`` on every candidate.
+    """DataProducer + PlacementClaimer + PreRequest writing ``PrefixCacheMatchInfo`` on
+    every candidate.
+
+    A request whose prefix no endpoint holds claims it for the picked endpoint
+    (``claim_placement``, when the index is a ``ClaimingPrefixIndex``): if another EPP
+    process claimed the same chain since this one matched, the request follows that
+    process's endpoint when it is one of its candidates, so a burst of a new prefix through
+    several processes lands on one server.
 
     Requests without a body, or whose prefix input is shorter than one block, get
     ``PrefixCacheMatchInfo(0, 0, block_size_tokens)`` (score 0) and are not indexed. An
@@ -72,6 +84,7 @@ class ApproxPrefixCacheProducer(ProducerPlugin, ConsumerPlugin):
         self._codec = handle.codec
         self._hasher = handle.hasher
         self._index = handle.prefix_index
+        self._claims = isinstance(handle.prefix_index, ClaimingPrefixIndex)
         self._datastore = handle.datastore
         self._observer = handle.observer
         self._removals: set[asyncio.Task[None]] = set()
@@ -113,9 +126,12 @@ class ApproxPrefixCacheProducer(ProducerPlugin, ConsumerPlugin):
             for candidate in candidates:
                 candidate.attributes[PREFIX_CACHE_MATCH_INFO] = none
             return
-        request.state.put(self._typed_name.name, BLOCK_HASHES, hashes)
+        name = self._typed_name.name
+        request.state.put(name, BLOCK_HASHES, hashes)
         total = len(hashes)
         matches = await self._index.match(hashes)
+        if not matches and self._claims:
+            request.state.put(name, NEW_CHAIN, {c.info.name: c for c in candidates})
         zero = PrefixCacheMatchInfo(0, total, block_tokens)
         best = 0
         for candidate in candidates:
@@ -134,10 +150,46 @@ class ApproxPrefixCacheProducer(ProducerPlugin, ConsumerPlugin):
             PREFIX_INDEXER_HIT_BYTES, _NO_LABELS, best * block_tokens * CHARS_PER_TOKEN
         )
 
+    async def claim_placement(
+        self, request: InferenceRequest, result: SchedulingResult
+    ) -> Candidate | None:
+        name = self._typed_name.name
+        state = request.state
+        candidates = state.get(name, NEW_CHAIN)
+        hashes = state.get(name, BLOCK_HASHES)
+        primary = result.primary
+        index = self._index
+        if (
+            candidates is None
+            or not hashes
+            or primary is None
+            or not primary.target_endpoints
+            or not isinstance(index, ClaimingPrefixIndex)
+        ):
+            return None
+        picked = primary.target_endpoints[0]
+        if self._datastore.get(picked.info.name) is None:
+            return None
+        owner = await index.claim(hashes, picked.info.name, self._capacity(picked))
+        if owner == picked.info.name:
+            state.put(name, CLAIMED_FOR, owner)
+            return None
+        chosen = candidates.get(owner)
+        if chosen is not None:
+            logger.debug(
+                "request %s: new prefix already placed on %s, not %s",
+                request.request_id,
+                owner,
+                picked.info.name,
+            )
+        return chosen
+
     async def pre_request(self, request: InferenceRequest, result: SchedulingResult) -> None:
-        hashes = request.state.get(self._typed_name.name, BLOCK_HASHES)
+        name = self._typed_name.name
+        hashes = request.state.get(name, BLOCK_HASHES)
         if not hashes:
             return
+        claimed = request.state.get(name, CLAIMED_FOR)
         targets: list[Candidate] = []
         primary = result.primary
         if primary is not None and primary.target_endpoints:
@@ -148,10 +200,12 @@ class ApproxPrefixCacheProducer(ProducerPlugin, ConsumerPlugin):
             if not targets or chosen.info.name != targets[0].info.name:
                 targets.append(chosen)
         for target in targets:
-            name = target.info.name
-            if self._datastore.get(name) is None:
+            endpoint = target.info.name
+            if endpoint == claimed:
+                continue  # recorded by the claim
+            if self._datastore.get(endpoint) is None:
                 continue  # deleted since scheduling: do not resurrect it in the index
-            await self._index.add(hashes, name, self._capacity(target))
+            await self._index.add(hashes, endpoint, self._capacity(target))
 
     def _capacity(self, target: Candidate) -> int:
         metrics = target.metrics

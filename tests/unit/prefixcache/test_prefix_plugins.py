@@ -20,7 +20,7 @@ from domain.datastore.store import Datastore
 from domain.plugins.base import PluginRegistry, parameter_names
 from domain.plugins.handle import Handle
 from domain.prefixcache import InMemoryPrefixIndex, StdlibBlockHasher
-from domain.requestcontrol.interfaces import DataProducer, PreRequest
+from domain.requestcontrol.interfaces import DataProducer, PlacementClaimer, PreRequest
 from domain.requestcontrol.plugins import prefix_producer
 from domain.requestcontrol.plugins.prefix_producer import (
     ApproxPrefixCacheProducer,
@@ -142,6 +142,61 @@ async def test_first_request_matches_nothing_then_the_same_prompt_matches_fully(
         "b": PrefixCacheMatchInfo(10, 10, 16),
         "c": PrefixCacheMatchInfo(0, 10, 16),
     }
+
+
+async def test_a_new_prefix_matched_by_two_processes_at_once_goes_where_it_was_claimed() -> None:
+    shared = InMemoryPrefixIndex()  # the store both processes share
+    first_handle, second_handle = _handle(shared), _handle(shared, seed=1)
+    first, second = _producer(first_handle), _producer(second_handle)
+    assert isinstance(first, PlacementClaimer)
+    pods_first = _fresh(_endpoints(first_handle, "a", "b"))
+    pods_second = _fresh(_endpoints(second_handle, "a", "b"))
+    one, two = _request(), _request()
+    # Both match before either records: the prefix is new to both.
+    await first.prepare_request_data(one, pods_first)
+    await second.prepare_request_data(two, pods_second)
+    assert {_infos(pods_first)["a"], _infos(pods_second)["b"]} == {PrefixCacheMatchInfo(0, 10, 16)}
+    # The first picks "a" and claims it; the second picked "b" and is told "a".
+    assert await first.claim_placement(one, _result(pods_first[0])) is None
+    moved = await second.claim_placement(two, _result(pods_second[1]))
+    assert moved is pods_second[0]
+    await first.pre_request(one, _result(pods_first[0]))
+    await second.pre_request(two, _result(moved, None))
+    assert shared.match_sync(shared_chain(first, one)) == {"a": 10}
+
+
+async def test_a_claim_for_an_endpoint_that_is_not_a_candidate_keeps_the_pick() -> None:
+    shared = InMemoryPrefixIndex()
+    first_handle, second_handle = _handle(shared), _handle(shared, seed=1)
+    first, second = _producer(first_handle), _producer(second_handle)
+    pods_first = _fresh(_endpoints(first_handle, "a", "b"))
+    pods_second = _fresh(_endpoints(second_handle, "b", "c"))  # "a" is not a candidate
+    one, two = _request(), _request()
+    await first.prepare_request_data(one, pods_first)
+    await second.prepare_request_data(two, pods_second)
+    assert await first.claim_placement(one, _result(pods_first[0])) is None
+    assert await second.claim_placement(two, _result(pods_second[1])) is None
+    await second.pre_request(two, _result(pods_second[1]))
+    assert shared.match_sync(shared_chain(first, one)) == {"a": 10, "c": 10}
+
+
+async def test_a_held_prefix_claims_nothing() -> None:
+    handle = _handle()
+    producer = _producer(handle)
+    pods = _endpoints(handle, "a", "b")
+    await _route(producer, pods, _request())  # "a" holds it
+    request = _request()
+    snapshot = _fresh(pods)
+    await producer.prepare_request_data(request, snapshot)
+    assert await producer.claim_placement(request, _result(snapshot[1])) is None
+    await producer.pre_request(request, _result(snapshot[1]))
+    assert handle.prefix_index.size() == 20  # both hold it now: the pick was kept
+
+
+def shared_chain(producer: ApproxPrefixCacheProducer, request: InferenceRequest) -> list[int]:
+    hashes = request.state.get(producer.typed_name.name, prefix_producer.BLOCK_HASHES)
+    assert hashes
+    return hashes
 
 
 async def test_a_shared_prefix_matches_partially() -> None:

@@ -16,8 +16,8 @@ class FakeRemoteIndex:
     """A remote ``PrefixIndex`` over an in-memory index.
 
     ``failing``: every call raises ``SharedStateError``. ``slow``: the named operations
-    (``match``, ``add``, ``remove_endpoint``) never answer (until cancelled). ``latency``:
-    every call answers after that many seconds. ``garbage``: the named operations raise
+    (``match``, ``add``, ``claim``, ``remove_endpoint``) never answer (until cancelled).
+    ``latency``: every call answers after that many seconds. ``garbage``: the named operations raise
     ``SharedStateReplyError`` (an error reply; the store is up). ``full``: ``add`` raises
     ``SharedStateWriteRefusedError`` (out of memory). ``calls`` lists every operation
     called, answered or not; ``answered`` those that returned.
@@ -54,6 +54,11 @@ class FakeRemoteIndex:
     async def add(self, hashes: Sequence[int], endpoint: str, capacity: int) -> None:
         await self._enter("add")
         self.index.add_sync(hashes, endpoint, capacity)
+
+    async def claim(self, hashes: Sequence[int], endpoint: str, capacity: int) -> str:
+        await self._enter("claim")
+        self.answered.append("claim")
+        return self.index.claim_sync(hashes, endpoint, capacity)
 
     async def remove_endpoint(self, endpoint: str) -> None:
         await self._enter("remove_endpoint")

@@ -527,3 +527,44 @@ async def test_healed_from_slowness_nothing_is_re_sent(caplog: pytest.LogCapture
         assert "re-sending 0 adds and 0 removals" in _lines(caplog)[-1]
     finally:
         await rig.index.stop()
+
+
+async def test_a_won_claim_is_recorded_once_and_not_written_again(rig: Rig) -> None:
+    assert await rig.index.claim(H[:4], "a", 10) == "a"
+    await rig.index.flush()
+    assert "add" not in rig.remote.calls  # the claim wrote it
+    assert rig.remote.index.match_sync(H[:4]) == {"a": 4}
+    assert rig.index.local.match_sync(H[:4]) == {"a": 4}
+    assert rig.count(SHARED_STATE_WRITES) == 1
+
+
+async def test_a_lost_claim_names_the_owner_and_records_nothing(rig: Rig) -> None:
+    rig.remote.index.add_sync(H[:4], "other-process-pod", 10)
+    assert await rig.index.claim(H[:4], "a", 10) == "other-process-pod"
+    await rig.index.flush()
+    assert rig.remote.index.match_sync(H[:4]) == {"other-process-pod": 4}
+    assert rig.index.local.match_sync(H[:4]) == {}
+
+
+async def test_a_slow_claim_keeps_the_pick_and_writes_it_when_another_owner_answers() -> None:
+    rig = Rig(budget=0.01)
+    await rig.index.start()
+    rig.remote.index.add_sync(H[:4], "other-process-pod", 10)
+    rig.remote.latency = 0.05  # answers, past the budget
+    assert await rig.index.claim(H[:4], "a", 10) == "a"
+    assert rig.count(SHARED_STATE_DEADLINE_MISSES) == 1
+    assert rig.index.local.match_sync(H[:4]) == {"a": 4}
+    # The late answer names another owner: the request went to "a", so "a" is written.
+    await until(lambda: "a" in rig.remote.index.match_sync(H[:4]))
+    assert rig.remote.index.match_sync(H[:4]) == {"other-process-pod": 4, "a": 4}
+    await rig.index.stop()
+
+
+async def test_a_failing_claim_keeps_the_pick_records_locally_and_degrades(rig: Rig) -> None:
+    rig.remote.failing = True
+    assert await rig.index.claim(H[:4], "a", 10) == "a"
+    assert rig.index.degraded
+    assert rig.count(SHARED_STATE_ERRORS, operation="claim") == 1
+    assert rig.index.local.match_sync(H[:4]) == {"a": 4}
+    assert await rig.index.claim(H[:4], "b", 10) == "b"  # degraded: not asked
+    assert rig.remote.calls.count("claim") == 1
