@@ -77,6 +77,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any
 
 from domain.prefixcache.index import InMemoryPrefixIndex
 from ports.metric_catalogue import (
@@ -208,14 +209,11 @@ class ResilientPrefixIndex:
             self._let_finish(hashes, call)
             raise
         except TimeoutError:
-            self._let_finish(hashes, call)
-            self._observer.counter(SHARED_STATE_DEADLINE_MISSES, _NO_LABELS)
-            self._misses += 1
-            if self._misses >= self._miss_limit:
-                self._degrade(
-                    f"{self._misses} consecutive deadline misses of {self._budget}s", slow=True
-                )
-            return self._fallback(hashes, local)
+            if not _answered(call):
+                self._let_finish(hashes, call)
+                self._missed()
+                return self._fallback(hashes, local)
+            remote = call.result()  # answered in the loop turn the deadline fired in
         except SharedStateReplyError as exc:  # the store is up; this call fell back
             self._reply_error(_MATCH, exc)
             return self._fallback(hashes, local)
@@ -226,6 +224,14 @@ class ResilientPrefixIndex:
         self._misses = 0
         self._learn(hashes, remote)
         return _merged(remote, local) if local else remote
+
+    def _missed(self) -> None:
+        self._observer.counter(SHARED_STATE_DEADLINE_MISSES, _NO_LABELS)
+        self._misses += 1
+        if self._misses >= self._miss_limit:
+            self._degrade(
+                f"{self._misses} consecutive deadline misses of {self._budget}s", slow=True
+            )
 
     def _fallback(self, hashes: Sequence[int], local: dict[str, int]) -> dict[str, int]:
         """Without the remote's answer: this process's adds, and what earlier answers said."""
@@ -289,15 +295,14 @@ class ResilientPrefixIndex:
             call.add_done_callback(functools.partial(self._late_claim, hashes, endpoint, capacity))
             raise
         except TimeoutError:
-            call.add_done_callback(functools.partial(self._late_claim, hashes, endpoint, capacity))
-            self._observer.counter(SHARED_STATE_DEADLINE_MISSES, _NO_LABELS)
-            self._misses += 1
-            if self._misses >= self._miss_limit:
-                self._degrade(
-                    f"{self._misses} consecutive deadline misses of {self._budget}s", slow=True
+            if not _answered(call):
+                call.add_done_callback(
+                    functools.partial(self._late_claim, hashes, endpoint, capacity)
                 )
-            self._record_locally(hashes, endpoint, capacity)
-            return endpoint
+                self._missed()
+                self._record_locally(hashes, endpoint, capacity)
+                return endpoint
+            owner = call.result()
         except SharedStateReplyError as exc:
             self._reply_error(_CLAIM, exc)
             await self.add(hashes, endpoint, capacity)
@@ -584,3 +589,8 @@ def _merged(first: Mapping[str, int], second: Mapping[str, int]) -> dict[str, in
         if count > merged.get(endpoint, 0):
             merged[endpoint] = count
     return merged
+
+
+def _answered(call: asyncio.Future[Any]) -> bool:
+    """Done with a result (not cancelled, no exception)."""
+    return call.done() and not call.cancelled() and call.exception() is None

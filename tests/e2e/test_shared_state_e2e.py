@@ -95,18 +95,40 @@ async def test_replicas_sharing_redis_send_one_prefix_to_one_server(redis: Redis
             "--redis-key-prefix",
             f"epp:e2e-{uuid.uuid4().hex[:8]}",
             # A loaded test machine can pause a process for more than the 5 ms default;
-            # a miss would route on the replica's own index and make the test flaky.
+            # a miss would route on the replica's own index (or keep a pick without its
+            # claim) and make the test flaky.
             "--redis-deadline",
-            "200ms",
+            "1s",
         ],
     )
     with Stack.run(options) as stack:
         served = await _send_all(stack, shared=True)
         per_replica = _requests_per_replica(stack)
+        burst = await _send_burst(stack)
     assert all(count > 0 for count in per_replica), per_replica  # every replica routed
     assert sum(per_replica) == PREFIXES * PER_PREFIX
     for prefix, servers in served.items():
         assert len(set(servers)) == 1, (prefix, servers)
+    # New prefixes sent all at once through every replica: each replica matched before any
+    # had written, and the claim made them agree.
+    for prefix, servers in burst.items():
+        assert len(set(servers)) == 1, (prefix, servers)
+
+
+async def _send_burst(stack: Stack) -> dict[int, list[str]]:
+    """Every request of 4 x ``PREFIXES`` new prefixes at once; which server served each."""
+    served: dict[int, list[str]] = {p: [] for p in range(100, 100 + 4 * PREFIXES)}
+    async with aiohttp.ClientSession() as session:
+
+        async def send(prefix: int, question: int) -> None:
+            url = f"{stack.url}/v1/completions"
+            async with session.post(url, data=_prompt(prefix, question)) as response:
+                await response.read()
+                assert response.status == 200, await response.text()
+                served[prefix].append(response.headers[INSTANCE_HEADER])
+
+        await asyncio.gather(*(send(p, q) for q in range(PER_PREFIX) for p in served))
+    return served
 
 
 async def test_replicas_alone_spread_one_prefix_over_servers() -> None:
