@@ -71,9 +71,12 @@ def _all_serving(stack: Stack) -> bool:
     )
 
 
-async def _one_server_per_prefix(stack: Stack, prefixes: list[int], per_prefix: int) -> None:
+async def _one_server_per_prefix(
+    stack: Stack, prefixes: list[int], per_prefix: int
+) -> dict[int, str]:
     """Send each prefix ``per_prefix`` times (round robin over the replicas, each request's
-    write awaited before the next) and assert each prefix was served by one server."""
+    write awaited before the next), assert each prefix was served by one server, and
+    return it per prefix."""
     urls = _metrics_urls(stack)
     written = sum(_counter(u, WRITES) for u in urls)
     served: dict[int, set[str]] = {p: set() for p in prefixes}
@@ -89,6 +92,7 @@ async def _one_server_per_prefix(stack: Stack, prefixes: list[int], per_prefix: 
                 written += 1
                 await _until_written(urls, int(written))
     assert all(len(servers) == 1 for servers in served.values()), served
+    return {prefix: servers.pop() for prefix, servers in served.items()}
 
 
 class Traffic:
@@ -177,6 +181,50 @@ async def test_redis_killed_and_restarted_empty_during_traffic() -> None:
             await _one_server_per_prefix(stack, [2000, 2001], per_prefix=4)
     finally:
         redis.close()
+
+
+async def test_a_cluster_master_killed_during_traffic_fails_over_to_its_replica() -> None:
+    """3 masters with a replica each; one master is SIGKILLed. The cluster answers
+    ``CLUSTERDOWN`` until the replica is promoted (the 2 s node timeout, then an election):
+    the replicas degrade and route on local state, every request is answered, and they heal
+    on the promoted replica, which kept the data: the prefixes placed before still go to
+    their servers."""
+    _require_redis()
+    cluster = RedisCluster(replicas=1)
+    cluster.start()
+    try:
+        with Stack.run(_options(cluster.url, "127.0.0.112")) as stack:
+            placed = await _one_server_per_prefix(stack, [5000, 5001], per_prefix=2)
+            traffic = Traffic(stack)
+            async with traffic.running():
+                await traffic.until(lambda: len(traffic.statuses) >= 5, "traffic flows")
+                victim = next(n for n in cluster.nodes if cluster.role(n) == "master")
+                replica_roles = [cluster.role(n) for n in cluster.nodes]
+                victim.kill()
+                await traffic.until(
+                    lambda: (
+                        [cluster.role(n) for n in cluster.nodes if n is not victim].count("master")
+                        == replica_roles.count("master")
+                    ),
+                    "a replica promoted",
+                )
+                await traffic.until(
+                    lambda: _gauges(stack) == [0.0] * REPLICAS, "every replica healthy"
+                )
+                healed_at = len(traffic.statuses)
+                await traffic.until(
+                    lambda: len(traffic.statuses) >= healed_at + 5, "traffic after failover"
+                )
+                assert await asyncio.to_thread(_all_serving, stack)
+            assert set(traffic.statuses) == {200}, traffic.statuses
+            # Every replica saw the outage (CLUSTERDOWN) and healed from it.
+            for text in (DEGRADE_LINES[0], HEAL_LINES[0]):
+                assert min(_lines(stack, text)) >= 1, (text, _lines(stack, text))
+            # The promoted replica kept what was placed: the old prefixes go where they went.
+            after = await _one_server_per_prefix(stack, [5000, 5001, 5002], per_prefix=2)
+            assert {p: after[p] for p in placed} == placed
+    finally:
+        cluster.close()
 
 
 @pytest.fixture(scope="module")

@@ -262,14 +262,19 @@ class RedisServer:
 
 
 class RedisCluster:
-    """Three cluster-enabled masters (no replicas) joined by ``redis-cli --cluster create``."""
+    """Cluster-enabled masters (3 by default), each with ``replicas`` replicas (none by
+    default), joined by ``redis-cli --cluster create``. ``nodes`` lists the masters first
+    (as created; a failover may change which node is a master), then the replicas."""
 
-    def __init__(self, masters: int = 3) -> None:
-        self.nodes = [RedisServer(cluster=True) for _ in range(masters)]
+    def __init__(self, masters: int = 3, *, replicas: int = 0) -> None:
+        self.nodes = [RedisServer(cluster=True) for _ in range(masters * (1 + replicas))]
+        self._masters = masters
+        self._replicas = replicas
 
     @property
     def url(self) -> str:
-        return "redis+cluster://" + ",".join(node.address for node in self.nodes)
+        """The masters' addresses (the client learns the replicas from them)."""
+        return "redis+cluster://" + ",".join(n.address for n in self.nodes[: self._masters])
 
     def start(self, *, timeout: float = 20.0) -> None:
         for node in self.nodes:
@@ -281,7 +286,7 @@ class RedisCluster:
                 "create",
                 *(node.address for node in self.nodes),
                 "--cluster-replicas",
-                "0",
+                str(self._replicas),
                 "--cluster-yes",
             ],
             capture_output=True,
@@ -294,10 +299,20 @@ class RedisCluster:
         deadline = time.monotonic() + timeout
         while not all(
             "cluster_state:ok" in node.cli("CLUSTER", "INFO", check=False) for node in self.nodes
+        ) or not all(
+            "master_link_status:up" in node.cli("INFO", "replication", check=False)
+            for node in self.nodes[self._masters :]
         ):
             if time.monotonic() > deadline:
                 raise TimeoutError(f"cluster not ok within {timeout:.0f}s")
             time.sleep(0.05)
+
+    def role(self, node: RedisServer) -> str:
+        """``master`` or ``slave``, as the node says (empty when it does not answer)."""
+        for line in node.cli("INFO", "replication", check=False).splitlines():
+            if line.startswith("role:"):
+                return line.partition(":")[2].strip()
+        return ""
 
     def node_of_slot(self, slot: int) -> int:
         """The index in ``nodes`` of the master serving ``slot``."""
