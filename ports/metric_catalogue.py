@@ -57,6 +57,7 @@ __all__ = [
     "SCHEDULER_ATTEMPTS",
     "SCHEDULER_E2E_DURATION",
     "SCRAPE_ERRORS",
+    "SHARED_STATE_CLAIMS",
     "SHARED_STATE_DEADLINE_MISSES",
     "SHARED_STATE_DEGRADED",
     "SHARED_STATE_DROPPED_WRITES",
@@ -376,6 +377,13 @@ SHARED_STATE_DEGRADED = GaugeMetric(
     name="inference_extension_shared_state_degraded",
     help="1 while the shared state is degraded and routing uses local state only, else 0.",
 )
+SHARED_STATE_CLAIMS = CounterMetric(
+    name="inference_extension_shared_state_claims_total",
+    help="Claims of a new prompt prefix after the pick, by outcome: won (recorded for the "
+    "pick), lost (another process's endpoint owns it), fallback (no answer in time: the pick "
+    "stands).",
+    labels=("outcome",),
+)
 SHARED_STATE_WRITES = CounterMetric(
     name="inference_extension_shared_state_writes_total",
     help="Writes sent to the shared store and acknowledged.",
@@ -458,6 +466,7 @@ CATALOGUE: tuple[Metric, ...] = (
     SHARED_STATE_DEADLINE_MISSES,
     SHARED_STATE_ERRORS,
     SHARED_STATE_DEGRADED,
+    SHARED_STATE_CLAIMS,
     SHARED_STATE_WRITES,
     SHARED_STATE_DROPPED_WRITES,
     KV_INDEX_ENTRIES,

@@ -81,6 +81,7 @@ from typing import Any
 
 from domain.prefixcache.index import InMemoryPrefixIndex
 from ports.metric_catalogue import (
+    SHARED_STATE_CLAIMS,
     SHARED_STATE_DEADLINE_MISSES,
     SHARED_STATE_DEGRADED,
     SHARED_STATE_DROPPED_WRITES,
@@ -101,6 +102,9 @@ _MATCH = {"operation": "match"}
 _ADD = {"operation": "add"}
 _REMOVE = {"operation": "remove_endpoint"}
 _CLAIM = {"operation": "claim"}
+_WON = {"outcome": "won"}
+_LOST = {"outcome": "lost"}
+_FALLBACK = {"outcome": "fallback"}
 _PROBE = {"operation": "probe"}
 #: Seconds between two warnings about error replies (the first one is logged at once).
 _REPLY_WARNING_INTERVAL = 60.0
@@ -284,6 +288,8 @@ class ResilientPrefixIndex:
         records it for ``endpoint`` then (the request went there)."""
         remote = self.remote
         if self._degraded or not hashes or not isinstance(remote, ClaimingPrefixIndex):
+            if hashes:
+                self._observer.counter(SHARED_STATE_CLAIMS, _FALLBACK)
             await self.add(hashes, endpoint, capacity)
             return endpoint
         start = self._clock()
@@ -300,22 +306,28 @@ class ResilientPrefixIndex:
                     functools.partial(self._late_claim, hashes, endpoint, capacity)
                 )
                 self._missed()
+                self._observer.counter(SHARED_STATE_CLAIMS, _FALLBACK)
                 self._record_locally(hashes, endpoint, capacity)
                 return endpoint
             owner = call.result()
         except SharedStateReplyError as exc:
             self._reply_error(_CLAIM, exc)
+            self._observer.counter(SHARED_STATE_CLAIMS, _FALLBACK)
             await self.add(hashes, endpoint, capacity)
             return endpoint
         except Exception as exc:
             self._failed(_CLAIM, exc)
+            self._observer.counter(SHARED_STATE_CLAIMS, _FALLBACK)
             await self.add(hashes, endpoint, capacity)
             return endpoint
         self._observer.histogram(SHARED_STATE_ROUNDTRIP, _CLAIM, self._clock() - start)
         self._misses = 0
         if owner == endpoint:
+            self._observer.counter(SHARED_STATE_CLAIMS, _WON)
             self._observer.counter(SHARED_STATE_WRITES, _NO_LABELS)
             self._record_locally(hashes, endpoint, capacity)
+        else:
+            self._observer.counter(SHARED_STATE_CLAIMS, _LOST)
         return owner
 
     def _record_locally(self, hashes: Sequence[int], endpoint: str, capacity: int) -> None:

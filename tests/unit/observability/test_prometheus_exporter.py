@@ -75,6 +75,7 @@ EXPECTED: dict[str, tuple[str, set[str]]] = {
     "inference_extension_shared_state_deadline_misses_total": ("counter", set()),
     "inference_extension_shared_state_errors_total": ("counter", {"operation"}),
     "inference_extension_shared_state_degraded": ("gauge", set()),
+    "inference_extension_shared_state_claims_total": ("counter", {"outcome"}),
     "inference_extension_shared_state_writes_total": ("counter", set()),
     "inference_extension_shared_state_dropped_writes_total": ("counter", set()),
     "inference_extension_kv_index_entries": ("gauge", set()),

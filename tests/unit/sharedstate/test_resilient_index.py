@@ -12,6 +12,7 @@ import pytest
 
 from domain.sharedstate import ResilientPrefixIndex
 from ports.metric_catalogue import (
+    SHARED_STATE_CLAIMS,
     SHARED_STATE_DEADLINE_MISSES,
     SHARED_STATE_DEGRADED,
     SHARED_STATE_DROPPED_WRITES,
@@ -536,6 +537,7 @@ async def test_a_won_claim_is_recorded_once_and_not_written_again(rig: Rig) -> N
     assert rig.remote.index.match_sync(H[:4]) == {"a": 4}
     assert rig.index.local.match_sync(H[:4]) == {"a": 4}
     assert rig.count(SHARED_STATE_WRITES) == 1
+    assert rig.count(SHARED_STATE_CLAIMS, outcome="won") == 1
 
 
 async def test_a_lost_claim_names_the_owner_and_records_nothing(rig: Rig) -> None:
@@ -544,6 +546,7 @@ async def test_a_lost_claim_names_the_owner_and_records_nothing(rig: Rig) -> Non
     await rig.index.flush()
     assert rig.remote.index.match_sync(H[:4]) == {"other-process-pod": 4}
     assert rig.index.local.match_sync(H[:4]) == {}
+    assert rig.count(SHARED_STATE_CLAIMS, outcome="lost") == 1
 
 
 async def test_a_slow_claim_keeps_the_pick_and_writes_it_when_another_owner_answers() -> None:
@@ -553,6 +556,7 @@ async def test_a_slow_claim_keeps_the_pick_and_writes_it_when_another_owner_answ
     rig.remote.latency = 0.05  # answers, past the budget
     assert await rig.index.claim(H[:4], "a", 10) == "a"
     assert rig.count(SHARED_STATE_DEADLINE_MISSES) == 1
+    assert rig.count(SHARED_STATE_CLAIMS, outcome="fallback") == 1
     assert rig.index.local.match_sync(H[:4]) == {"a": 4}
     # The late answer names another owner: the request went to "a", so "a" is written.
     await until(lambda: "a" in rig.remote.index.match_sync(H[:4]))
