@@ -439,7 +439,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--redis-load-staleness",
         _duration,
         "20ms",
-        "how often the other processes' load is read back (its largest age)",
+        "how often the other processes' load is read back without a change here "
+        "(a change syncs after a quarter of it)",
     )
     _add(parser, "--redis-prefix-ttl", _duration, "1h", "life of a prefix block after its write")
     parser.add_argument(

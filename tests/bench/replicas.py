@@ -94,6 +94,7 @@ MISSES = "inference_extension_shared_state_deadline_misses_total"
 ERRORS = "inference_extension_shared_state_errors_total"
 DROPPED = "inference_extension_shared_state_dropped_writes_total"
 WRITES = "inference_extension_shared_state_writes_total"
+CLAIMS = "inference_extension_shared_state_claims_total"
 DEGRADED = "inference_extension_shared_state_degraded"
 REQUESTS = "inference_objective_request_total"
 MATCHES = ROUNDTRIP + "_count"
@@ -296,6 +297,10 @@ def extra_rows(columns: Sequence[Column]) -> list[tuple[str, list[str]]]:
         ("redis add round trip p50 (ms)", shared(trip(0.5, "add"))),
         ("shared matches answered", shared(lambda m: f"{total(m, MATCHES, operation='match'):.0f}")),  # noqa: E501
         ("deadline misses (local fallback)", shared(lambda m: f"{total(m, MISSES):.0f}")),
+        ("new-prefix claims won / lost / fallback", shared(
+            lambda m: " / ".join(
+                f"{total(m, CLAIMS, outcome=o):.0f}" for o in ("won", "lost", "fallback")))),
+        ("redis claim round trip p50 (ms)", shared(trip(0.5, "claim"))),
         ("shared-state errors", shared(lambda m: f"{total(m, ERRORS):.0f}")),
         ("writes acknowledged / dropped", shared(
             lambda m: f"{total(m, WRITES):.0f} / {total(m, DROPPED):.0f}")),

@@ -232,3 +232,37 @@ async def test_a_server_killed_and_restarted_empty(
         await a.stop()
         await b.stop()
         await client.aclose()
+
+
+async def test_a_change_is_synced_within_a_quarter_of_the_staleness(
+    redis_server: RedisServer, key_prefix: str
+) -> None:
+    """Under traffic the shared load is fresher than the idle period: a publish wakes the
+    sync task (at most once per staleness / 4), which writes it and reads the others'."""
+    client = connect(redis_server.url, connect_timeout=2.0, socket_timeout=2.0)
+    staleness = 4.0
+    busy = RedisSharedLoad(client, key_prefix=key_prefix, lease=30.0, staleness=staleness)
+    reader = RedisSharedLoad(client, key_prefix=key_prefix, lease=30.0, staleness=staleness)
+    try:
+        await busy.start()
+        await asyncio.sleep(0)  # its first sync starts now; the next is staleness away
+        started = time.monotonic()
+        busy.publish("pod-a", EndpointLoad(1, 10))
+        while reader.others() != {"pod-a": EndpointLoad(1, 10)}:
+            assert time.monotonic() - started < staleness / 2, "the booking was not written"
+            await reader.sync_once()
+            await asyncio.sleep(0.02)
+        # And a change here reads what the others wrote meanwhile.
+        reader.publish("pod-b", EndpointLoad(2, 20))
+        await reader.sync_once()
+        started = time.monotonic()
+        busy.publish("pod-a", EndpointLoad(2, 10))
+        await until(
+            lambda: busy.others() == {"pod-b": EndpointLoad(2, 20)},
+            "the busy process read the others'",
+            within=staleness / 2,
+        )
+    finally:
+        await busy.stop()
+        await reader.stop()
+        await client.aclose()
