@@ -14,7 +14,15 @@ import pytest
 
 from adapters.redis import RedisPrefixIndex, RedisSharedLoad, connect
 from ports.shared_state import EndpointLoad, SharedStateError
-from tests.support.redis import ACL_PASSWORD, ACL_USER, RedisCluster, RedisServer, TlsFiles
+from tests.support.redis import (
+    ACL_CLUSTER_COMMANDS,
+    ACL_COMMANDS,
+    ACL_PASSWORD,
+    ACL_USER,
+    RedisCluster,
+    RedisServer,
+    TlsFiles,
+)
 
 CONNECT_TIMEOUT = 0.2
 SOCKET_TIMEOUT = 0.1
@@ -41,6 +49,9 @@ async def exercise(url: str, key_prefix: str) -> None:
         assert await index.match(CHAIN) == {"pod-a": 8, "pod-b": 2}
         await index.remove_endpoint("pod-a")
         assert await index.match(CHAIN) == {}
+        assert await index.claim(CHAIN, "pod-c", 100) == "pod-c"
+        assert await index.claim(CHAIN, "pod-d", 100) == "pod-c"
+        await index.remove_endpoint("pod-c")
         a = RedisSharedLoad(client, key_prefix=key_prefix, lease=2.0)
         b = RedisSharedLoad(client, key_prefix=key_prefix, lease=2.0)
         a.publish("pod-a", EndpointLoad(2, 20))
@@ -84,6 +95,15 @@ async def test_an_acl_user_limited_to_epp_keys(redis_server: RedisServer, key_pr
             await RedisPrefixIndex(client, key_prefix="other").add(CHAIN, "pod-a", 10)
     finally:
         await client.aclose()
+
+
+async def test_an_acl_user_on_a_cluster(redis_cluster: RedisCluster, key_prefix: str) -> None:
+    """The same user on every node, with the cluster client's own commands added."""
+    for node in redis_cluster.nodes:
+        node.add_acl_user(commands=ACL_COMMANDS + " " + ACL_CLUSTER_COMMANDS)
+    first = redis_cluster.nodes[0].address
+    others = ",".join(node.address for node in redis_cluster.nodes[1:])
+    await exercise(f"redis+cluster://{ACL_USER}:{ACL_PASSWORD}@{first},{others}", key_prefix)
 
 
 async def test_a_wrong_password_fails_fast(redis_server: RedisServer, key_prefix: str) -> None:

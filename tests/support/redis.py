@@ -44,6 +44,9 @@ ACL_COMMANDS = (
     "+ping +evalsha +eval +hdel +zrange +del +zrem "  # sent by the client
     "+hgetall +hset +hlen +pexpire +zadd +zcard +zpopmin +zremrangebyscore +time"  # scripts
 )
+#: What the cluster client sends besides: the slot map, ``ASKING`` while a slot moves, and
+#: ``COMMAND`` (the command table it routes by, read when it starts).
+ACL_CLUSTER_COMMANDS = "+cluster|slots +asking +command"
 
 
 def redis_available() -> bool:
@@ -232,10 +235,12 @@ class RedisServer:
             raise RuntimeError(f"redis-cli {' '.join(command)}: {done.stdout}{done.stderr}")
         return done.stdout
 
-    def add_acl_user(self, user: str = ACL_USER, password: str = ACL_PASSWORD) -> None:
-        """A user limited to the keys ``epp:*`` and the commands the adapters send."""
+    def add_acl_user(
+        self, user: str = ACL_USER, password: str = ACL_PASSWORD, commands: str = ACL_COMMANDS
+    ) -> None:
+        """A user limited to the keys ``epp:*`` and ``commands`` (the adapters')."""
         self.cli("ACL", "SETUSER", user, "reset", "on", f">{password}", "~epp:*", "-@all")
-        for command in ACL_COMMANDS.split():
+        for command in commands.split():
             self.cli("ACL", "SETUSER", user, command)
 
     def kill(self) -> None:
