@@ -140,8 +140,9 @@ def _prefix_index(
         InMemoryPrefixIndex(),
         observer=observer,
         budget=settings.redis_deadline,
-        # The first requests' matches find open connections and a loaded script.
-        warm_connections=4,
+        # The first requests find open connections (a burst of new prefixes needs a match, a
+        # load refresh and a claim each) and a loaded match script.
+        warm_connections=16,
     )
 
 
@@ -153,6 +154,7 @@ def _shared_load(settings: Settings, client: RedisClient | None, observer: Obser
         key_prefix=settings.shared_key_prefix(),
         lease=settings.redis_lease,
         staleness=settings.redis_load_staleness,
+        refresh_budget=settings.redis_deadline,
         observer=observer,
     )
 

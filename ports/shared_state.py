@@ -80,6 +80,13 @@ class SharedLoad(Protocol):
         """``endpoint`` left the pool: forget this process's totals for it."""
         ...
 
+    async def refresh(self) -> None:
+        """Bring ``others`` up to date now (and write this process's changes), waiting at
+        most the implementation's routing budget; a refresh already under way is joined.
+        Never raises: past the budget, or when the store fails, ``others`` stays the copy
+        it was. For a routing decision that should see the pool's load as of now."""
+        ...
+
     async def start(self) -> None: ...
 
     async def stop(self) -> None:

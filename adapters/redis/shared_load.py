@@ -52,12 +52,14 @@ from ports.metric_catalogue import SHARED_STATE_ERRORS
 from ports.observer import NoopObserver, Observer
 from ports.shared_state import EndpointLoad, SharedStateError, SharedStateReplyError
 
-__all__ = ["DEFAULT_LEASE", "DEFAULT_STALENESS", "RedisSharedLoad"]
+__all__ = ["DEFAULT_LEASE", "DEFAULT_REFRESH_BUDGET", "DEFAULT_STALENESS", "RedisSharedLoad"]
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_LEASE = 10.0
 DEFAULT_STALENESS = 0.02
+#: Seconds ``refresh`` waits for its round trip (the routing budget).
+DEFAULT_REFRESH_BUDGET = 0.005
 _MAX_BACKOFF = 1.0
 _SYNC_LOAD = {"operation": "load_sync"}
 _WRITE_LOAD = {"operation": "load_write"}
@@ -149,9 +151,11 @@ class RedisSharedLoad:
         "_own_key",
         "_process_id",
         "_process_prefix",
+        "_refresh_budget",
         "_refused",
         "_republish",
         "_staleness",
+        "_sync",
         "_task",
         "_wake",
     )
@@ -163,6 +167,7 @@ class RedisSharedLoad:
         key_prefix: str,
         lease: float = DEFAULT_LEASE,
         staleness: float = DEFAULT_STALENESS,
+        refresh_budget: float = DEFAULT_REFRESH_BUDGET,
         observer: Observer | None = None,
     ) -> None:
         if not key_prefix or "{" in key_prefix or "}" in key_prefix:
@@ -186,6 +191,9 @@ class RedisSharedLoad:
         self._observer = observer or NoopObserver()
         self._task: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
+        self._refresh_budget = refresh_budget
+        #: The round trip under way, shared by the background task and ``refresh``.
+        self._sync: asyncio.Future[None] | None = None
 
     @property
     def process_id(self) -> str:
@@ -223,6 +231,24 @@ class RedisSharedLoad:
             self._dirty.add(endpoint)
             self._wake.set()
 
+    async def refresh(self) -> None:
+        if self._task is None or self._degraded:
+            return  # not started, or failing: the background task retries on its own
+        call = self._sync_shared()
+        try:
+            async with asyncio.timeout(self._refresh_budget):
+                await asyncio.shield(call)
+        except (TimeoutError, SharedStateError):
+            pass  # the copy as it was; the background task logs failures
+
+    def _sync_shared(self) -> asyncio.Future[None]:
+        """The round trip under way, or a new one: never two at once."""
+        call = self._sync
+        if call is None or call.done():
+            call = self._sync = asyncio.ensure_future(self.sync_once())
+            call.add_done_callback(_retrieve)
+        return call
+
     async def start(self) -> None:
         if self._task is None:
             self._task = asyncio.get_running_loop().create_task(
@@ -236,6 +262,10 @@ class RedisSharedLoad:
             done, _ = await asyncio.wait({task}, timeout=_STOP_TIMEOUT)
             if not done:
                 logger.warning("shared load: the background task did not stop in time")
+        call = self._sync
+        if call is not None and not call.done():
+            # A round trip under way would write this process's totals after the withdrawal.
+            await asyncio.wait({call}, timeout=_STOP_TIMEOUT)
         try:
             pipe = self._client.pipeline(transaction=False)
             pipe.delete(self._own_key)
@@ -307,7 +337,7 @@ class RedisSharedLoad:
         while True:
             started = time.monotonic()
             try:
-                await self.sync_once()
+                await asyncio.shield(self._sync_shared())
             except SharedStateError as error:
                 # redis-py can turn a cancellation inside a command into an error.
                 if me is not None and me.cancelling():
@@ -341,6 +371,12 @@ class RedisSharedLoad:
                     async with asyncio.timeout(left):
                         await self._wake.wait()
         self._wake.clear()
+
+
+def _retrieve(call: asyncio.Future[None]) -> None:
+    """Mark a round trip's failure as seen (whoever awaited it handled it, or nobody did)."""
+    if not call.cancelled():
+        call.exception()
 
 
 def _parse_loads(reply: object) -> tuple[bytes, dict[str, EndpointLoad]]:

@@ -47,6 +47,9 @@ class LocalSharedLoad:
     def remove_endpoint(self, endpoint: str) -> None:
         return None
 
+    async def refresh(self) -> None:
+        return None
+
     async def start(self) -> None:
         return None
 
@@ -159,6 +162,9 @@ class BoardMember:
 
     def remove_endpoint(self, endpoint: str) -> None:
         self._board._forget(self.process_id, endpoint)
+
+    async def refresh(self) -> None:
+        return None  # reads the board directly: never stale
 
     def renew(self) -> None:
         """Extend this member's lease (without changing its totals)."""

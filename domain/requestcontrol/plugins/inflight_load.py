@@ -180,6 +180,10 @@ class InFlightLoadProducer(ProducerPlugin, ConsumerPlugin):
         self, request: InferenceRequest, candidates: Sequence[Candidate]
     ) -> None:
         if self._pooled:
+            # The pool's load as of now (one round trip, joined by concurrent requests,
+            # within the shared state's budget): a decision taken on a copy up to a refresh
+            # period old would not see what other processes placed meanwhile.
+            await self._shared.refresh()
             self._refresh()
         shown = self._shown
         for candidate in candidates:
