@@ -72,7 +72,9 @@ FEATURE_GATES = ("dataLayer", "enableLegacyMetrics", "flowControl")
 #: endpoints holding at least ``affinityThreshold`` of its prefix
 #: (``prefix-cache-affinity-filter``) unless their estimated TTFT is ``maxTTFTPenaltyMs``
 #: worse than another's, then goes to the one with the fewest in-flight uncached tokens
-#: counting this prompt's (``token-load-scorer``). The approximate prefix index remembers
+#: counting this prompt's (``token-load-scorer``), among the endpoints whose scraped metrics
+#: are fresh (``metrics-freshness-filter``: a new prefix avoids a server whose ``/metrics``
+#: fails; a prefix sticky to it alone stays). The approximate prefix index remembers
 #: ``lruCapacityPerServer`` blocks per endpoint (``autoTune: false``) rather than the
 #: server's KV size, so a prefix keeps going back to the endpoint that had it. The
 #: reference's own default (queue 2, KV-cache utilization 2, prefix 3) is
@@ -83,6 +85,7 @@ DEFAULT_CONFIG: dict[str, Any] = {
         {"type": "approx-prefix-cache-producer", "parameters": {"autoTune": False}},
         {"type": "inflight-load-producer", "parameters": {"addEstimatedOutputTokens": False}},
         {"type": "prefix-cache-affinity-filter"},
+        {"type": "metrics-freshness-filter"},
         {"type": "token-load-scorer"},
         {"type": "max-score-picker"},
     ],
@@ -91,6 +94,7 @@ DEFAULT_CONFIG: dict[str, Any] = {
             "name": "default",
             "plugins": [
                 {"pluginRef": "prefix-cache-affinity-filter"},
+                {"pluginRef": "metrics-freshness-filter"},
                 {"pluginRef": "token-load-scorer"},
                 {"pluginRef": "max-score-picker"},
             ],

@@ -26,6 +26,7 @@ IN_TREE_MODULES = (
     "domain.scheduling.plugins.header_filter",
     "domain.scheduling.plugins.prefix_cache_scorer",
     "domain.scheduling.plugins.prefix_affinity_filter",
+    "domain.scheduling.plugins.metrics_freshness_filter",
     "domain.scheduling.plugins.utilization_filter",
     "domain.scheduling.plugins.no_hit_lru_scorer",
     "domain.scheduling.plugins.endpoint_attribute_filter",

@@ -23,7 +23,6 @@ from dataclasses import dataclass, field
 import pytest
 
 from adapters.prometheus.scrape import MetricsDataSource, MetricsSourceParameters
-from app.config import REFERENCE_DEFAULT_CONFIG_TEXT
 from domain.datalayer.collector import Collectors, SourceBinding
 from domain.datalayer.plugins.core_metrics_extractor import (
     CoreMetricsExtractor,
@@ -166,10 +165,9 @@ async def test_huge_valid_metrics_fail_that_scrape_without_starving_the_others(
             on_update=on_update,
             observer=observer,
         )
-        # The reference blend reads the scraped metrics (queue, KV cache): an endpoint whose
-        # scrape fails scores lowest. The default profile routes on the EPP's own in-flight
-        # load and prefixes and does not look at scrape health.
-        director = configured_director(datastore, REFERENCE_DEFAULT_CONFIG_TEXT)
+        # The default profile: its metrics-freshness-filter keeps new prompts off an endpoint
+        # whose scrape fails, whatever load the EPP itself sees on either.
+        director = configured_director(datastore)
         chosen: list[int] = []
         ages: list[float] = []
         latencies: list[float] = []

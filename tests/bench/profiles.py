@@ -1,5 +1,9 @@
 """EndpointPickerConfigs the benchmarks compare, besides the default (no config).
 
+``default_without_freshness`` and ``default_with_no_hit_lru`` are the default with
+``metrics-freshness-filter`` removed, or with ``no-hit-lru-scorer`` added at a weight: the
+variants decision 0014 measured.
+
 ``sticky_config`` is "sticky until saturated": ``prefix-cache-affinity-filter`` (its TTFT
 gate on) -> ``token-load-scorer`` (with the prompt look-ahead) -> ``max-score-picker``,
 with the ``inflight-load-producer`` booking uncached input tokens only (the reference's
@@ -10,7 +14,19 @@ the benchmarks pass that, as an operator would pass their calibrated figure.
 
 from __future__ import annotations
 
-__all__ = ["RANDOM_CONFIG", "SIMULATOR_PREFILL_TOKENS_PER_S", "sticky_config"]
+import copy
+import json
+from typing import Any
+
+from app.config import DEFAULT_CONFIG
+
+__all__ = [
+    "RANDOM_CONFIG",
+    "SIMULATOR_PREFILL_TOKENS_PER_S",
+    "default_with_no_hit_lru",
+    "default_without_freshness",
+    "sticky_config",
+]
 
 #: Prefill throughput of the simulator's ``h100-8b`` preset (1 / 0.25 ms per token).
 SIMULATOR_PREFILL_TOKENS_PER_S = 4000.0
@@ -54,3 +70,23 @@ schedulingProfiles:
   - pluginRef: token-load-scorer
   - pluginRef: max-score-picker
 """
+
+
+def default_without_freshness() -> str:
+    """The no-config default without ``metrics-freshness-filter`` (JSON, valid YAML)."""
+    config: dict[str, Any] = copy.deepcopy(DEFAULT_CONFIG)
+    kept = "metrics-freshness-filter"
+    config["plugins"] = [p for p in config["plugins"] if p["type"] != kept]
+    for profile in config["schedulingProfiles"]:
+        profile["plugins"] = [p for p in profile["plugins"] if p["pluginRef"] != kept]
+    return json.dumps(config)
+
+
+def default_with_no_hit_lru(weight: float) -> str:
+    """The no-config default plus ``no-hit-lru-scorer`` at ``weight`` after
+    ``token-load-scorer`` (JSON, valid YAML)."""
+    config: dict[str, Any] = copy.deepcopy(DEFAULT_CONFIG)
+    config["plugins"].insert(-1, {"type": "no-hit-lru-scorer"})
+    for profile in config["schedulingProfiles"]:
+        profile["plugins"].insert(-1, {"pluginRef": "no-hit-lru-scorer", "weight": weight})
+    return json.dumps(config)

@@ -47,6 +47,10 @@ All workloads and columns take about 10 minutes on 2 cores, ``--quick`` about 3.
     .venv/bin/python -m tests.bench.routing_quality [--quick] [--seed 1]
         [--workload shared-prefix|multi-turn|no-share|zipf|all]
         [--modes default,sticky,reference,random,sglang-cache_aware,sglang-round_robin]
+
+``--modes`` may also name ``no-freshness`` (the default without ``metrics-freshness-filter``)
+and ``lru-0.003``, ``lru-0.01``, ``lru-0.03`` (the default plus ``no-hit-lru-scorer`` at that
+weight), the variants of decision 0014; they are not run unless named.
 """
 
 from __future__ import annotations
@@ -69,7 +73,12 @@ import aiohttp
 import orjson
 
 from app.config import REFERENCE_DEFAULT_CONFIG_TEXT
-from tests.bench.profiles import RANDOM_CONFIG, sticky_config
+from tests.bench.profiles import (
+    RANDOM_CONFIG,
+    default_with_no_hit_lru,
+    default_without_freshness,
+    sticky_config,
+)
 from tests.simulator import DEFAULT_MODEL
 from tests.simulator.server import INSTANCE_HEADER
 from tests.support.stack import Stack, StackOptions, free_port, wait_for
@@ -79,6 +88,14 @@ MODES: dict[str, list[str]] = {
     "sticky": ["--config-text", sticky_config()],
     "reference": ["--config-text", REFERENCE_DEFAULT_CONFIG_TEXT],
     "random": ["--config-text", RANDOM_CONFIG],
+}
+#: Columns run only when ``--modes`` names them (decision 0014's variants of the default).
+EXTRA_MODES: dict[str, list[str]] = {
+    "no-freshness": ["--config-text", default_without_freshness()],
+    **{
+        f"lru-{weight}": ["--config-text", default_with_no_hit_lru(weight)]
+        for weight in (0.003, 0.01, 0.03)
+    },
 }
 #: SGLang's model gateway in front of the same simulators: mode -> its ``--policy``.
 SGLANG_MODES: dict[str, str] = {
@@ -371,7 +388,7 @@ def run_mode(mode: str, args: argparse.Namespace, sessions: Sessions) -> Outcome
         simulator_args=simulator_args(args),
         epp=policy is None,
         envoy=policy is None,
-        epp_args=MODES.get(mode, ()),
+        epp_args={**MODES, **EXTRA_MODES}.get(mode, ()),
     )
     with Stack.run(options) as stack:
         url = stack.url if policy is None else start_sglang_router(stack, policy)
@@ -566,7 +583,8 @@ def main() -> None:
     parser.add_argument(
         "--modes",
         default=",".join([*MODES, *SGLANG_MODES]),
-        help=f"columns, in order (default: all of {', '.join([*MODES, *SGLANG_MODES])})",
+        help=f"columns, in order (default: all of {', '.join([*MODES, *SGLANG_MODES])}; "
+        f"also {', '.join(EXTRA_MODES)})",
     )
     parser.add_argument(
         "--workload",
@@ -591,7 +609,8 @@ def main() -> None:
         args.requests = 100 if args.quick else 400
 
     modes = args.modes.split(",")
-    unknown = [m for m in modes if m not in MODES and m not in SGLANG_MODES]
+    known = {*MODES, *EXTRA_MODES, *SGLANG_MODES}
+    unknown = [m for m in modes if m not in known]
     if unknown:
         parser.error(f"--modes: unknown {', '.join(unknown)}")
     if any(m in SGLANG_MODES for m in modes):

@@ -3,10 +3,11 @@
 A request goes through the Director as the gRPC server hands it over: ``route()`` on the
 exchange that ``Director.open`` returns, with the Director built by ``configured_director``
 from the in-tree default config ("sticky until saturated": approx-prefix-cache-producer
-without autoTune, inflight-load-producer, prefix-cache-affinity-filter, token-load-scorer,
-max-score-picker, single-profile-handler), inside one asyncio loop (uvloop when installed).
+without autoTune, inflight-load-producer, prefix-cache-affinity-filter,
+metrics-freshness-filter, token-load-scorer, max-score-picker, single-profile-handler),
+inside one asyncio loop (uvloop when installed).
 One decision is the OpenAI body parse (orjson), the prefix hashing (xxh64), the prefix-index
-match, the in-flight load lookup, the filter, the scorer and the picker, and the PreRequest
+match, the in-flight load lookup, the filters, the scorer and the picker, and the PreRequest
 hooks (index update, load booking). Its wall time (and the thread's
 CPU time) is taken with ``perf_counter_ns`` around ``route()``; ``close()`` runs after each
 request, untimed. The PreRequest hook is wrapped in a thin timer (one extra coroutine call)

@@ -38,6 +38,8 @@ FLAKY_IPS = {
     "hang": "127.0.0.118",
 }
 SHEDDING_IP = "127.0.0.119"
+FRESHNESS_IP = "127.0.0.120"
+FRESHNESS_BASE_IP = "127.0.0.121"  # two simulators: .121 and .122
 HEALTHY_BASE_IP = "127.0.0.111"  # two simulators: .111 and .112
 #: Polls (of /metrics, by the EPP) observed after a log line before counting the lines.
 POLLS = 3
@@ -253,9 +255,13 @@ class Reply:
 
 
 async def complete(
-    session: aiohttp.ClientSession, url: str, *, headers: Mapping[str, str] | None = None
+    session: aiohttp.ClientSession,
+    url: str,
+    *,
+    headers: Mapping[str, str] | None = None,
+    prompt: str = "Hello there",
 ) -> Reply:
-    body = orjson.dumps({"model": DEFAULT_MODEL, "prompt": "Hello there", "max_tokens": 1})
+    body = orjson.dumps({"model": DEFAULT_MODEL, "prompt": prompt, "max_tokens": 1})
     async with session.post(
         f"{url}/v1/completions",
         data=body,
@@ -356,8 +362,8 @@ async def test_a_failing_metrics_endpoint_is_logged_once_and_recovers(
 
     await poll(served_by_it, within=10, what="the recovered endpoint to get a request")
 
-    # Failing again: one more warning. Its metrics are now stale, yet the scorers of the
-    # default profile keep scoring the last snapshot (they do not look at its age).
+    # Failing again: one more warning. Its metrics are now stale, yet the reference blend's
+    # scorers keep scoring the last snapshot (they do not look at its age).
     server.mode = fault
     await poll(lambda: logged(failing, 2), within=5, what="the new failure to be logged")
     await polled_again(POLLS)
@@ -414,3 +420,63 @@ spec: {priority: -1, poolRef: {name: pool}}
             await poll(shed, within=5, what="stale metrics to shed sheddable requests")
             reply = await complete(session, url)
             assert (reply.status, reply.instance) == (200, server.name)
+
+
+def _long_prompt(tag: str) -> str:
+    """About 500 tokens that share no prefix block with another tag's."""
+    return (f"[{tag}] " + "the cluster routes every request to a warm cache " * 40)[:2000]
+
+
+async def test_the_default_profile_sends_new_prefixes_away_from_a_failing_metrics_endpoint(
+    session: aiohttp.ClientSession,
+) -> None:
+    """With no config (the default profile), an endpoint whose ``/metrics`` fails gets no
+    new prefix while the others have fresh metrics, and gets them again once its scrapes
+    succeed; a prefix already sticky to it alone stays on it (its cache is warm)."""
+    with FlakyModelServer(FRESHNESS_IP, "ok") as server:
+        options = StackOptions(
+            simulators=2,
+            simulator_base_ip=FRESHNESS_BASE_IP,
+            extra_endpoints=[server.address],
+            epp_args=["--explain-decisions"],
+        )
+        with Stack.run(options) as stack:
+            url = stack.url
+            tags = iter(range(1_000_000))
+
+            async def new_prefix() -> Reply:
+                reply = await complete(session, url, prompt=_long_prompt(f"new {next(tags)}"))
+                assert reply.status == 200, reply.body
+                return reply
+
+            # Healthy: it takes its share of new prefixes; one of them becomes warm there.
+            async def warmed() -> str | None:
+                prompt = _long_prompt(f"warm {next(tags)}")
+                reply = await complete(session, url, prompt=prompt)
+                return prompt if reply.instance == server.name else None
+
+            warm = await poll(warmed, within=20, what="a prefix placed on the flaky server")
+
+            # Its /metrics fails: once its metrics are stale (2 s), new prefixes skip it.
+            server.mode = "status-500"
+
+            async def skipped() -> bool:
+                return f"{server.address}=" not in (await new_prefix()).decision
+
+            await poll(skipped, within=10, what="the failing endpoint to be filtered out")
+            replies = [await new_prefix() for _ in range(20)]
+            assert server.name not in {r.instance for r in replies}
+            assert len({r.instance for r in replies}) == 2  # both healthy ones share them
+
+            # The prefix that was already there stays (sticky), failing scrapes or not.
+            for _ in range(3):
+                reply = await complete(session, url, prompt=warm)
+                assert (reply.status, reply.instance) == (200, server.name), reply.decision
+
+            # Scraped again: it gets new prefixes again.
+            server.mode = "ok"
+
+            async def served_new() -> bool:
+                return (await new_prefix()).instance == server.name
+
+            await poll(served_new, within=20, what="a new prefix on the recovered endpoint")

@@ -278,6 +278,7 @@ def make_registry(*, data_layer: bool = True, policies: bool = True) -> PluginRe
         default_for=(PREFIX_KEY,))  # fmt: skip
     add("inflight-load-producer", LoadProducerDouble, LoadParameters, default_for=(LOAD_KEY,))
     add("prefix-cache-affinity-filter", FilterDouble)
+    add("metrics-freshness-filter", FilterDouble)
     add("token-load-scorer", ScorerDouble)
     add("header-based-testing-filter", FilterDouble)
     add("prefix-consumer-filter", PrefixFilterDouble, PrefixParameters)

@@ -127,7 +127,7 @@ def test_no_config_gives_sticky_until_saturated(text: str | None) -> None:
     loaded = load(text)
     assert list(loaded.profiles) == ["default"]
     profile = loaded.profiles["default"]
-    assert names(profile.filters) == ["prefix-cache-affinity-filter"]
+    assert names(profile.filters) == ["prefix-cache-affinity-filter", "metrics-freshness-filter"]
     assert scorer_weights(loaded, "default") == [("token-load-scorer", 1.0)]
     assert profile.picker.typed_name.name == "max-score-picker"
     assert loaded.profile_handler.typed_name.name == "single-profile-handler"
@@ -1044,7 +1044,8 @@ def test_in_tree_no_config() -> None:
     loaded = load(None, registry)
     assert scorer_weights(loaded, "default") == [("token-load-scorer", 1.0)]
     assert [f.typed_name.type for f in loaded.profiles["default"].filters] == [
-        "prefix-cache-affinity-filter"
+        "prefix-cache-affinity-filter",
+        "metrics-freshness-filter",
     ]
     assert loaded.profiles["default"].picker.typed_name.type == "max-score-picker"
     assert loaded.profile_handler.typed_name.type == "single-profile-handler"
