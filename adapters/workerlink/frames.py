@@ -9,7 +9,7 @@ encoded:
   user), so these are trusted like the processes themselves.
 - ``M``: one endpoint's metrics snapshot (``MetricsSnapshot``), msgpack with a fixed,
   validated schema: the message the supervisor sends for every model-server poll, so it is
-  compact (about 100 bytes instead of the ~11 KB ``/metrics`` body) and cheap to decode.
+  compact (about 120 bytes instead of the ~11 KB ``/metrics`` body) and cheap to decode.
 
 ``read_frame`` returns the payload; a frame above ``MAX_FRAME_BYTES`` ends the connection
 (``ValueError``: the stream cannot be trusted past it). ``decode_message`` raises
