@@ -25,6 +25,7 @@ from adapters.xxhash.block_hasher import XxhashBlockHasher
 from app.config.loader import LoadedConfig, load_config
 from app.config_watch import ConfigWatcher
 from app.flowcontrol import build_flow_controller
+from app.metrics_relay import supervisor_binding, worker_binding
 from app.observability import EppObserver, Observability, build_tracing
 from app.plugins import KubernetesAccess, build_registry
 from app.settings import Settings
@@ -278,12 +279,13 @@ def _collectors(
 
     Under ``--workers``, the supervisor's sources are teed to the workers (``hub``), and a
     worker's sources are the relayed ones of the same names (``link``): the model servers
-    are polled and watched once per pod."""
+    are polled and watched once per pod, and parsed once when the workers only need the
+    metrics snapshots (``app.metrics_relay``)."""
 
-    def polling(source: PollingDataSource) -> PollingDataSource:
+    def polling(binding: SourceBinding) -> SourceBinding:
         if link is not None:
-            return link.polling_source(source.typed_name, source.output_type())
-        return hub.polling(source) if hub is not None else source
+            return worker_binding(binding, link)
+        return supervisor_binding(binding, hub) if hub is not None else binding
 
     def notifying(source: NotificationSource) -> NotificationSource:
         if link is not None:
@@ -298,7 +300,7 @@ def _collectors(
         for spec in loaded.data_layer.sources:
             if isinstance(spec.source, PollingDataSource):
                 extractors = tuple(e for e in spec.extractors if isinstance(e, Extractor))
-                bindings.append(SourceBinding(polling(spec.source), extractors))
+                bindings.append(polling(SourceBinding(spec.source, extractors)))
             elif isinstance(spec.source, NotificationSource):
                 notified = tuple(e for e in spec.extractors if isinstance(e, NotificationExtractor))
                 notifications.append(NotificationBinding(notifying(spec.source), notified))

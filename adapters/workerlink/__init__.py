@@ -3,10 +3,13 @@
 The supervisor runs the data layer once for the pod (endpoint discovery, the model servers'
 ``/metrics`` polls, notification watches) and relays what it learns to every worker
 (``SupervisorHub``); each worker feeds it to its own datastore and extractors through
-relayed ports (``WorkerLink``) and reports its readiness and metrics port back.
+relayed ports (``WorkerLink``) and reports its readiness and metrics port back. A model
+server's poll is relayed as the metrics snapshot the supervisor extracted from it
+(``MetricsSnapshot``) when the workers need nothing else from it, so it is parsed once per pod.
 """
 
+from adapters.workerlink.frames import MetricsSnapshot
 from adapters.workerlink.hub import SupervisorHub, WorkerStatus
 from adapters.workerlink.link import WorkerLink
 
-__all__ = ["SupervisorHub", "WorkerLink", "WorkerStatus"]
+__all__ = ["MetricsSnapshot", "SupervisorHub", "WorkerLink", "WorkerStatus"]

@@ -7,6 +7,10 @@ rules, the last poll result per source and endpoint, the live watched objects), 
 that connects late, or is restarted, gets the whole picture first and then the changes, in
 order. A worker whose unread backlog passes ``max_backlog_bytes`` is disconnected (it stops
 and is restarted) rather than growing the supervisor's memory.
+
+A source whose results only the supervisor needs to read (its extractors' output is the
+endpoint's metrics snapshot) is not teed: the supervisor relays the snapshot its extractors
+made instead (``metrics_snapshot``), so the workers do not parse each scrape again.
 """
 
 from __future__ import annotations
@@ -18,7 +22,14 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from adapters.workerlink.frames import encode_frame, read_frame
+from adapters.workerlink.frames import (
+    MalformedFrameError,
+    MetricsSnapshot,
+    decode_message,
+    encode_frame,
+    encode_snapshot_frame,
+    read_frame,
+)
 from ports.datalayer import (
     NotificationEvent,
     NotificationKind,
@@ -74,7 +85,7 @@ class SupervisorHub:
         self._synced = False
         self._priorities: Mapping[str, int | None] | None = None
         self._rules: Sequence[ModelRewriteRule] | None = None
-        self._polls: dict[tuple[str, str], object] = {}
+        self._polls: dict[tuple[str, str], bytes] = {}  # the last frame of each
         self._watched: dict[str, dict[tuple[str, str], NotificationEvent]] = {}
         self._handlers: set[asyncio.Task[None]] = set()
         self._connections: set[asyncio.StreamWriter] = set()
@@ -139,25 +150,36 @@ class SupervisorHub:
                 del self._polls[key]
         else:
             self._endpoints[name] = event.endpoint
-        self._broadcast(("endpoint", event))
+        self._broadcast(encode_frame(("endpoint", event)))
 
     def synced(self, synced: bool) -> None:
         self._synced = synced
-        self._broadcast(("synced", synced))
+        self._broadcast(encode_frame(("synced", synced)))
 
     def set_objectives(self, priorities: Mapping[str, int | None]) -> None:
         self._priorities = dict(priorities)
-        self._broadcast(("objectives", self._priorities))
+        self._broadcast(encode_frame(("objectives", self._priorities)))
 
     def set_rules(self, rules: Sequence[ModelRewriteRule]) -> None:
         self._rules = list(rules)
-        self._broadcast(("rules", self._rules))
+        self._broadcast(encode_frame(("rules", self._rules)))
 
     def poll_result(self, source: str, endpoint: str, value: object) -> None:
+        """A raw poll result of a teed source, for the workers' own extractors."""
         if endpoint not in self._endpoints:
             return
-        self._polls[(source, endpoint)] = value
-        self._broadcast(("poll", source, endpoint, value))
+        frame = encode_frame(("poll", source, endpoint, value))
+        self._polls[(source, endpoint)] = frame
+        self._broadcast(frame)
+
+    def metrics_snapshot(self, source: str, endpoint: str, metrics: MetricsSnapshot) -> None:
+        """The endpoint's metrics as the supervisor's extractors of ``source`` left them
+        after a poll; a worker's relayed source of that name returns it from ``poll``."""
+        if endpoint not in self._endpoints:
+            return
+        frame = encode_snapshot_frame(source, endpoint, metrics)
+        self._polls[(source, endpoint)] = frame
+        self._broadcast(frame)
 
     def notification(self, source: str, event: NotificationEvent) -> None:
         watched = self._watched.setdefault(source, {})
@@ -166,9 +188,10 @@ class SupervisorHub:
             watched.pop(key, None)
         else:
             watched[key] = event
-        self._broadcast(("notification", source, event))
+        self._broadcast(encode_frame(("notification", source, event)))
 
-    def _snapshot(self) -> list[tuple[object, ...]]:
+    def _snapshot(self) -> list[bytes]:
+        """The frames that give a new worker the current state."""
         messages: list[tuple[object, ...]] = [
             ("endpoint", EndpointEvent(kind=EndpointEventKind.ADD_OR_UPDATE, endpoint=info))
             for info in self._endpoints.values()
@@ -177,17 +200,20 @@ class SupervisorHub:
             messages.append(("objectives", self._priorities))
         if self._rules is not None:
             messages.append(("rules", self._rules))
-        messages.extend(("poll", s, e, v) for (s, e), v in self._polls.items())
+        frames = [encode_frame(message) for message in messages]
+        frames.extend(self._polls.values())
         for source, watched in self._watched.items():
-            messages.extend(("notification", source, event) for event in watched.values())
+            frames.extend(
+                encode_frame(("notification", source, event)) for event in watched.values()
+            )
         if self._synced:
-            messages.append(("synced", True))
-        return messages
+            frames.append(encode_frame(("synced", True)))
+        return frames
 
-    def _broadcast(self, message: tuple[object, ...]) -> None:
+    def _broadcast(self, frame: bytes) -> None:
+        """Sends one frame, encoded once whatever the number of workers, to every one."""
         if not self._peers:
             return
-        frame = encode_frame(message)  # once, whatever the number of workers
         for peer in list(self._peers.values()):
             self._send(peer, frame)
 
@@ -212,22 +238,38 @@ class SupervisorHub:
         peer: _Peer | None = None
         try:
             async with asyncio.timeout(HELLO_TIMEOUT):
-                hello = await read_frame(reader)
+                hello = decode_message(await read_frame(reader))
             if not (isinstance(hello, tuple) and len(hello) == 3 and hello[0] == "hello"):
                 raise ValueError(f"expected hello, got {type(hello).__name__}")
             peer = _Peer(worker_id=int(hello[1]), pid=int(hello[2]), writer=writer)
             old = self._peers.pop(peer.worker_id, None)
             if old is not None:
                 old.writer.close()
-            for message in self._snapshot():  # no await in between: nothing is missed
-                self._send(peer, encode_frame(message))
+            for frame in self._snapshot():  # no await in between: nothing is missed
+                self._send(peer, frame)
             self._peers[peer.worker_id] = peer
             while True:
-                status = await read_frame(reader)
-                if isinstance(status, tuple) and len(status) == 3 and status[0] == "status":
+                payload = await read_frame(reader)
+                try:
+                    status = decode_message(payload)
+                except MalformedFrameError as exc:  # skipped; the worker stays connected
+                    logger.warning("worker %d sent a malformed frame: %s", peer.worker_id, exc)
+                    continue
+                if (
+                    isinstance(status, tuple)
+                    and len(status) == 3
+                    and status[0] == "status"
+                    and isinstance(status[2], int)
+                ):
                     peer.ready = bool(status[1])
-                    peer.metrics_port = int(status[2])
-        except (asyncio.IncompleteReadError, ConnectionError, TimeoutError, ValueError) as exc:
+                    peer.metrics_port = status[2]
+        except (
+            asyncio.IncompleteReadError,
+            ConnectionError,
+            TimeoutError,
+            ValueError,
+            MalformedFrameError,
+        ) as exc:
             if peer is None:
                 logger.warning("a worker connection ended before its hello: %r", exc)
         finally:

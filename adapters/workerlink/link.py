@@ -6,15 +6,22 @@
   events and synced state to the worker's datastore, and the relayed objectives and
   rewrite rules to ``objectives``;
 - ``polling_source(name, output_type)``: a ``PollingDataSource`` whose ``poll`` returns the
-  next result the supervisor's source of that name got for the endpoint (it waits for it:
-  the worker's collector then runs its extractors once per supervisor poll, and a model
-  server that fails is counted and logged once, by the supervisor);
+  next result the supervisor relayed for the endpoint from its source of that name (it
+  waits for it: the worker's collector then runs its extractors once per supervisor poll,
+  and a model server that fails is counted and logged once, by the supervisor). The result
+  is the raw one (a source with custom extractors), or, with ``output_type``
+  ``MetricsSnapshot``, the endpoint's metrics as the supervisor's extractors made them;
 - ``notification_source(name, gvk, output_type)``: a ``NotificationSource`` delivering the
   relayed changes of the supervisor's watch of that name.
 
 ``lost`` is set when the connection ends (the supervisor is gone or dropped this worker):
 the worker then stops. ``report(ready, metrics_port)`` tells the supervisor this worker's
 readiness and where its own ``/metrics`` is (sent only when it changes).
+
+A frame the worker cannot read (undecodable, or not a message of the link's vocabulary) is
+skipped and counted in ``rejected_frames``, and logged when it follows a good one; the link
+goes on. Only a frame above the size bound, which leaves the stream's framing in doubt,
+ends it.
 """
 
 from __future__ import annotations
@@ -25,7 +32,12 @@ import logging
 import os
 from collections.abc import Callable, Mapping, Sequence
 
-from adapters.workerlink.frames import read_frame, write_frame
+from adapters.workerlink.frames import (
+    MalformedFrameError,
+    decode_message,
+    read_frame,
+    write_frame,
+)
 from ports.datalayer import NotificationEvent
 from ports.endpoints import EndpointEvent, EndpointEventKind, EndpointInfo, EndpointSink
 from ports.objectives import ModelRewriteRule, ObjectiveSink
@@ -53,6 +65,8 @@ class WorkerLink:
         self._polling: dict[str, _RelayedPolling] = {}
         self._notifying: dict[str, _RelayedNotifications] = {}
         self._reported: tuple[bool, int] | None = None
+        self.rejected_frames = 0
+        self._rejecting = False
 
     @classmethod
     async def connect(cls, path: str, worker_id: int) -> WorkerLink:
@@ -121,40 +135,62 @@ class WorkerLink:
     async def _read(self) -> None:
         try:
             while True:
-                self._dispatch(await read_frame(self._reader))
+                payload = await read_frame(self._reader)
+                try:
+                    self._dispatch(decode_message(payload))
+                except MalformedFrameError as exc:
+                    self.rejected_frames += 1
+                    if not self._rejecting:
+                        self._rejecting = True
+                        logger.warning(
+                            "worker %d: skipped a frame from the supervisor it cannot read: %s",
+                            self.worker_id,
+                            exc,
+                        )
+                else:
+                    self._rejecting = False
         except (asyncio.IncompleteReadError, ConnectionError, ValueError) as exc:
             logger.warning("worker %d: the supervisor link ended (%r)", self.worker_id, exc)
         finally:
             self.lost.set()
 
     def _dispatch(self, message: object) -> None:
+        """Applies one message; ``MalformedFrameError`` if it is not one of the link's."""
         if not isinstance(message, tuple) or not message:
-            return
-        kind = message[0]
-        if kind == "endpoint":
-            event = message[1]
+            raise MalformedFrameError(f"not a message: {type(message).__name__}")
+        kind, *fields = message
+        if kind == "endpoint" and _shaped(fields, EndpointEvent):
+            event: EndpointEvent = fields[0]
             self._apply(event)
             if event.kind is EndpointEventKind.DELETE:
                 for source in self._polling.values():
                     source.forget(event.endpoint)
-        elif kind == "synced":
-            self._apply(bool(message[1]))
-        elif kind == "poll":
-            polled = self._polling.get(message[1])
+        elif kind == "synced" and _shaped(fields, bool):
+            self._apply(fields[0])
+        elif kind == "poll" and _shaped(fields, str, str, object):
+            polled = self._polling.get(fields[0])
             if polled is not None:
-                polled.put(message[2], message[3])
-        elif kind == "notification":
-            notifying = self._notifying.get(message[1])
+                polled.put(fields[1], fields[2])
+        elif kind == "notification" and _shaped(fields, str, NotificationEvent):
+            notifying = self._notifying.get(fields[0])
             if notifying is not None:
-                notifying.put(message[2])
-        elif kind == "objectives":
-            self._priorities = message[1]
+                notifying.put(fields[1])
+        elif kind == "objectives" and _shaped(fields, Mapping):
+            self._priorities = fields[0]
             if self._objectives is not None:
-                self._objectives.set_objectives(message[1])
-        elif kind == "rules":
-            self._rules = message[1]
+                self._objectives.set_objectives(fields[0])
+        elif kind == "rules" and _shaped(fields, Sequence):
+            self._rules = fields[0]
             if self._objectives is not None:
-                self._objectives.set_rules(message[1])
+                self._objectives.set_rules(fields[0])
+        else:
+            raise MalformedFrameError(f"not a message of the link: {kind!r} with {len(fields)}")
+
+
+def _shaped(fields: Sequence[object], *types: type) -> bool:
+    return len(fields) == len(types) and all(
+        isinstance(f, t) for f, t in zip(fields, types, strict=True)
+    )
 
 
 class _RelayedEndpoints:
@@ -185,6 +221,11 @@ class _RelayedPolling:
         return self._output_type
 
     def put(self, endpoint: str, value: object) -> None:
+        if not isinstance(value, self._output_type):
+            raise MalformedFrameError(
+                f"{self._typed_name}: a {type(value).__name__} result, "
+                f"not {self._output_type.__name__}"
+            )
         self._latest[endpoint] = value
         event = self._fresh.get(endpoint)
         if event is None:

@@ -359,12 +359,12 @@ def _pod(args: argparse.Namespace, redis_url: str, workers: int) -> PodRow:
         _run("warmup", epp_url, 300, args.concurrency, None, None)
         _run("warmup", direct_url, 300, args.concurrency, destinations, None)
         first = sample_pod(pid, stack.epp_metrics_port, sims)
+        sampled_at = time.monotonic()
         # The pod's CPU with no request: scrapes, relays, shared-load refreshes, gauges.
         idle_started = time.monotonic()
         time.sleep(args.idle_seconds)
         idle_cpu = sum(cpu_seconds(p) for p in first.pids) - first.cpu
         idle_rate = idle_cpu / (time.monotonic() - idle_started)
-        started = time.monotonic()
         epp_runs, direct_runs = [], []
         for _ in range(args.rounds):
             before = sum(cpu_seconds(p) for p in first.pids)
@@ -377,7 +377,8 @@ def _pod(args: argparse.Namespace, redis_url: str, workers: int) -> PodRow:
                 _run("direct", direct_url, args.requests, args.concurrency, destinations, None)
             )
         last = sample_pod(pid, stack.epp_metrics_port, sims)
-        elapsed = time.monotonic() - started
+        # The scrapes counted from the first sample on, over the time since (idle included).
+        scrape_seconds = time.monotonic() - sampled_at
         served = {w: last.per_worker.get(w, 0) - n for w, n in first.per_worker.items()}
         total = sum(served.values()) or 1
         scraped = [b - a for a, b in zip(first.scrapes, last.scrapes, strict=True)]
@@ -387,7 +388,7 @@ def _pod(args: argparse.Namespace, redis_url: str, workers: int) -> PodRow:
             direct=_merged(direct_runs),
             split={w: n / total for w, n in sorted(served.items())},
             rss_mib=[rss_mib(p) for p in first.pids],
-            scrapes_per_second=statistics.mean(scraped) / elapsed,
+            scrapes_per_second=statistics.mean(scraped) / scrape_seconds,
             idle_cpu_per_second=idle_rate,
         )
 

@@ -2,25 +2,46 @@
 
 The supervisor's data layer calls the teed ports; a worker, even one that connects late,
 sees the same endpoints, readiness, objectives, poll results and watch events through its
-relayed ports, and the supervisor sees the worker's readiness.
+relayed ports, and the supervisor sees the worker's readiness. With the default extractor
+the worker gets the supervisor's parsed snapshots of real simulators' metrics, equal to what
+one process reads; a frame it cannot read is skipped.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import aiohttp
+import msgspec
 import pytest
 
-from adapters.workerlink import SupervisorHub, WorkerLink
+from adapters.prometheus.scrape import MetricsDataSource, MetricsSourceParameters
+from adapters.workerlink import MetricsSnapshot, SupervisorHub, WorkerLink
+from adapters.workerlink.frames import (
+    MAX_FRAME_BYTES,
+    encode_frame,
+    encode_snapshot_frame,
+    read_frame,
+)
+from app.metrics_relay import relays_snapshots, supervisor_binding, worker_binding
+from domain.datalayer.collector import Collectors, SourceBinding
+from domain.datalayer.plugins.core_metrics_extractor import TYPE as CORE_TYPE
+from domain.datalayer.plugins.core_metrics_extractor import (
+    CoreMetricsExtractor,
+    CoreMetricsExtractorParameters,
+)
+from domain.datastore.endpoint import Endpoint, EndpointMetrics
 from domain.datastore.store import Datastore
 from ports.datalayer import MetricsText, NotificationEvent, NotificationKind
 from ports.endpoints import EndpointAddress, EndpointEvent, EndpointEventKind, EndpointInfo
 from ports.objectives import ModelRewriteRule
 from ports.plugins import TypedName
+from tests.simulator import ModelServerSimulator, SimulatorConfig
 
 SOURCE = TypedName("metrics-data-source", "metrics-data-source")
 WATCH = TypedName("k8s-notification-source", "configmaps")
@@ -186,3 +207,208 @@ async def test_a_restarted_worker_replaces_its_predecessor(hub: SupervisorHub) -
         await old.close()
         if new is not None:
             await new.close()
+
+
+class RecordingSource:
+    """A polling source passing another's results through and keeping each endpoint's last."""
+
+    def __init__(self, inner: MetricsDataSource) -> None:
+        self._inner = inner
+        self.last: dict[str, MetricsText] = {}
+
+    @property
+    def typed_name(self) -> TypedName:
+        return self._inner.typed_name
+
+    def output_type(self) -> type:
+        return MetricsText
+
+    async def poll(self, endpoint: EndpointInfo) -> MetricsText:
+        text = await self._inner.poll(endpoint)
+        self.last[endpoint.name] = text
+        return text
+
+    async def close(self) -> None:
+        await self._inner.close()
+
+
+async def _stream_forever(url: str, model: str) -> None:
+    """A streamed completion that runs until cancelled (it keeps its server busy)."""
+    body = {"model": model, "prompt": "hello " * 200, "max_tokens": 100000, "stream": True}
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(f"{url}/v1/completions", json=body) as response,
+    ):
+        async for _ in response.content:
+            pass
+
+
+async def test_a_worker_endpoint_metrics_equal_the_single_process_ones(
+    hub: SupervisorHub,
+) -> None:
+    """Real simulators, polled by the supervisor's data layer as one process polls them;
+    the worker gets the snapshots, not the bodies, and ends with the same endpoint
+    metrics as one process reading the same scrape."""
+    config = SimulatorConfig(
+        lora_adapters=("sql-lora",), max_loras=2, block_size=32, num_gpu_blocks=4096, itl=0.02
+    )
+    source = RecordingSource(MetricsDataSource(SOURCE, MetricsSourceParameters()))
+    extractor = CoreMetricsExtractor(
+        TypedName(CORE_TYPE, CORE_TYPE), CoreMetricsExtractorParameters()
+    )
+    binding = SourceBinding(source, (extractor,))
+    assert relays_snapshots(binding)
+    supervisor_store = Datastore()
+    supervisor = Collectors(
+        datastore=supervisor_store, bindings=[supervisor_binding(binding, hub)], interval=0.02
+    )
+    link = await WorkerLink.connect(hub.path, worker_id=0)
+    worker_store = Datastore()
+    worker = Collectors(
+        datastore=worker_store,
+        bindings=[worker_binding(binding, link)],
+        interval=0.02,
+        poll_timeout=3600.0,
+    )
+    tasks: list[asyncio.Task[None]] = []
+    async with (
+        ModelServerSimulator(config, name="a", host="127.0.0.2", port=0) as busy,
+        ModelServerSimulator(config, name="b", host="127.0.0.3", port=0) as idle,
+    ):
+        try:
+            tasks.append(asyncio.create_task(_stream_forever(busy.url, "sql-lora")))
+            tasks.append(asyncio.create_task(link.endpoint_source(Objectives()).run(worker_store)))
+            sink = hub.sink(supervisor_store)
+            for sim in (busy, idle):
+                sink.apply(
+                    EndpointEvent(
+                        kind=EndpointEventKind.ADD_OR_UPDATE,
+                        endpoint=info(sim.url.removeprefix("http://")),
+                    )
+                )
+            sink.mark_synced()
+            supervisor.start()
+            worker.start()
+            busy_name = busy.url.removeprefix("http://")
+
+            def busy_seen() -> bool:
+                metrics = worker_store.get(busy_name).metrics  # type: ignore[union-attr]
+                return metrics is not None and metrics.running_requests_size == 1
+
+            await until(lambda: worker_store.get(busy_name) is not None, "the endpoints")
+            await until(busy_seen, "the running request in the worker's metrics")
+
+            await supervisor.stop()  # the last scrape stays the last
+            for name, text in source.last.items():
+                polled = supervisor_store.get(name)
+                relayed = worker_store.get(name)
+                assert polled is not None
+                assert polled.metrics is not None
+                assert relayed is not None
+                await until(_holds(relayed, polled.metrics), f"the last snapshot of {name}")
+                # One process reading the same body gets the same metrics.
+                alone = Endpoint(info=info(name))
+                extractor.extract(text, alone, polled.metrics.update_time)
+                assert relayed.metrics == alone.metrics
+            metrics = worker_store.get(busy_name).metrics  # type: ignore[union-attr]
+            assert metrics is not None
+            assert (metrics.cache_block_size, metrics.cache_num_blocks) == (32, 4096)
+            assert metrics.active_models == frozenset({"sql-lora"})
+            assert metrics.kv_cache_usage_percent > 0
+            assert link.rejected_frames == 0
+        finally:
+            for task in tasks:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, aiohttp.ClientError):
+                    await task
+            await worker.stop()
+            await supervisor.stop()
+            await link.close()
+
+
+async def test_a_malformed_frame_is_skipped_and_the_worker_goes_on(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Frames the worker cannot read are rejected one by one (logged once in a row); the
+    link stays up and applies the next good frame. An oversized frame still ends it."""
+    endpoint = info("10.0.0.1:80")
+    good = MetricsSnapshot(
+        waiting_queue_size=2,
+        running_requests_size=3,
+        kv_cache_usage_percent=0.5,
+        active_models=frozenset({"a"}),
+        waiting_models=frozenset(),
+        max_active_models=4,
+        cache_block_size=16,
+        cache_num_blocks=100,
+        update_time=12.5,
+    )
+    bad_frames = [
+        _raw_frame(b"M\xc1\xc1garbage"),  # not msgpack
+        encode_snapshot_frame(
+            str(SOURCE), endpoint.name, msgspec.structs.replace(good, kv_cache_usage_percent=7.0)
+        ),  # out of its range
+        encode_snapshot_frame(
+            str(SOURCE), endpoint.name, msgspec.structs.replace(good, waiting_queue_size=-1)
+        ),
+        _raw_frame(b"P\x80\x05not a pickle"),
+        _raw_frame(b"Xunknown"),
+        _raw_frame(b""),
+        encode_frame(("synced", "yes")),  # a message of the wrong shape
+        encode_frame(("poll", str(SOURCE), endpoint.name, 42)),  # not the source's type
+        encode_frame(["not", "a", "tuple"]),
+    ]
+    connected: asyncio.Queue[asyncio.StreamWriter] = asyncio.Queue()
+
+    async def accept(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_frame(reader)  # the hello
+        connected.put_nowait(writer)
+        with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
+            while True:
+                await read_frame(reader)
+
+    path = str(tmp_path / "fake.sock")
+    server = await asyncio.start_unix_server(accept, path=path)
+    link = await WorkerLink.connect(path, worker_id=0)
+    relayed = link.polling_source(SOURCE, MetricsSnapshot)
+    store = Datastore()
+    run = asyncio.create_task(link.endpoint_source(Objectives()).run(store))
+    try:
+        writer = await asyncio.wait_for(connected.get(), 5)
+        with caplog.at_level(logging.WARNING, logger="adapters.workerlink.link"):
+            for frame in bad_frames:
+                writer.write(frame)
+            writer.write(
+                encode_frame(
+                    (
+                        "endpoint",
+                        EndpointEvent(kind=EndpointEventKind.ADD_OR_UPDATE, endpoint=endpoint),
+                    )
+                )
+            )
+            writer.write(encode_snapshot_frame(str(SOURCE), endpoint.name, good))
+            await writer.drain()
+            assert await asyncio.wait_for(relayed.poll(endpoint), 5) == good
+        assert link.rejected_frames == len(bad_frames)
+        assert not link.lost.is_set()
+        assert [e.name for e in store.endpoints()] == [endpoint.name]
+        skipped = [r for r in caplog.records if "cannot read" in r.getMessage()]
+        assert len(skipped) == 1, caplog.text  # once for the run of bad frames
+
+        writer.write((MAX_FRAME_BYTES + 1).to_bytes(4, "big"))
+        await writer.drain()
+        await asyncio.wait_for(link.lost.wait(), 5)
+    finally:
+        run.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await run
+        await link.close()
+        server.close()
+
+
+def _holds(endpoint: Endpoint, metrics: EndpointMetrics) -> Callable[[], bool]:
+    return lambda: endpoint.metrics == metrics
+
+
+def _raw_frame(payload: bytes) -> bytes:
+    return len(payload).to_bytes(4, "big") + payload
