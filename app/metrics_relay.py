@@ -44,32 +44,16 @@ def relays_snapshots(binding: SourceBinding) -> bool:
     )
 
 
+#: The fields a snapshot carries, the same names on both sides.
+_FIELDS = MetricsSnapshot.__struct_fields__
+
+
 def snapshot_of(metrics: EndpointMetrics) -> MetricsSnapshot:
-    return MetricsSnapshot(
-        waiting_queue_size=metrics.waiting_queue_size,
-        running_requests_size=metrics.running_requests_size,
-        kv_cache_usage_percent=metrics.kv_cache_usage_percent,
-        active_models=metrics.active_models,
-        waiting_models=metrics.waiting_models,
-        max_active_models=metrics.max_active_models,
-        cache_block_size=metrics.cache_block_size,
-        cache_num_blocks=metrics.cache_num_blocks,
-        update_time=metrics.update_time,
-    )
+    return MetricsSnapshot(**{name: getattr(metrics, name) for name in _FIELDS})
 
 
 def metrics_of(snapshot: MetricsSnapshot) -> EndpointMetrics:
-    return EndpointMetrics(
-        waiting_queue_size=snapshot.waiting_queue_size,
-        running_requests_size=snapshot.running_requests_size,
-        kv_cache_usage_percent=snapshot.kv_cache_usage_percent,
-        active_models=snapshot.active_models,
-        waiting_models=snapshot.waiting_models,
-        max_active_models=snapshot.max_active_models,
-        cache_block_size=snapshot.cache_block_size,
-        cache_num_blocks=snapshot.cache_num_blocks,
-        update_time=snapshot.update_time,
-    )
+    return EndpointMetrics(**{name: getattr(snapshot, name) for name in _FIELDS})
 
 
 class SnapshotRelay:

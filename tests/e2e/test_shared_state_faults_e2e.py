@@ -123,6 +123,11 @@ class Traffic:
             self._stop.set()
             await task
 
+    async def more(self, count: int, what: str) -> None:
+        """Wait until ``count`` more requests were answered."""
+        sent = len(self.statuses)
+        await self.until(lambda: len(self.statuses) >= sent + count, what)
+
     async def until(self, condition: Callable[[], bool], what: str, within: float = 30.0) -> None:
         """Wait, with traffic flowing, until ``condition()`` holds."""
         deadline = time.monotonic() + within
@@ -151,10 +156,7 @@ async def test_redis_killed_and_restarted_empty_during_traffic() -> None:
                 await traffic.until(
                     lambda: _gauges(stack) == [1.0] * REPLICAS, "every replica degraded"
                 )
-                sent_while_down = len(traffic.statuses)
-                await traffic.until(
-                    lambda: len(traffic.statuses) >= sent_while_down + 10, "traffic while down"
-                )
+                await traffic.more(10, "traffic while down")
                 assert await asyncio.to_thread(_all_serving, stack)
 
                 redis.start()  # same port, empty
@@ -165,10 +167,7 @@ async def test_redis_killed_and_restarted_empty_during_traffic() -> None:
                 await traffic.until(
                     lambda: min(_lines(stack, HEAL_LINES[1])) >= 1, "every replica's load healed"
                 )
-                healed_at = len(traffic.statuses)
-                await traffic.until(
-                    lambda: len(traffic.statuses) >= healed_at + 5, "traffic after the heal"
-                )
+                await traffic.more(5, "traffic after the heal")
                 assert await asyncio.to_thread(_all_serving, stack)
             assert traffic.statuses, "no request sent"
             assert set(traffic.statuses) == {200}, traffic.statuses
@@ -211,10 +210,7 @@ async def test_a_cluster_master_killed_during_traffic_fails_over_to_its_replica(
                 await traffic.until(
                     lambda: _gauges(stack) == [0.0] * REPLICAS, "every replica healthy"
                 )
-                healed_at = len(traffic.statuses)
-                await traffic.until(
-                    lambda: len(traffic.statuses) >= healed_at + 5, "traffic after failover"
-                )
+                await traffic.more(5, "traffic after failover")
                 assert await asyncio.to_thread(_all_serving, stack)
             assert set(traffic.statuses) == {200}, traffic.statuses
             # Every replica saw the outage (CLUSTERDOWN) and healed from it.
