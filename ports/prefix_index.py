@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Protocol, runtime_checkable
 
-__all__ = ["BlockHasher", "ClaimingPrefixIndex", "PrefixIndex"]
+__all__ = ["BlockHasher", "ClaimingPrefixIndex", "PrefixIndex", "TailAddingPrefixIndex"]
 
 
 class BlockHasher(Protocol):
@@ -63,4 +63,22 @@ class ClaimingPrefixIndex(PrefixIndex, Protocol):
         matching the most of ``hashes`` (as ``match`` counts). One atomic step: of two
         callers claiming the same new chain, one records it and the other is told its
         endpoint. ``hashes`` is non-empty."""
+        ...
+
+
+@runtime_checkable
+class TailAddingPrefixIndex(PrefixIndex, Protocol):
+    """A ``PrefixIndex`` that can record only the new end of a chain whose start the same
+    endpoint was just sent (a remote store then writes a few blocks, not the whole chain).
+
+    Errors: as ``PrefixIndex``.
+    """
+
+    async def add_tail(
+        self, hashes: Sequence[int], held: int, endpoint: str, capacity: int
+    ) -> None:
+        """Record ``hashes[held:]`` for ``endpoint`` (most recent last) as part of the chain
+        that starts at ``hashes[0]``: what ``add(hashes, ...)`` records when ``endpoint``
+        already holds ``hashes[:held]``, except that those keep their earlier recency.
+        ``0 <= held < len(hashes)``."""
         ...

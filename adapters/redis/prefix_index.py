@@ -304,10 +304,20 @@ class RedisPrefixIndex:
         return _parse_counts(reply)
 
     async def add(self, hashes: Sequence[int], endpoint: str, capacity: int) -> None:
+        root = f"{hashes[0]:016x}" if hashes else "0" * 16
+        await self._add(root, _pack(hashes), endpoint, capacity)
+
+    async def add_tail(
+        self, hashes: Sequence[int], held: int, endpoint: str, capacity: int
+    ) -> None:
+        if not 0 <= held < len(hashes):
+            raise ValueError(f"held must be in [0, {len(hashes)}), got {held}")
+        await self._add(f"{hashes[0]:016x}", _pack(hashes[held:]), endpoint, capacity)
+
+    async def _add(self, root: str, packed: str, endpoint: str, capacity: int) -> None:
+        """Write the blocks ``packed`` of the chain ``root`` for ``endpoint``."""
         if capacity <= 0:
             raise ValueError(f"capacity must be positive, got {capacity}")
-        root = f"{hashes[0]:016x}" if hashes else "0" * 16
-        packed = _pack(hashes)
         lru = self.lru_key(endpoint)
         now = _now_ms()
         if not self._cluster:
@@ -317,7 +327,7 @@ class RedisPrefixIndex:
                 raise SharedStateReplyError(f"redis prefix add: unexpected reply {reply!r:.100}")
             return
         calls = [_ADD_LRU.run(self._client, [lru], (capacity, self._ttl_ms, root, packed))]
-        if hashes:
+        if packed:
             base = f"{self._prefix}:b:{{{root}}}:"
             keys = [base + packed[i : i + 16] for i in range(0, len(packed), 16)]
             calls.append(_ADD_BLOCKS.run(self._client, keys, (endpoint, now, self._ttl_ms)))

@@ -89,6 +89,11 @@ class InMemoryPrefixIndex:
     async def claim(self, hashes: Sequence[int], endpoint: str, capacity: int) -> str:
         return self.claim_sync(hashes, endpoint, capacity)
 
+    async def add_tail(
+        self, hashes: Sequence[int], held: int, endpoint: str, capacity: int
+    ) -> None:
+        self.add_sync(hashes[held:], endpoint, capacity)
+
     def size(self) -> int:
         return self._entries
 

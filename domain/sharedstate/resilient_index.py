@@ -17,7 +17,12 @@ process's own ``InMemoryPrefixIndex`` as fallback. What callers see never raises
   its answer is usually on its way and feeds the answers index, and a cancelled call costs
   the Redis client its connection, so the next call would pay a reconnect and miss too.
 - ``add`` records locally at once and queues the write for the remote; one background task
-  sends the queue in order. The request never awaits the remote. At most ``max_pending``
+  sends the queue in order. A chain whose start this process sent for the same endpoint in
+  full less than ``resend_interval`` ago (1 s) is sent from where the two differ
+  (``TailAddingPrefixIndex``): a group of prompts sharing a long system prompt writes its
+  own end, not the whole chain, so the store does a few blocks of work per request; the
+  shared start is sent in full again once per interval, which keeps its recency there.
+  The request never awaits the remote. At most ``max_pending``
   writes wait; past that a write is dropped and counted.
 - ``claim`` (a new chain, after the pick: ``ClaimingPrefixIndex``) awaits the remote's
   atomic claim within ``budget`` like ``match``, and returns the endpoint that owns the
@@ -90,7 +95,7 @@ from ports.metric_catalogue import (
     SHARED_STATE_WRITES,
 )
 from ports.observer import NoopObserver, Observer
-from ports.prefix_index import ClaimingPrefixIndex, PrefixIndex
+from ports.prefix_index import ClaimingPrefixIndex, PrefixIndex, TailAddingPrefixIndex
 from ports.shared_state import SharedStateReplyError, SharedStateWriteRefusedError
 
 __all__ = ["ResilientPrefixIndex"]
@@ -112,6 +117,8 @@ _REPLY_WARNING_INTERVAL = 60.0
 _PROBE_HASHES = (0x5EED_0F_5EED_0F_5E,)
 
 _Write = tuple[tuple[int, ...], str, int]
+#: Chains remembered for ``resend_interval`` (oldest forgotten first).
+_SENT_LIMIT = 16_384
 
 
 class ResilientPrefixIndex:
@@ -134,6 +141,7 @@ class ResilientPrefixIndex:
         probe_max: float = 5.0,
         probe_timeout: float = 1.0,
         warm_connections: int = 0,
+        resend_interval: float = 1.0,
         clock: Callable[[], float] = time.perf_counter,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
@@ -161,6 +169,10 @@ class ResilientPrefixIndex:
         self._probe_max = probe_max
         self._probe_timeout = probe_timeout
         self._warm_connections = max(0, warm_connections)
+        self._resend_interval = resend_interval
+        self._tails = resend_interval > 0 and isinstance(remote, TailAddingPrefixIndex)
+        #: (endpoint, chain root) -> the chain last written and when its start was sent in full.
+        self._sent: dict[tuple[str, int], tuple[tuple[int, ...], float]] = {}
         self._probe_delay = probe_initial
         self._healed_at = -float("inf")
         self._clock = clock
@@ -326,6 +338,7 @@ class ResilientPrefixIndex:
             self._observer.counter(SHARED_STATE_CLAIMS, _WON)
             self._observer.counter(SHARED_STATE_WRITES, _NO_LABELS)
             self._record_locally(hashes, endpoint, capacity)
+            self._note_sent(tuple(hashes), endpoint, self._clock())
         else:
             self._observer.counter(SHARED_STATE_CLAIMS, _LOST)
         return owner
@@ -444,6 +457,8 @@ class ResilientPrefixIndex:
 
     def _degrade(self, reason: str, *, slow: bool = False) -> None:
         self._misses = 0
+        if not slow:
+            self._sent.clear()  # the remote may come back without them
         if self._degraded and (slow or not self._slow):
             return
         worse = self._degraded  # degraded for slowness, and now failing
@@ -532,17 +547,49 @@ class ResilientPrefixIndex:
             while self._pending and (not self._degraded or self._slow):
                 self._sending = True
                 try:
-                    await self._remote_add(self._pending.popleft())
+                    await self._remote_add(self._pending.popleft(), tail=True)
                 finally:
                     self._sending = False
             self._drained.set()
 
-    async def _remote_add(self, write: _Write) -> bool:
+    def _held_sent(self, hashes: tuple[int, ...], endpoint: str) -> tuple[int, float]:
+        """How many leading ``hashes`` this process sent the remote for ``endpoint`` in full
+        within the last ``resend_interval`` (0: send them all), and when."""
+        now = self._clock()
+        sent = self._sent.get((endpoint, hashes[0])) if hashes and self._tails else None
+        if sent is None or now - sent[1] >= self._resend_interval:
+            return 0, now
+        previous, at = sent
+        held, limit = 0, min(len(previous), len(hashes))
+        while held < limit and previous[held] == hashes[held]:
+            held += 1
+        return held, at if held else now
+
+    def _note_sent(self, hashes: tuple[int, ...], endpoint: str, start_sent_at: float) -> None:
+        """``hashes`` reached the remote for ``endpoint``; their start was last sent in
+        full at ``start_sent_at`` (so it is re-sent once per ``resend_interval``, and its
+        recency there stays within that of the truth)."""
+        if not hashes or not self._tails:
+            return
+        key = (endpoint, hashes[0])
+        self._sent.pop(key, None)
+        self._sent[key] = (hashes, start_sent_at)
+        if len(self._sent) > _SENT_LIMIT:
+            del self._sent[next(iter(self._sent))]
+
+    async def _remote_add(self, write: _Write, *, tail: bool = False) -> bool:
         hashes, endpoint, capacity = write
+        held, start_sent_at = self._held_sent(hashes, endpoint) if tail else (0, self._clock())
         start = self._clock()
+        remote = self.remote
         try:
             async with asyncio.timeout(self._write_timeout):
-                await self.remote.add(hashes, endpoint, capacity)
+                if held >= len(hashes) and held:
+                    pass  # the remote has all of it, sent within resend_interval
+                elif held and isinstance(remote, TailAddingPrefixIndex):
+                    await remote.add_tail(hashes, held, endpoint, capacity)
+                else:
+                    await remote.add(hashes, endpoint, capacity)
         except SharedStateWriteRefusedError as exc:
             self._refused(exc)
             return False
@@ -552,7 +599,9 @@ class ResilientPrefixIndex:
         except Exception as exc:
             self._failed(_ADD, exc)
             return False
-        self._observer.histogram(SHARED_STATE_ROUNDTRIP, _ADD, self._clock() - start)
+        if held < len(hashes) or not held:
+            self._observer.histogram(SHARED_STATE_ROUNDTRIP, _ADD, self._clock() - start)
+        self._note_sent(hashes, endpoint, start_sent_at)
         self._observer.counter(SHARED_STATE_WRITES, _NO_LABELS)
         if self._writes_refused:
             self._writes_refused = False

@@ -17,7 +17,7 @@ from redis.asyncio.cluster import RedisCluster as ClusterClient
 
 from adapters.redis import RedisClient, RedisPrefixIndex, connect
 from domain.prefixcache import InMemoryPrefixIndex
-from ports.prefix_index import ClaimingPrefixIndex, PrefixIndex
+from ports.prefix_index import ClaimingPrefixIndex, PrefixIndex, TailAddingPrefixIndex
 from tests.contract.conftest import BACKENDS, CONTRACT_TIMEOUT
 from tests.support.prefix_model import PrefixIndexModel
 from tests.support.redis import RedisCluster, RedisServer
@@ -247,6 +247,19 @@ async def test_chains_with_different_roots_spread_over_the_cluster(
         for hashes in chains:
             slots = {client.keyslot(index.block_key(hashes[0], h)) for h in hashes}
             assert len(slots) == 1
+
+
+async def test_adding_a_tail_records_the_end_of_the_chain(index: PrefixIndex) -> None:
+    assert isinstance(index, TailAddingPrefixIndex)
+    await index.add(C[:6], "a", 100)
+    await index.add_tail(C[:10], 6, "a", 100)
+    assert await index.match(C[:10]) == {"a": 10}
+    # The held start keeps its older recency: it is evicted first.
+    await index.add_tail(C[:12], 10, "a", 8)
+    assert await index.match(C[:12]) == {}
+    assert await index.match(C[:4]) == {}
+    await index.add(C[:12], "b", 100)
+    assert await index.match(C[:12]) == {"a": 8, "b": 12}
 
 
 def claiming(index: PrefixIndex) -> ClaimingPrefixIndex:

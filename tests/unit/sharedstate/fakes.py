@@ -32,6 +32,7 @@ class FakeRemoteIndex:
         self.full = False
         self.calls: list[str] = []
         self.answered: list[str] = []
+        self.tails: list[int] = []  # add_tail's ``held``, per call
 
     async def _enter(self, operation: str) -> None:
         self.calls.append(operation)
@@ -54,6 +55,13 @@ class FakeRemoteIndex:
     async def add(self, hashes: Sequence[int], endpoint: str, capacity: int) -> None:
         await self._enter("add")
         self.index.add_sync(hashes, endpoint, capacity)
+
+    async def add_tail(
+        self, hashes: Sequence[int], held: int, endpoint: str, capacity: int
+    ) -> None:
+        await self._enter("add_tail")
+        self.tails.append(held)
+        self.index.add_sync(hashes[held:], endpoint, capacity)
 
     async def claim(self, hashes: Sequence[int], endpoint: str, capacity: int) -> str:
         await self._enter("claim")

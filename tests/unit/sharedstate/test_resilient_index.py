@@ -572,3 +572,25 @@ async def test_a_failing_claim_keeps_the_pick_records_locally_and_degrades(rig: 
     assert rig.index.local.match_sync(H[:4]) == {"a": 4}
     assert await rig.index.claim(H[:4], "b", 10) == "b"  # degraded: not asked
     assert rig.remote.calls.count("claim") == 1
+
+
+async def test_a_chain_sharing_a_start_just_sent_sends_only_its_end() -> None:
+    clock = [0.0]
+    rig = Rig(clock=lambda: clock[0], resend_interval=1.0)
+    await rig.index.start()
+    shared, one, two = H[:6], [*H[:6], 0xA1, 0xA2], [*H[:6], 0xB1]
+    await rig.index.add(one, "a", 100)
+    await rig.index.add(two, "a", 100)  # its first 6 blocks went out with the first
+    await rig.index.add(two, "a", 100)  # all of it did: nothing to send
+    await rig.index.add(two, "b", 100)  # another endpoint: in full
+    await rig.index.flush()
+    assert [c for c in rig.remote.calls if c.startswith("add")] == ["add", "add_tail", "add"]
+    assert rig.remote.tails == [6]
+    assert rig.remote.index.match_sync(two) == {"a": 7, "b": 7}
+    assert rig.count(SHARED_STATE_WRITES) == 4  # each acknowledged, the empty one too
+    clock[0] = 1.5  # the shared start is sent in full again once per interval
+    await rig.index.add(one, "a", 100)
+    await rig.index.flush()
+    assert rig.remote.calls[-1] == "add"
+    assert rig.remote.index.match_sync(shared) == {"a": 6, "b": 6}
+    await rig.index.stop()
