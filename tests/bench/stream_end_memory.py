@@ -16,7 +16,10 @@ The prompt is the same on every stream, so the prefix index does not grow. After
 of ``--warmup`` (2,000) streams it prints, every ``--block`` (5,000) streams, the EPP's
 VmRSS, the streams' rate, and the growth per stream since the warm-up. Memory that grows
 here per stream and never comes back is native (tracemalloc does not see it): grpc.aio
-leaks the operation array of a batch that fails on a call the client already reset.
+leaks the operation array of a batch that fails on a call the client already reset. RSS is
+coarse (the allocators' own growth dominates the first tens of thousands of streams); for
+an exact count attach ``heaptrack -p <EPP pid>`` and read ``heaptrack_print --print-leaks 1``
+(docs/decisions/0014-end-extproc-stream-when-response-ends.md).
 
     .venv/bin/python -m tests.bench.stream_end_memory [--streams 30000] [--end reset]
 """
