@@ -31,7 +31,9 @@ p50/p99 (Envoy + the EPP's routing + a model server answering at once), the EPP'
 scheduling time p50/p99 from ``inference_extension_scheduler_e2e_duration_seconds`` (bucket
 upper bounds; attack requests that were scheduled count too), the attack's outcomes, the
 EPP's peak resident memory (VmHWM after resetting it through ``/proc/<pid>/clear_refs``, and
-the highest sampled VmRSS), the EPP's warning/error log lines, and whether the target (client
+the highest sampled VmRSS), the CPU seconds the EPP's event-loop thread, the EPP, Envoy and
+this script's attack clients used in the phase (on a small machine the attacker's own CPU
+competes with the EPP's), the EPP's warning/error log lines, and whether the target (client
 p99 < 50 ms, peak RSS < 300 MB) was met.
 
     .venv/bin/python -m tests.bench.attacks [--phase 15s] [--concurrency 8] [--only b,e]
@@ -304,6 +306,32 @@ def _status_kib(pid: int, key: str) -> int:
             if line.startswith(key + ":"):
                 return int(line.split()[1])
     return 0
+
+
+def _cpu_of(path: str) -> float:
+    """User plus system CPU seconds of ``/proc/<path>/stat`` (a process or one thread); 0
+    once it is gone."""
+    try:
+        with open(f"/proc/{path}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _cpu_snapshot(stack: Stack) -> dict[str, float]:
+    """CPU seconds so far of the EPP (its event-loop thread, and all its threads), Envoy, and
+    this process (the attacks' clients); normal traffic runs in a child of its own."""
+    assert stack.epp is not None
+    assert stack.epp.process is not None
+    pid = stack.epp.process.pid
+    envoy = stack.envoy.process if stack.envoy is not None else None
+    return {
+        "EPP event loop": _cpu_of(f"{pid}/task/{pid}"),
+        "EPP all threads": _cpu_of(str(pid)),
+        "Envoy": _cpu_of(str(envoy.pid)) if envoy is not None else 0.0,
+        "attacker (this script)": _cpu_of(str(os.getpid())),
+    }
 
 
 def _reset_hwm(pid: int) -> bool:
@@ -693,6 +721,7 @@ async def _run_phase(
     attack = Attack(stack, servers[0], servers[1], session)
     peak = [0]
     sampler = asyncio.create_task(_sample_rss(stack, peak))
+    cpu_before = _cpu_snapshot(stack)
     start = time.monotonic()
     try:
         async with asyncio.timeout(seconds + 60):
@@ -702,6 +731,7 @@ async def _run_phase(
     except Exception as exc:
         attack.notes.append(f"the attack failed: {exc!r}"[:300])
     end = time.monotonic()
+    cpu_after = _cpu_snapshot(stack)
     # the restart phase has a new process: its peak is the new one's
     assert stack.epp.process is not None
     new_pid = stack.epp.process.pid
@@ -728,6 +758,12 @@ async def _run_phase(
         f"   EPP scheduling (histogram, {scheduled} decisions): p50 <= {s50:.2f} ms, "
         f"p99 <= {s99:.2f} ms"
     )
+    if new_pid == pid:
+        used = ", ".join(f"{who} {cpu_after[who] - cpu_before[who]:.2f}" for who in cpu_before)
+        cores = os.cpu_count() or 1
+        print(
+            f"   CPU seconds in the phase: {used} (of {cores * (end - start):.1f} on {cores} cores)"
+        )
     print(f"   attack: {dict(attack.outcomes)}")
     for note in attack.notes:
         print(f"   attack: {note}")

@@ -183,13 +183,22 @@ def main() -> int:
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--instances", type=int, default=3)
     parser.add_argument("--trace-memory", action="store_true")
+    parser.add_argument(
+        "--epp-env", action="append", default=[], metavar="NAME=VALUE", help="EPP environment"
+    )
+    parser.add_argument(
+        "--epp-arg", action="append", default=[], metavar="FLAG", help="an extra EPP flag"
+    )
+    parser.add_argument("--epp-module", default="app", help="the module run as the EPP")
     args = parser.parse_args()
+    env = dict(item.split("=", 1) for item in args.epp_env)
     with tempfile.TemporaryDirectory(prefix="epp-soak-") as tmp:
         memory_out = Path(tmp) / "tracemalloc.txt" if args.trace_memory else None
         options = StackOptions(
             simulators=args.instances,
-            epp_module="tests.bench.traced_epp" if memory_out else "app",
-            epp_env={"EPP_TRACEMALLOC_OUT": str(memory_out)} if memory_out else {},
+            epp_module="tests.bench.traced_epp" if memory_out else args.epp_module,
+            epp_env={**env, "EPP_TRACEMALLOC_OUT": str(memory_out)} if memory_out else env,
+            epp_args=args.epp_arg,
         )
         with Stack.run(options) as stack:
             return asyncio.run(

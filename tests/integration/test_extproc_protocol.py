@@ -820,21 +820,65 @@ async def test_drop_during_response_closes_the_exchange(connect: Connect) -> Non
     assert fake.last.close_calls == 1
 
 
-async def test_exchange_is_closed_once_when_the_stream_ends(connect: Connect) -> None:
+#: The ways a response ends, each the messages Envoy sends after the request was routed and
+#: the number of replies the EPP sends to them.
+RESPONSE_ENDS: dict[str, tuple[list[Any], int]] = {
+    "buffered body": (
+        [
+            response_headers([(":status", "200"), ("content-type", "application/json")]),
+            response_body(b"{}", end_of_stream=True),
+        ],
+        2,
+    ),
+    "streamed body": (
+        [
+            response_headers([(":status", "200"), ("content-type", "text/event-stream")]),
+            response_body(b"data: {}\n\n", end_of_stream=False),
+            response_body(b"data: [DONE]\n\n", end_of_stream=True),
+        ],
+        3,
+    ),
+    "trailers": (
+        [
+            response_headers([(":status", "200"), ("content-type", "application/grpc")]),
+            response_body(b"\x00\x00\x00\x00\x00", end_of_stream=False),
+            response_trailers([("grpc-status", "0")]),
+        ],
+        3,
+    ),
+    "headers only": ([response_headers([(":status", "204")], end_of_stream=True)], 1),
+}
+
+
+@pytest.mark.parametrize("end", list(RESPONSE_ENDS))
+async def test_stream_ends_ok_as_soon_as_the_response_ends(connect: Connect, end: str) -> None:
+    # Envoy resets a stream still open when its HTTP request ends; ending it with OK first
+    # spares a status sent on a reset call (grpc.aio leaks that batch's memory).
     fake = FakeProcessor()
     stream = EnvoyStream(await connect(fake))
     await stream.route(completion())
-    await stream.send(response_headers([(":status", "200"), ("content-type", "application/json")]))
+    messages, replies = RESPONSE_ENDS[end]
+    await stream.send(*messages)
+    for _ in range(replies):
+        await stream.read()
+    await stream.expect_end()  # without Envoy's half-close
+    await fake.wait_until(lambda: fake.open_exchanges == 0)
+    assert fake.last.close_calls == 1
+    assert fake.last.response_body_calls[-1][1] is True  # the exchange saw the response end
+
+
+async def test_stream_stays_open_until_the_response_ends(connect: Connect) -> None:
+    fake = FakeProcessor()
+    stream = EnvoyStream(await connect(fake))
+    await stream.route(completion())
+    await stream.send(response_headers([(":status", "200"), ("content-type", "text/event-stream")]))
     await stream.read()
-    await stream.send(response_body(b"{}", end_of_stream=True))
+    await stream.send(response_body(b"data: {}\n\n", end_of_stream=False))
     await stream.read()
     assert not fake.last.closed
-    await stream.finish()
-    await fake.wait_until(lambda: fake.open_exchanges == 0)
-    exchange = fake.last
-    assert exchange.close_calls == 1
-    assert [c.headers[":status"] for c in exchange.response_headers_calls] == ["200"]
-    assert exchange.response_body_calls == [(b"{}", True)]
+    await stream.send(response_body(b"data: [DONE]\n\n", end_of_stream=True))
+    assert streamed(await stream.read(), "response_body") == (b"data: [DONE]\n\n", True)
+    await stream.expect_end()
 
 
 # --- TLS ---------------------------------------------------------------------------------------
