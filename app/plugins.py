@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from importlib.metadata import EntryPoint, entry_points
@@ -41,6 +42,7 @@ from domain.requestcontrol.plugins.precise_prefix_producer import (
     PrecisePrefixCacheParameters,
     PrecisePrefixCacheProducer,
 )
+from domain.sharedstate.shared_kv_index import SharedKVBlockIndex
 from ports.tokenizer import TokenizerError
 
 if TYPE_CHECKING:
@@ -175,10 +177,22 @@ def _precise_prefix_cache_producer(
         block_size=tokens.tokens_per_block,
         cache_chars=parameters.tokenization_cache_chars,
     )
-    index = InMemoryKVBlockIndex(
-        max_blocks_per_endpoint=parameters.indexer_config.max_blocks_per_endpoint,
-        observer=handle.observer,
+    indexer = parameters.indexer_config
+    local = InMemoryKVBlockIndex(
+        max_blocks_per_endpoint=indexer.max_blocks_per_endpoint, observer=handle.observer
     )
+    index: InMemoryKVBlockIndex | SharedKVBlockIndex = local
+    store = handle.kv_block_store
+    if indexer.backend == "redis" and store is None:
+        raise PluginConfigError(f'plugin "{name}": indexerConfig.backend: redis needs --redis-url')
+    if store is not None and indexer.backend != "in-memory":
+        index = SharedKVBlockIndex(
+            store,
+            local,
+            owner=uuid.uuid4().hex,
+            cap=indexer.max_blocks_per_endpoint,
+            observer=handle.observer,
+        )
     events = parameters.kv_events_config
     subscriptions = KVEventSubscriptions(
         sink=index,
@@ -194,6 +208,8 @@ def _precise_prefix_cache_producer(
         subscriptions.add(endpoint.info)
 
     def start() -> None:
+        if isinstance(index, SharedKVBlockIndex):
+            index.start()
         # endpoints seen before the event loop ran, and any that joined meanwhile
         for endpoint in datastore.endpoints():
             if subscriptions.subscriber(endpoint.name) is None:

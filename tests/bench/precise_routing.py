@@ -46,6 +46,7 @@ from pathlib import Path
 
 import aiohttp
 import orjson
+from tokenizers import Tokenizer
 
 from app.config import REFERENCE_DEFAULT_CONFIG_TEXT
 from tests.bench.profiles import RANDOM_CONFIG, sticky_config
@@ -151,7 +152,10 @@ async def send_one(
     max_tokens: int,
     rec: ClientRecord,
     accuracy: Accuracy,
+    prompt_tokens: int,
 ) -> None:
+    """One streamed request; ``prompt_tokens``: the prompt's length in the servers' tokens
+    (``usage.prompt_tokens`` counts the simulator's pseudo-tokens, four characters each)."""
     body = orjson.dumps(
         {
             "model": DEFAULT_MODEL,
@@ -197,7 +201,6 @@ async def send_one(
     if usage is None:
         rec.errors["no usage chunk"] += 1
         return
-    prompt_tokens = int(usage["prompt_tokens"])
     reused = int((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
     share = predicted_share(decision)
     accuracy.requests += 1
@@ -219,6 +222,7 @@ async def drive(
     workload: Sequence[tuple[int, str]],
     concurrency: int,
     max_tokens: int,
+    tokens: dict[str, int],
 ) -> tuple[ClientRecord, Accuracy, float]:
     rec = ClientRecord()
     accuracy = Accuracy()
@@ -235,7 +239,9 @@ async def drive(
                     group, prompt = queue.get_nowait()
                 except asyncio.QueueEmpty:
                     return
-                await send_one(session, url, group, prompt, max_tokens, rec, accuracy)
+                await send_one(
+                    session, url, group, prompt, max_tokens, rec, accuracy, tokens[prompt]
+                )
 
         start = time.perf_counter()
         await asyncio.gather(*(worker() for _ in range(concurrency)))
@@ -290,7 +296,11 @@ class Column:
 
 
 def run_mode(
-    mode: str, args: argparse.Namespace, workload: Sequence[tuple[int, str]], tokenizer: Path
+    mode: str,
+    args: argparse.Namespace,
+    workload: Sequence[tuple[int, str]],
+    tokenizer: Path,
+    tokens: dict[str, int],
 ) -> Column:
     port = free_port(args.base_ip)
     options = StackOptions(
@@ -314,7 +324,7 @@ def run_mode(
     with Stack.run(options) as stack:
         asyncio.run(warm_up(stack, mode in PRECISE_MODES))
         rec, accuracy, elapsed = asyncio.run(
-            drive(stack.url, workload, args.concurrency, args.max_tokens)
+            drive(stack.url, workload, args.concurrency, args.max_tokens, tokens)
         )
         stats = asyncio.run(sim_stats(stack.simulator_urls))
         events = {}
@@ -354,7 +364,7 @@ def bench_tokenizer(directory: Path, workload: Sequence[tuple[int, str]]) -> Pat
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_workload_arguments(parser)
-    parser.set_defaults(num_gpu_blocks=256)
+    parser.set_defaults(num_gpu_blocks=256, base_ip="127.0.0.160")
     parser.add_argument("--modes", default="approximate,precise,random")
     args = parser.parse_args()
     finish_workload_arguments(args)
@@ -370,12 +380,10 @@ def main() -> None:
     )
     with tempfile.TemporaryDirectory() as tmp:
         tokenizer = bench_tokenizer(Path(tmp), workload)
-        from tokenizers import Tokenizer
-
-        system_tokens = len(
-            Tokenizer.from_file(str(tokenizer)).encode(workload[0][1][:SYSTEM_CHARS]).ids
-        )
+        encoder = Tokenizer.from_file(str(tokenizer))
+        system_tokens = len(encoder.encode(workload[0][1][:SYSTEM_CHARS]).ids)
         distinct = {prompt for _, prompt in workload}
+        tokens = {prompt: len(encoder.encode(prompt).ids) for prompt in distinct}
         print(
             f"{args.instances} simulators (h100-8b, time scale {args.time_scale},"
             f" {args.num_gpu_blocks} KV blocks of {BLOCK_SIZE} each, KV events on ZMQ);"
@@ -388,7 +396,7 @@ def main() -> None:
         columns: list[Column] = []
         for mode in modes:
             started = time.perf_counter()
-            columns.append(run_mode(mode, args, workload, tokenizer))
+            columns.append(run_mode(mode, args, workload, tokenizer, tokens))
             print(f"  {mode}: done in {time.perf_counter() - started:.0f} s", flush=True)
     print()
     extra = [

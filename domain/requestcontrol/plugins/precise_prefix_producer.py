@@ -31,6 +31,7 @@ from domain.prefixcache.kv_block_index import InMemoryKVBlockIndex
 from domain.prefixcache.precise import PromptKeyer
 from domain.requesthandling.openai import ApiKind
 from domain.scheduling.types import Candidate, InferenceRequest, SchedulingResult
+from domain.sharedstate.shared_kv_index import SharedKVBlockIndex
 from ports.endpoints import EndpointEvent
 from ports.metric_catalogue import PREFIX_INDEXER_HIT_RATIO
 from ports.observer import NoopObserver, Observer
@@ -50,7 +51,7 @@ logger = logging.getLogger(__name__)
 TYPE = "precise-prefix-cache-producer"
 _KEYS: StateKey[list[int]] = StateKey("precise-prefix-keys")
 _NO_LABELS: dict[str, str] = {}
-INDEX_BACKENDS = ("in-memory",)
+INDEX_BACKENDS = ("in-memory", "redis")
 _REPLAY_TIMEOUT = Duration(1.0)
 _SPECULATIVE_TTL = Duration(2.0)
 
@@ -114,14 +115,17 @@ class KVEventsConfig:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class IndexerConfig:
-    """The index: ``backend`` (``in-memory``; Redis is not built yet) and
-    ``maxBlocksPerEndpoint`` (1,048,576), the most blocks remembered per endpoint."""
+    """The index: ``backend`` and ``maxBlocksPerEndpoint`` (1,048,576), the most blocks
+    remembered per endpoint. ``backend``: ``in-memory`` (this process only) or ``redis``
+    (the pool's processes share one copy on the ``--redis-url`` store, so a new one starts
+    warm; docs/shared-state.md); unset: ``redis`` when ``--redis-url`` is given, as the
+    approximate index does."""
 
-    backend: str = "in-memory"
+    backend: str | None = None
     max_blocks_per_endpoint: int = 1 << 20
 
     def __post_init__(self) -> None:
-        if self.backend not in INDEX_BACKENDS:
+        if self.backend is not None and self.backend not in INDEX_BACKENDS:
             raise ValueError(f"backend: must be one of {', '.join(INDEX_BACKENDS)}")
         if self.max_blocks_per_endpoint < 1:
             raise ValueError("maxBlocksPerEndpoint: must be >= 1")
@@ -156,7 +160,7 @@ class PrecisePrefixCacheProducer(ProducerPlugin, ConsumerPlugin):
         parameters: PrecisePrefixCacheParameters,
         *,
         keyer: PromptKeyer,
-        index: InMemoryKVBlockIndex,
+        index: InMemoryKVBlockIndex | SharedKVBlockIndex,
         observer: Observer | None = None,
         endpoint_listener: Callable[[EndpointEvent], None] | None = None,
         start: Callable[[], None] | None = None,
