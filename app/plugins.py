@@ -42,6 +42,13 @@ from domain.requestcontrol.plugins.precise_prefix_producer import (
     PrecisePrefixCacheParameters,
     PrecisePrefixCacheProducer,
 )
+from domain.requestcontrol.plugins.prefix_producer import (
+    TYPE as APPROX_PREFIX_CACHE_PRODUCER,
+)
+from domain.requestcontrol.plugins.prefix_producer import (
+    ApproxPrefixCacheProducer,
+    PrefixCacheParameters,
+)
 from domain.sharedstate.shared_kv_index import SharedKVBlockIndex
 from ports.tokenizer import TokenizerError
 
@@ -224,6 +231,12 @@ def _precise_prefix_cache_producer(
         observer=handle.observer,
         endpoint_listener=subscriptions.on_endpoint_event,
         start=start,
+        # chat and other requests it cannot key: the approximate path, for that request
+        fallback=ApproxPrefixCacheProducer(
+            TypedName(APPROX_PREFIX_CACHE_PRODUCER, f"{name}/approximate-fallback"),
+            PrefixCacheParameters(),
+            handle,
+        ),
     )
     datastore.subscribe(producer.on_endpoint_event)
     return producer

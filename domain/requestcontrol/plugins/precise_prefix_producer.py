@@ -13,7 +13,10 @@ After scheduling, the chosen endpoint is credited with the prompt's blocks for
 does not scatter before the first events arrive.
 
 Requests whose prompt is not a completions text (chat messages: no chat template yet,
-token ids, other APIs) or that the tokenizer cannot encode get no match (score 0).
+token ids, other APIs) or that the tokenizer cannot encode fall back to the approximate
+path for that request when the app gives a ``fallback`` (an ``approx-prefix-cache-producer``
+of its own: where such requests were sent, by the prompt's characters); without one they
+get no match (score 0).
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from domain.plugins.state import StateKey
 from domain.prefixcache.engine_hash import HASH_ALGORITHMS
 from domain.prefixcache.kv_block_index import InMemoryKVBlockIndex
 from domain.prefixcache.precise import PromptKeyer
+from domain.requestcontrol.plugins.prefix_producer import ApproxPrefixCacheProducer
 from domain.requesthandling.openai import ApiKind
 from domain.scheduling.types import Candidate, InferenceRequest, SchedulingResult
 from domain.sharedstate.shared_kv_index import SharedKVBlockIndex
@@ -50,6 +54,7 @@ logger = logging.getLogger(__name__)
 
 TYPE = "precise-prefix-cache-producer"
 _KEYS: StateKey[list[int]] = StateKey("precise-prefix-keys")
+_FALLBACK: StateKey[bool] = StateKey("precise-prefix-fallback")
 _NO_LABELS: dict[str, str] = {}
 INDEX_BACKENDS = ("in-memory", "redis")
 _REPLAY_TIMEOUT = Duration(1.0)
@@ -164,6 +169,7 @@ class PrecisePrefixCacheProducer(ProducerPlugin, ConsumerPlugin):
         observer: Observer | None = None,
         endpoint_listener: Callable[[EndpointEvent], None] | None = None,
         start: Callable[[], None] | None = None,
+        fallback: ApproxPrefixCacheProducer | None = None,
     ) -> None:
         self._typed_name = typed_name
         self.parameters = parameters
@@ -174,6 +180,7 @@ class PrecisePrefixCacheProducer(ProducerPlugin, ConsumerPlugin):
         self._warned = False
         self._endpoint_listener = endpoint_listener
         self._start = start
+        self.fallback = fallback
 
     def on_endpoint_event(self, event: EndpointEvent, _endpoint: object = None) -> None:
         """A datastore listener (owned by this plugin, so a config reload drops it)."""
@@ -190,12 +197,18 @@ class PrecisePrefixCacheProducer(ProducerPlugin, ConsumerPlugin):
     def consumes(self) -> Sequence[str]:
         return []
 
-    def _keys(self, request: InferenceRequest) -> list[int]:
+    def _keys(self, request: InferenceRequest) -> list[int] | None:
+        """The prompt's block keys; ``None``: this request cannot be keyed (not a
+        completions text, or the tokenizer refused it)."""
         body = request.body
-        if body is None or body.opaque or body.api is not ApiKind.COMPLETIONS:
+        if body is None:
             return []
+        if body.opaque or body.api is not ApiKind.COMPLETIONS:
+            return None
         prompt = body.payload.get("prompt")
-        if not isinstance(prompt, str) or not prompt:
+        if not isinstance(prompt, str):
+            return None
+        if not prompt:
             return []
         # the engine's hash of a LoRA adapter's blocks carries the adapter's name; which
         # model names are adapters is not known here yet, so base-model keys are used
@@ -205,7 +218,7 @@ class PrecisePrefixCacheProducer(ProducerPlugin, ConsumerPlugin):
             if not self._warned:
                 self._warned = True
                 logger.warning("%s: a prompt could not be tokenized: %s", self._typed_name, exc)
-            return []
+            return None
 
     async def prepare_request_data(
         self, request: InferenceRequest, candidates: Sequence[Candidate]
@@ -214,6 +227,10 @@ class PrecisePrefixCacheProducer(ProducerPlugin, ConsumerPlugin):
             start, self._start = self._start, None
             start()
         keys = self._keys(request)
+        if keys is None and self.fallback is not None:
+            request.state.put(self._typed_name.name, _FALLBACK, True)
+            await self.fallback.prepare_request_data(request, candidates)
+            return
         if not keys:
             none = PrefixCacheMatchInfo(0, 0, self._block)
             for candidate in candidates:
@@ -232,6 +249,9 @@ class PrecisePrefixCacheProducer(ProducerPlugin, ConsumerPlugin):
         self._observer.histogram(PREFIX_INDEXER_HIT_RATIO, _NO_LABELS, best / total)
 
     async def pre_request(self, request: InferenceRequest, result: SchedulingResult) -> None:
+        if self.fallback is not None and request.state.get(self._typed_name.name, _FALLBACK):
+            await self.fallback.pre_request(request, result)
+            return
         ttl = self.parameters.speculative_ttl
         if ttl <= 0:
             return

@@ -66,8 +66,10 @@ def test_parameters_and_the_scorer_reads_its_matches(tokenizer: Path) -> None:
     assert producer.keyer.block_size == 64
     assert producer.parameters.speculative_ttl == 0.5
     assert producer.parameters.kv_events_config.replay_port == 5558
-    # the scorer's match info comes from this producer: no approximate one is added
+    # the scorer's match info comes from this producer: no approximate one is added,
+    # only its own fallback for requests it cannot key (chat)
     assert "approx-prefix-cache-producer" not in plugins
+    assert producer.fallback is not None
 
 
 @pytest.mark.parametrize(
