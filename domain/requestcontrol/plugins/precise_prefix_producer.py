@@ -21,6 +21,7 @@ get no match (score 0).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -140,7 +141,10 @@ class IndexerConfig:
 class PrecisePrefixCacheParameters:
     """``tokenProcessorConfig`` (required), ``kvEventsConfig``, ``indexerConfig``,
     ``speculativeTtl`` (2s; 0 turns speculative entries off), ``maxPrefixBlocksToMatch``
-    (8192) and ``tokenizationCacheChars`` (32 Mi characters of recent prompts)."""
+    (8192), ``tokenizationCacheChars`` (32 Mi characters of recent prompts) and
+    ``tokenizeInThreadChars`` (4096: a prompt at least this long that is not cached is
+    tokenized and hashed in a worker thread, so the event loop serves other requests
+    meanwhile; 0: always on the event loop)."""
 
     token_processor_config: TokenProcessorConfig
     kv_events_config: KVEventsConfig = field(default_factory=KVEventsConfig)
@@ -148,8 +152,11 @@ class PrecisePrefixCacheParameters:
     speculative_ttl: Duration = _SPECULATIVE_TTL
     max_prefix_blocks_to_match: int = 8192
     tokenization_cache_chars: int = 32 * 1024 * 1024
+    tokenize_in_thread_chars: int = 4096
 
     def __post_init__(self) -> None:
+        if self.tokenize_in_thread_chars < 0:
+            raise ValueError("tokenizeInThreadChars: must be >= 0")
         if self.max_prefix_blocks_to_match < 1:
             raise ValueError("maxPrefixBlocksToMatch: must be >= 1")
         if self.tokenization_cache_chars < 0:
@@ -197,7 +204,7 @@ class PrecisePrefixCacheProducer(ProducerPlugin, ConsumerPlugin):
     def consumes(self) -> Sequence[str]:
         return []
 
-    def _keys(self, request: InferenceRequest) -> list[int] | None:
+    async def _keys(self, request: InferenceRequest) -> list[int] | None:
         """The prompt's block keys; ``None``: this request cannot be keyed (not a
         completions text, or the tokenizer refused it)."""
         body = request.body
@@ -212,13 +219,31 @@ class PrecisePrefixCacheProducer(ProducerPlugin, ConsumerPlugin):
             return []
         # the engine's hash of a LoRA adapter's blocks carries the adapter's name; which
         # model names are adapters is not known here yet, so base-model keys are used
+        keyer = self.keyer
+        max_blocks = self.parameters.max_prefix_blocks_to_match
+        text = keyer.prefix_text(prompt, keyer.block_size, max_blocks)
+        cached = keyer.cached(text)
+        if cached is not None:
+            return keyer.keys_for_tokens(cached, max_blocks=max_blocks)
+        threshold = self.parameters.tokenize_in_thread_chars
         try:
-            return self.keyer.keys(prompt, max_blocks=self.parameters.max_prefix_blocks_to_match)
+            if threshold and len(text) >= threshold:
+                ids, keys = await asyncio.to_thread(self._encode_and_hash, text, max_blocks)
+            else:
+                ids, keys = self._encode_and_hash(text, max_blocks)
         except TokenizerError as exc:
             if not self._warned:
                 self._warned = True
                 logger.warning("%s: a prompt could not be tokenized: %s", self._typed_name, exc)
             return None
+        keyer.remember(text, ids)
+        return keys
+
+    def _encode_and_hash(self, text: str, max_blocks: int) -> tuple[tuple[int, ...], list[int]]:
+        """Token ids and block keys of ``text``; touches no shared state (a worker thread
+        may run it)."""
+        ids = self.keyer.encode(text)
+        return ids, self.keyer.keys_for_tokens(ids, max_blocks=max_blocks)
 
     async def prepare_request_data(
         self, request: InferenceRequest, candidates: Sequence[Candidate]
@@ -226,7 +251,7 @@ class PrecisePrefixCacheProducer(ProducerPlugin, ConsumerPlugin):
         if self._start is not None:
             start, self._start = self._start, None
             start()
-        keys = self._keys(request)
+        keys = await self._keys(request)
         if keys is None and self.fallback is not None:
             request.state.put(self._typed_name.name, _FALLBACK, True)
             await self.fallback.prepare_request_data(request, candidates)

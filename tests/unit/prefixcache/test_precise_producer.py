@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 
 from domain.datalayer.attributes import PREFIX_CACHE_MATCH_INFO, PrefixCacheMatchInfo
@@ -156,3 +157,27 @@ def _matched(target: Candidate) -> int:
     info = target.attributes[PREFIX_CACHE_MATCH_INFO]
     assert isinstance(info, PrefixCacheMatchInfo)
     return info.match_blocks
+
+
+async def test_long_prompts_are_tokenized_off_the_event_loop() -> None:
+    threads: list[bool] = []
+
+    class Recording(CharTokenizer):
+        def encode(self, text: str) -> Sequence[int]:
+            threads.append(threading.current_thread() is threading.main_thread())
+            return super().encode(text)
+
+    plugin, index = producer()
+    plugin.keyer = PromptKeyer(Recording(), EngineBlockHasher(seed="1"), block_size=BLOCK)
+    threshold = plugin.parameters.tokenize_in_thread_chars
+    short, long = "s" * (threshold - 1), "l" * threshold
+    other = PromptKeyer(CharTokenizer(), EngineBlockHasher(seed="1"), block_size=BLOCK)
+    index.apply("a", [stored(other.keys(long)[:3])])
+    for prompt in (short, long, long):  # the second long one is cached
+        cands = [candidate("a")]
+        await plugin.prepare_request_data(
+            inference_request({"model": "m", "prompt": prompt}), cands
+        )
+    assert threads == [True, False]  # the short one on the loop, the long one in a thread
+    info = cands[0].attributes[PREFIX_CACHE_MATCH_INFO]
+    assert info == PrefixCacheMatchInfo(3, threshold // BLOCK, BLOCK)
