@@ -6,15 +6,18 @@ system prompt, ``--rounds`` shuffled rounds) through Envoy and the EPP, each col
 fresh simulators that tokenize with a tokenizer the script trains on the workload's words
 (no download; about 1,170 tokens per system prompt, 73 blocks of 16), hash blocks as vLLM
 does and publish their KV-cache events over ZMQ (stored on prefill, removed on eviction).
-Each simulator has ``--num-gpu-blocks`` (256) blocks, about 3.5 system prompts, against a
-working set of about 2,300 blocks over 4 simulators: the caches evict all the time.
+Each simulator has ``--num-gpu-blocks`` (480) blocks, about 6.5 system prompts: 1,920 over
+the 4 simulators against a working set of about 2,300 blocks (20 system prompts of 73
+blocks, 100 questions of about 8), so the caches evict all the time. With 256 (about 3
+sequences at once per server) requests also wait for blocks.
 
 Columns (``--modes``):
 
 - ``approximate``: the reference's default blend (queue 2, KV-cache utilization 2, prefix
   3) with ``approx-prefix-cache-producer``: where the EPP *sent* prefixes;
 - ``precise``: the same blend with ``precise-prefix-cache-producer`` (the servers' events,
-  speculative entries for 2 s);
+  speculative entries for 2 s); ``precise-nospec``: without speculative entries, so the
+  accuracy is the events' index alone;
 - ``random``: ``random-picker``;
 - ``sticky``, ``sticky-precise``: the default "sticky until saturated" profile with the
   approximate producer, and with the precise one (optional columns).
@@ -26,10 +29,11 @@ score, from ``--explain-decisions``, times the prompt's full-block tokens) again
 cached tokens that server reported for it (``usage.prompt_tokens_details``): the share of
 predicted tokens the server really had, ``sum(min(predicted, real)) / sum(predicted)``.
 Then the issue's targets: accuracy >= 95%, hit rate above approximate, TTFT p90 at least
-30% below approximate. About 3 minutes per column on 2 cores (``--quick``: under one).
+30% below approximate. About a minute per column on 2 cores (``--quick``: 10-30 s).
 
     PYTHONPATH=. .venv/bin/python -m tests.bench.precise_routing [--quick] [--seed 1]
-        [--modes approximate,precise,random] [--num-gpu-blocks 256]
+        [--modes approximate,precise,precise-nospec,random,sticky,sticky-precise]
+        [--num-gpu-blocks 480]
 """
 
 from __future__ import annotations
@@ -364,7 +368,7 @@ def bench_tokenizer(directory: Path, workload: Sequence[tuple[int, str]]) -> Pat
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_workload_arguments(parser)
-    parser.set_defaults(num_gpu_blocks=256, base_ip="127.0.0.160")
+    parser.set_defaults(base_ip="127.0.0.160")
     parser.add_argument("--modes", default="approximate,precise,random")
     args = parser.parse_args()
     finish_workload_arguments(args)
