@@ -50,6 +50,7 @@ from domain.requestcontrol.plugins.prefix_producer import (
     PrefixCacheParameters,
 )
 from domain.sharedstate.shared_kv_index import SharedKVBlockIndex
+from ports.endpoints import EndpointEvent, EndpointEventKind
 from ports.tokenizer import TokenizerError
 
 if TYPE_CHECKING:
@@ -214,9 +215,16 @@ def _precise_prefix_cache_producer(
     for endpoint in datastore.endpoints():  # already known (a config reload)
         subscriptions.add(endpoint.info)
 
+    def on_endpoint_event(event: EndpointEvent) -> None:
+        subscriptions.on_endpoint_event(event)
+        if isinstance(index, SharedKVBlockIndex) and event.kind is EndpointEventKind.ADD_OR_UPDATE:
+            index.follow(event.endpoint.name)  # warm from the shared copy before any event
+
     def start() -> None:
         if isinstance(index, SharedKVBlockIndex):
             index.start()
+            for endpoint in datastore.endpoints():
+                index.follow(endpoint.name)
         # endpoints seen before the event loop ran, and any that joined meanwhile
         for endpoint in datastore.endpoints():
             if subscriptions.subscriber(endpoint.name) is None:
@@ -229,7 +237,7 @@ def _precise_prefix_cache_producer(
         keyer=keyer,
         index=index,
         observer=handle.observer,
-        endpoint_listener=subscriptions.on_endpoint_event,
+        endpoint_listener=on_endpoint_event,
         start=start,
         # chat and other requests it cannot key: the approximate path, for that request
         fallback=ApproxPrefixCacheProducer(

@@ -5,7 +5,8 @@ of subscribers) and keeps its own ``InMemoryKVBlockIndex``: the routing path rea
 that, so it never waits for the store and the store's failures never reach a request.
 The store (Redis with ``--redis-url``) is the pool's one copy, for two things:
 
-- **Warm start.** The first time a process hears of an endpoint it loads the store's
+- **Warm start.** The first time a process hears of an endpoint (``follow``, when it
+  joins the pool, or its first event) it loads the store's
   copy into its own index (as older than anything the events said since, and without the
   blocks its events removed meanwhile), so a new replica routes on the servers' caches at
   once instead of after each block's next event.
@@ -45,6 +46,8 @@ __all__ = ["SharedKVBlockIndex"]
 logger = logging.getLogger(__name__)
 
 _NO_LABELS: dict[str, str] = {}
+#: Seconds ``stop`` waits for its cancelled tasks.
+_STOP_WAIT = 1.0
 
 # queued operations: ("apply", endpoint, events) / ("replace" | "warm" | "forget", endpoint)
 _Op = tuple[str, str, Sequence[KVEvent]]
@@ -114,12 +117,13 @@ class SharedKVBlockIndex:
             self._put(("warm", endpoint, _NONE))
 
     async def stop(self) -> None:
+        """Cancel the background tasks and wait for them at most ``_STOP_WAIT`` seconds (a
+        store call being cancelled is not always prompt to end)."""
         tasks, self._tasks = self._tasks, []
         for task in tasks:
             task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        if tasks:
+            await asyncio.wait(tasks, timeout=_STOP_WAIT)
 
     async def wait_idle(self) -> None:
         """Until every queued write was sent (for tests)."""
@@ -182,6 +186,11 @@ class SharedKVBlockIndex:
 
     def trusted(self, endpoint: str) -> bool:
         return self._local.trusted(endpoint)
+
+    def follow(self, endpoint: str) -> None:
+        """``endpoint`` joined the pool: load the store's copy of it and take part in its
+        writer lease, before its first event (a quiet server may publish none for long)."""
+        self._follow(endpoint)
 
     # background
 
@@ -287,8 +296,11 @@ class SharedKVBlockIndex:
                     self._put(("replace", endpoint, _NONE))
             wake = self._wake
             assert wake is not None
+            # asyncio.timeout, not wait_for: 3.11's wait_for can lose a cancellation that
+            # arrives as the event is set, and stop() would wait for ever
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(wake.wait(), self._lease / 3)
+                async with asyncio.timeout(self._lease / 3):
+                    await wake.wait()
             wake.clear()
 
     def _fail(self, why: str) -> None:

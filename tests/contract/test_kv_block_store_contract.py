@@ -218,6 +218,14 @@ async def test_processes_share_one_copy_and_a_new_one_starts_warm(stores: _Store
             assert not three.owns("ns/a")
         finally:
             await three.stop()
+        # one that has not heard from the endpoint yet: it joined the pool
+        four = _process(stores.make(), "p4")
+        four.start()
+        try:
+            four.follow("ns/a")
+            await _until(lambda: four.match([1, 2, 4], ["ns/a"]) == {"ns/a": 3}, "warm")
+        finally:
+            await four.stop()
     finally:
         await one.stop()
         await two.stop()

@@ -36,7 +36,7 @@ REQUEST_ID_HEADER = "x-request-id"
 #: The prompt tokens this server held cached when the request arrived (before queueing):
 #: what a prefix index predicting this server's cache should have said.
 CACHED_ON_ARRIVAL_HEADER = "x-simulator-cached-on-arrival"
-_CACHED_ON_ARRIVAL = "cached_on_arrival"
+_CACHED_ON_ARRIVAL = web.RequestKey("cached_on_arrival", int)
 RECEIVED_BYTES_HEADER = "x-simulator-received-bytes"
 BODY_SHA256_HEADER = "x-simulator-body-sha256"
 #: The ``x-gateway-destination-endpoint`` request header this instance received, echoed.
