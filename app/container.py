@@ -15,6 +15,7 @@ from adapters.jsoncodec.orjson_codec import OrjsonCodec
 from adapters.prometheus.exporter import PrometheusObserver, TextPage
 from adapters.redis import (
     RedisClient,
+    RedisKVBlockStore,
     RedisPrefixIndex,
     RedisSessionStore,
     RedisSharedLoad,
@@ -52,6 +53,7 @@ from ports.access import RequestAuthorizer
 from ports.codec import JsonCodec
 from ports.datalayer import NotificationSource, PollingDataSource
 from ports.endpoints import EndpointSource
+from ports.kv_events import KVBlockStore
 from ports.objectives import ObjectiveSink
 from ports.observer import Observer
 from ports.prefix_index import BlockHasher, PrefixIndex
@@ -160,6 +162,15 @@ def _shared_load(settings: Settings, client: RedisClient | None, observer: Obser
     )
 
 
+def _kv_block_store(settings: Settings, client: RedisClient | None) -> KVBlockStore | None:
+    """The KV-block index's shared copy on Redis with ``--redis-url``, else none."""
+    if client is None:
+        return None
+    return RedisKVBlockStore(
+        client, key_prefix=settings.shared_key_prefix(), ttl=settings.redis_prefix_ttl
+    )
+
+
 def _sessions(settings: Settings, client: RedisClient | None) -> SessionStore:
     if client is None:
         return InMemorySessionStore()
@@ -197,6 +208,7 @@ def _handle(
     shared_load: SharedLoad,
     sessions: SessionStore,
     settings: Settings,
+    kv_block_store: KVBlockStore | None = None,
 ) -> Handle:
     return Handle(
         codec=codec,
@@ -207,6 +219,7 @@ def _handle(
         shared_load=shared_load,
         sessions=sessions,
         shared_state_deadline=settings.redis_deadline,
+        kv_block_store=kv_block_store,
     )
 
 
@@ -380,6 +393,8 @@ class Container(containers.DeclarativeContainer):
     shared_load = providers.Singleton(_shared_load, settings, redis_client, observer)
     # The session_id bindings of session affinity: shared too with --redis-url.
     sessions = providers.Singleton(_sessions, settings, redis_client)
+    # The KV-block index's shared copy (precise prefix routing): on Redis with --redis-url.
+    kv_block_store = providers.Singleton(_kv_block_store, settings, redis_client)
     scheduling_observer = providers.Singleton(SchedulingReporter, observer)
     metrics_authorizer = providers.Singleton(_metrics_authorizer, settings)
     pprof_pages = providers.Singleton(_pprof_pages, settings)
@@ -405,6 +420,7 @@ class Container(containers.DeclarativeContainer):
         shared_load,
         sessions,
         settings,
+        kv_block_store,
     )
     config_text = providers.Singleton(_config_text, settings)
     config = providers.Singleton(_loaded_config, config_text, registry, handle)

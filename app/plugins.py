@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from importlib.metadata import EntryPoint, entry_points
@@ -41,6 +42,15 @@ from domain.requestcontrol.plugins.precise_prefix_producer import (
     PrecisePrefixCacheParameters,
     PrecisePrefixCacheProducer,
 )
+from domain.requestcontrol.plugins.prefix_producer import (
+    TYPE as APPROX_PREFIX_CACHE_PRODUCER,
+)
+from domain.requestcontrol.plugins.prefix_producer import (
+    ApproxPrefixCacheProducer,
+    PrefixCacheParameters,
+)
+from domain.sharedstate.shared_kv_index import SharedKVBlockIndex
+from ports.endpoints import EndpointEvent, EndpointEventKind
 from ports.tokenizer import TokenizerError
 
 if TYPE_CHECKING:
@@ -175,10 +185,22 @@ def _precise_prefix_cache_producer(
         block_size=tokens.tokens_per_block,
         cache_chars=parameters.tokenization_cache_chars,
     )
-    index = InMemoryKVBlockIndex(
-        max_blocks_per_endpoint=parameters.indexer_config.max_blocks_per_endpoint,
-        observer=handle.observer,
+    indexer = parameters.indexer_config
+    local = InMemoryKVBlockIndex(
+        max_blocks_per_endpoint=indexer.max_blocks_per_endpoint, observer=handle.observer
     )
+    index: InMemoryKVBlockIndex | SharedKVBlockIndex = local
+    store = handle.kv_block_store
+    if indexer.backend == "redis" and store is None:
+        raise PluginConfigError(f'plugin "{name}": indexerConfig.backend: redis needs --redis-url')
+    if store is not None and indexer.backend != "in-memory":
+        index = SharedKVBlockIndex(
+            store,
+            local,
+            owner=uuid.uuid4().hex,
+            cap=indexer.max_blocks_per_endpoint,
+            observer=handle.observer,
+        )
     events = parameters.kv_events_config
     subscriptions = KVEventSubscriptions(
         sink=index,
@@ -193,7 +215,16 @@ def _precise_prefix_cache_producer(
     for endpoint in datastore.endpoints():  # already known (a config reload)
         subscriptions.add(endpoint.info)
 
+    def on_endpoint_event(event: EndpointEvent) -> None:
+        subscriptions.on_endpoint_event(event)
+        if isinstance(index, SharedKVBlockIndex) and event.kind is EndpointEventKind.ADD_OR_UPDATE:
+            index.follow(event.endpoint.name)  # warm from the shared copy before any event
+
     def start() -> None:
+        if isinstance(index, SharedKVBlockIndex):
+            index.start()
+            for endpoint in datastore.endpoints():
+                index.follow(endpoint.name)
         # endpoints seen before the event loop ran, and any that joined meanwhile
         for endpoint in datastore.endpoints():
             if subscriptions.subscriber(endpoint.name) is None:
@@ -206,8 +237,14 @@ def _precise_prefix_cache_producer(
         keyer=keyer,
         index=index,
         observer=handle.observer,
-        endpoint_listener=subscriptions.on_endpoint_event,
+        endpoint_listener=on_endpoint_event,
         start=start,
+        # chat and other requests it cannot key: the approximate path, for that request
+        fallback=ApproxPrefixCacheProducer(
+            TypedName(APPROX_PREFIX_CACHE_PRODUCER, f"{name}/approximate-fallback"),
+            PrefixCacheParameters(),
+            handle,
+        ),
     )
     datastore.subscribe(producer.on_endpoint_event)
     return producer

@@ -5,6 +5,12 @@ blocks stored, blocks removed, everything cleared. A block is named by the engin
 64-bit block hash, a chain over the tokens (see ``domain.prefixcache.engine_hash``), so
 the EPP can compute the same names from a prompt and ask which endpoints hold them.
 
+Several EPP processes of one pool share the index through a ``KVBlockStore`` (in memory,
+or on Redis with ``--redis-url``): every process subscribes to every endpoint and keeps
+its own copy for the routing path, one process per endpoint (the holder of its writer
+lease) writes that endpoint's events to the store, and a process that starts loads the
+store's copy, so it routes warm before the servers publish again.
+
 The event source (``adapters/kvevents``) decodes the wire format and reports, per
 endpoint, to a ``KVEventSink``; the domain's ``KVBlockIndex`` is that sink and answers
 the routing path's lookups.
@@ -21,8 +27,10 @@ __all__ = [
     "BlockRemoved",
     "BlockStored",
     "KVBlockIndex",
+    "KVBlockStore",
     "KVEvent",
     "KVEventSink",
+    "StoredBlock",
 ]
 
 
@@ -91,4 +99,46 @@ class KVBlockIndex(KVEventSink, Protocol):
 
     def size(self) -> int:
         """Number of (block, endpoint) entries held."""
+        ...
+
+
+#: One block of a ``KVBlockStore``'s copy: its hash and the tiers (media) holding it.
+StoredBlock = tuple[int, tuple[str, ...]]
+
+
+class KVBlockStore(Protocol):
+    """The pool's shared copy of the KV-block index: per endpoint, the blocks its events
+    say it holds (hash → tiers), oldest stored first, at most ``cap`` per endpoint (past
+    it the oldest are dropped, as ``KVBlockIndex`` does).
+
+    Dedup: every EPP process receives every endpoint's events; only the holder of an
+    endpoint's writer lease (``claim``) writes them, so each event is written once and in
+    the stream's order. Async; a remote implementation raises
+    ``ports.shared_state.SharedStateError`` when its store fails (the domain never lets that
+    reach a request: the routing path reads the process's own copy). Called from the
+    event loop only.
+    """
+
+    async def claim(self, endpoint: str, owner: str, lease: float) -> bool | None:
+        """Take or renew ``endpoint``'s writer lease for ``owner`` for ``lease`` seconds.
+        ``True``: newly taken, or the store lost the endpoint's copy (the holder must
+        ``replace`` it from its own); ``False``: renewed, the copy is there; ``None``:
+        another owner holds it."""
+        ...
+
+    async def apply(self, endpoint: str, events: Sequence[KVEvent], cap: int) -> None:
+        """Apply one batch of ``endpoint``'s events in order (as ``KVEventSink.apply``
+        does), then keep at most ``cap`` blocks."""
+        ...
+
+    async def replace(self, endpoint: str, blocks: Sequence[StoredBlock], cap: int) -> None:
+        """``endpoint``'s copy becomes ``blocks`` (oldest first), at most ``cap`` kept."""
+        ...
+
+    async def blocks(self, endpoint: str, limit: int) -> list[StoredBlock]:
+        """``endpoint``'s newest ``limit`` blocks, oldest first (empty when unknown)."""
+        ...
+
+    async def forget(self, endpoint: str) -> None:
+        """``endpoint`` left the pool: drop its copy and its lease."""
         ...

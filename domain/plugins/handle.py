@@ -12,6 +12,7 @@ from domain.plugins.plugin import Plugin, PluginConfigError
 from domain.sharedstate.load import LocalSharedLoad
 from domain.sharedstate.sessions import InMemorySessionStore
 from ports.codec import JsonCodec
+from ports.kv_events import KVBlockStore
 from ports.observer import NoopObserver, Observer
 from ports.prefix_index import BlockHasher, PrefixIndex
 from ports.sessions import SessionStore
@@ -31,6 +32,8 @@ class Handle:
     wires a shared store). ``sessions`` holds the session bindings of the ``session_id``
     session-affinity strategy (in memory unless the app wires a shared store), each read or
     write of which may take ``shared_state_deadline`` seconds on the request path.
+    ``kv_block_store`` is the pool's shared copy of the KV-block index (``None``: no shared
+    store; ``precise-prefix-cache-producer`` then keeps its index in memory only).
     """
 
     codec: JsonCodec
@@ -44,6 +47,7 @@ class Handle:
     sessions: SessionStore = field(default_factory=InMemorySessionStore)
     #: Seconds a shared store may take per call on the request path (``--redis-deadline``).
     shared_state_deadline: float = 0.005
+    kv_block_store: KVBlockStore | None = None
     plugins: dict[str, Plugin] = field(default_factory=dict)
 
     def add_plugin(self, plugin: Plugin) -> None:

@@ -18,7 +18,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 
-from ports.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
+from ports.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent, StoredBlock
 from ports.metric_catalogue import KV_INDEX_ENTRIES
 from ports.observer import NoopObserver, Observer
 
@@ -145,6 +145,34 @@ class InMemoryKVBlockIndex:
 
     def size(self) -> int:
         return self._entries
+
+    def snapshot(self, endpoint: str) -> list[StoredBlock]:
+        """``endpoint``'s blocks and their tiers, oldest stored first."""
+        state = self._endpoints.get(endpoint)
+        return list(state.blocks.items()) if state is not None else []
+
+    def load(self, endpoint: str, blocks: Sequence[StoredBlock]) -> int:
+        """Add ``blocks`` (oldest first, e.g. a shared store's copy) as older than every
+        block the endpoint's own events stored: a block already known keeps what the
+        events said. The cap drops the oldest. Returns how many were added."""
+        state = self._endpoints.get(endpoint)
+        if state is None:
+            state = self._endpoints[endpoint] = _Endpoint()
+        known = state.blocks
+        room = self._cap - len(known)
+        added = 0
+        for block_hash, media in reversed(blocks):
+            if room <= 0:
+                break
+            if block_hash in known or not media:
+                continue
+            known[block_hash] = tuple(media)
+            known.move_to_end(block_hash, last=False)
+            room -= 1
+            added += 1
+        self._entries += added
+        self._observer.gauge(KV_INDEX_ENTRIES, {}, self._entries)
+        return added
 
     def endpoint_size(self, endpoint: str) -> int:
         state = self._endpoints.get(endpoint)

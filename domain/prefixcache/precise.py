@@ -44,27 +44,50 @@ class PromptKeyer:
 
     def tokens(self, text: str) -> tuple[int, ...]:
         """The prompt's token ids (raises ``ports.tokenizer.TokenizerError``)."""
-        cached = self._cache.get(text)
+        cached = self.cached(text)
         if cached is not None:
-            self._cache.move_to_end(text)
-            self.hits += 1
             return cached
-        self.misses += 1
-        ids = tuple(self._tokenizer.encode(text))
-        if len(text) <= self._cache_chars:
-            self._cache[text] = ids
-            self._held += len(text)
-            while self._held > self._cache_chars:
-                old, _ = self._cache.popitem(last=False)
-                self._held -= len(old)
+        ids = self.encode(text)
+        self.remember(text, ids)
         return ids
+
+    def cached(self, text: str) -> tuple[int, ...] | None:
+        """``text``'s token ids if the cache holds them (counted as a hit or a miss)."""
+        cached = self._cache.get(text)
+        if cached is None:
+            self.misses += 1
+            return None
+        self._cache.move_to_end(text)
+        self.hits += 1
+        return cached
+
+    def encode(self, text: str) -> tuple[int, ...]:
+        """Tokenize without touching the cache: safe in a worker thread (the tokenizer is
+        thread-safe; raises ``ports.tokenizer.TokenizerError``)."""
+        return tuple(self._tokenizer.encode(text))
+
+    def remember(self, text: str, ids: tuple[int, ...]) -> None:
+        """Keep ``text``'s token ids in the cache (the oldest dropped past its bound)."""
+        if len(text) > self._cache_chars or text in self._cache:
+            return
+        self._cache[text] = ids
+        self._held += len(text)
+        while self._held > self._cache_chars:
+            old, _ = self._cache.popitem(last=False)
+            self._held -= len(old)
+
+    @staticmethod
+    def prefix_text(text: str, block_size: int, max_blocks: int | None) -> str:
+        """The part of ``text`` that ``max_blocks`` blocks can span."""
+        if max_blocks is None:
+            return text
+        return text[: max_blocks * block_size * MAX_CHARS_PER_TOKEN]
 
     def keys(
         self, text: str, *, lora_name: str | None = None, max_blocks: int | None = None
     ) -> list[int]:
         """The block keys of ``text``'s full blocks; a LoRA adapter's name is an extra key."""
-        if max_blocks is not None:
-            text = text[: max_blocks * self.block_size * MAX_CHARS_PER_TOKEN]
+        text = self.prefix_text(text, self.block_size, max_blocks)
         return self.keys_for_tokens(self.tokens(text), lora_name=lora_name, max_blocks=max_blocks)
 
     def keys_for_tokens(

@@ -155,6 +155,13 @@ class SimulatedEngine:
             block_hashes=hashes,
         )
 
+    def cached_prefix_tokens(self, state: RequestState) -> int:
+        """The prompt tokens the cache holds now for ``state`` (as many as admission would
+        reuse: never the prompt's last token)."""
+        kv = self._scheduler.kv_cache
+        limit = (state.prompt_tokens - 1) // kv.block_size
+        return len(kv.longest_prefix(state.block_hashes, limit)) * kv.block_size
+
     async def generate(self, state: RequestState) -> AsyncGenerator[str, None]:
         """Yield the request's tokens, holding its slot and blocks until the last one.
 

@@ -33,6 +33,10 @@ from tests.simulator.stats import EngineStats
 
 INSTANCE_HEADER = "x-simulator-instance"
 REQUEST_ID_HEADER = "x-request-id"
+#: The prompt tokens this server held cached when the request arrived (before queueing):
+#: what a prefix index predicting this server's cache should have said.
+CACHED_ON_ARRIVAL_HEADER = "x-simulator-cached-on-arrival"
+_CACHED_ON_ARRIVAL = web.RequestKey("cached_on_arrival", int)
 RECEIVED_BYTES_HEADER = "x-simulator-received-bytes"
 BODY_SHA256_HEADER = "x-simulator-body-sha256"
 #: The ``x-gateway-destination-endpoint`` request header this instance received, echoed.
@@ -246,6 +250,9 @@ class ModelServerSimulator:
         traceparent = request.headers.get("traceparent")
         if traceparent is not None:
             response.headers[TRACEPARENT_SEEN_HEADER] = traceparent
+        cached_on_arrival = request.get(_CACHED_ON_ARRIVAL)
+        if cached_on_arrival is not None:
+            response.headers[CACHED_ON_ARRIVAL_HEADER] = str(cached_on_arrival)
         body_info = request.get(_BODY_INFO)
         if body_info is not None:
             response.headers[RECEIVED_BYTES_HEADER] = str(body_info.length)
@@ -304,6 +311,7 @@ class ModelServerSimulator:
         except ValueError as exc:
             error = ApiError(f"This model's maximum context length is exceeded: {exc}.")
             return _json_response(error.body(), status=error.status)
+        request[_CACHED_ON_ARRIVAL] = self._engine.cached_prefix_tokens(state)
         if parsed.stream:
             return await self._stream(request, parsed, builder, state)
         async with aclosing(self._engine.generate(state)) as tokens:

@@ -3,6 +3,7 @@ BOS token, like a Llama-style tokenizer, trained on a fixed corpus."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
@@ -16,8 +17,10 @@ _CORPUS = [
 ] * 20
 
 
-def write_tokenizer_json(path: Path, vocab_size: int = 400) -> Path:
-    """Train and save the tokenizer; returns ``path``."""
+def write_tokenizer_json(
+    path: Path, vocab_size: int = 400, corpus: Sequence[str] | None = None
+) -> Path:
+    """Train and save the tokenizer (on ``corpus``, default a fixed one); returns ``path``."""
     tokenizer = Tokenizer(models.BPE(unk_token="<unk>"))
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
@@ -27,7 +30,7 @@ def write_tokenizer_json(path: Path, vocab_size: int = 400) -> Path:
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tokenizer.train_from_iterator(_CORPUS, trainer=trainer)
+    tokenizer.train_from_iterator(_CORPUS if corpus is None else corpus, trainer=trainer)
     bos = tokenizer.token_to_id("<s>")
     tokenizer.post_processor = processors.TemplateProcessing(
         single="<s> $A", pair="<s> $A $B", special_tokens=[("<s>", bos)]

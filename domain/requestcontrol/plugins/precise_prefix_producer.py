@@ -13,11 +13,15 @@ After scheduling, the chosen endpoint is credited with the prompt's blocks for
 does not scatter before the first events arrive.
 
 Requests whose prompt is not a completions text (chat messages: no chat template yet,
-token ids, other APIs) or that the tokenizer cannot encode get no match (score 0).
+token ids, other APIs) or that the tokenizer cannot encode fall back to the approximate
+path for that request when the app gives a ``fallback`` (an ``approx-prefix-cache-producer``
+of its own: where such requests were sent, by the prompt's characters); without one they
+get no match (score 0).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -29,8 +33,10 @@ from domain.plugins.state import StateKey
 from domain.prefixcache.engine_hash import HASH_ALGORITHMS
 from domain.prefixcache.kv_block_index import InMemoryKVBlockIndex
 from domain.prefixcache.precise import PromptKeyer
+from domain.requestcontrol.plugins.prefix_producer import ApproxPrefixCacheProducer
 from domain.requesthandling.openai import ApiKind
 from domain.scheduling.types import Candidate, InferenceRequest, SchedulingResult
+from domain.sharedstate.shared_kv_index import SharedKVBlockIndex
 from ports.endpoints import EndpointEvent
 from ports.metric_catalogue import PREFIX_INDEXER_HIT_RATIO
 from ports.observer import NoopObserver, Observer
@@ -49,8 +55,9 @@ logger = logging.getLogger(__name__)
 
 TYPE = "precise-prefix-cache-producer"
 _KEYS: StateKey[list[int]] = StateKey("precise-prefix-keys")
+_FALLBACK: StateKey[bool] = StateKey("precise-prefix-fallback")
 _NO_LABELS: dict[str, str] = {}
-INDEX_BACKENDS = ("in-memory",)
+INDEX_BACKENDS = ("in-memory", "redis")
 _REPLAY_TIMEOUT = Duration(1.0)
 _SPECULATIVE_TTL = Duration(2.0)
 
@@ -114,14 +121,17 @@ class KVEventsConfig:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class IndexerConfig:
-    """The index: ``backend`` (``in-memory``; Redis is not built yet) and
-    ``maxBlocksPerEndpoint`` (1,048,576), the most blocks remembered per endpoint."""
+    """The index: ``backend`` and ``maxBlocksPerEndpoint`` (1,048,576), the most blocks
+    remembered per endpoint. ``backend``: ``in-memory`` (this process only) or ``redis``
+    (the pool's processes share one copy on the ``--redis-url`` store, so a new one starts
+    warm; docs/shared-state.md); unset: ``redis`` when ``--redis-url`` is given, as the
+    approximate index does."""
 
-    backend: str = "in-memory"
+    backend: str | None = None
     max_blocks_per_endpoint: int = 1 << 20
 
     def __post_init__(self) -> None:
-        if self.backend not in INDEX_BACKENDS:
+        if self.backend is not None and self.backend not in INDEX_BACKENDS:
             raise ValueError(f"backend: must be one of {', '.join(INDEX_BACKENDS)}")
         if self.max_blocks_per_endpoint < 1:
             raise ValueError("maxBlocksPerEndpoint: must be >= 1")
@@ -131,7 +141,10 @@ class IndexerConfig:
 class PrecisePrefixCacheParameters:
     """``tokenProcessorConfig`` (required), ``kvEventsConfig``, ``indexerConfig``,
     ``speculativeTtl`` (2s; 0 turns speculative entries off), ``maxPrefixBlocksToMatch``
-    (8192) and ``tokenizationCacheChars`` (32 Mi characters of recent prompts)."""
+    (8192), ``tokenizationCacheChars`` (32 Mi characters of recent prompts) and
+    ``tokenizeInThreadChars`` (4096: a prompt at least this long that is not cached is
+    tokenized and hashed in a worker thread, so the event loop serves other requests
+    meanwhile; 0: always on the event loop)."""
 
     token_processor_config: TokenProcessorConfig
     kv_events_config: KVEventsConfig = field(default_factory=KVEventsConfig)
@@ -139,8 +152,11 @@ class PrecisePrefixCacheParameters:
     speculative_ttl: Duration = _SPECULATIVE_TTL
     max_prefix_blocks_to_match: int = 8192
     tokenization_cache_chars: int = 32 * 1024 * 1024
+    tokenize_in_thread_chars: int = 4096
 
     def __post_init__(self) -> None:
+        if self.tokenize_in_thread_chars < 0:
+            raise ValueError("tokenizeInThreadChars: must be >= 0")
         if self.max_prefix_blocks_to_match < 1:
             raise ValueError("maxPrefixBlocksToMatch: must be >= 1")
         if self.tokenization_cache_chars < 0:
@@ -156,10 +172,11 @@ class PrecisePrefixCacheProducer(ProducerPlugin, ConsumerPlugin):
         parameters: PrecisePrefixCacheParameters,
         *,
         keyer: PromptKeyer,
-        index: InMemoryKVBlockIndex,
+        index: InMemoryKVBlockIndex | SharedKVBlockIndex,
         observer: Observer | None = None,
         endpoint_listener: Callable[[EndpointEvent], None] | None = None,
         start: Callable[[], None] | None = None,
+        fallback: ApproxPrefixCacheProducer | None = None,
     ) -> None:
         self._typed_name = typed_name
         self.parameters = parameters
@@ -170,6 +187,7 @@ class PrecisePrefixCacheProducer(ProducerPlugin, ConsumerPlugin):
         self._warned = False
         self._endpoint_listener = endpoint_listener
         self._start = start
+        self.fallback = fallback
 
     def on_endpoint_event(self, event: EndpointEvent, _endpoint: object = None) -> None:
         """A datastore listener (owned by this plugin, so a config reload drops it)."""
@@ -186,22 +204,46 @@ class PrecisePrefixCacheProducer(ProducerPlugin, ConsumerPlugin):
     def consumes(self) -> Sequence[str]:
         return []
 
-    def _keys(self, request: InferenceRequest) -> list[int]:
+    async def _keys(self, request: InferenceRequest) -> list[int] | None:
+        """The prompt's block keys; ``None``: this request cannot be keyed (not a
+        completions text, or the tokenizer refused it)."""
         body = request.body
-        if body is None or body.opaque or body.api is not ApiKind.COMPLETIONS:
+        if body is None:
             return []
+        if body.opaque or body.api is not ApiKind.COMPLETIONS:
+            return None
         prompt = body.payload.get("prompt")
-        if not isinstance(prompt, str) or not prompt:
+        if not isinstance(prompt, str):
+            return None
+        if not prompt:
             return []
         # the engine's hash of a LoRA adapter's blocks carries the adapter's name; which
         # model names are adapters is not known here yet, so base-model keys are used
+        keyer = self.keyer
+        max_blocks = self.parameters.max_prefix_blocks_to_match
+        text = keyer.prefix_text(prompt, keyer.block_size, max_blocks)
+        cached = keyer.cached(text)
+        if cached is not None:
+            return keyer.keys_for_tokens(cached, max_blocks=max_blocks)
+        threshold = self.parameters.tokenize_in_thread_chars
         try:
-            return self.keyer.keys(prompt, max_blocks=self.parameters.max_prefix_blocks_to_match)
+            if threshold and len(text) >= threshold:
+                ids, keys = await asyncio.to_thread(self._encode_and_hash, text, max_blocks)
+            else:
+                ids, keys = self._encode_and_hash(text, max_blocks)
         except TokenizerError as exc:
             if not self._warned:
                 self._warned = True
                 logger.warning("%s: a prompt could not be tokenized: %s", self._typed_name, exc)
-            return []
+            return None
+        keyer.remember(text, ids)
+        return keys
+
+    def _encode_and_hash(self, text: str, max_blocks: int) -> tuple[tuple[int, ...], list[int]]:
+        """Token ids and block keys of ``text``; touches no shared state (a worker thread
+        may run it)."""
+        ids = self.keyer.encode(text)
+        return ids, self.keyer.keys_for_tokens(ids, max_blocks=max_blocks)
 
     async def prepare_request_data(
         self, request: InferenceRequest, candidates: Sequence[Candidate]
@@ -209,7 +251,11 @@ class PrecisePrefixCacheProducer(ProducerPlugin, ConsumerPlugin):
         if self._start is not None:
             start, self._start = self._start, None
             start()
-        keys = self._keys(request)
+        keys = await self._keys(request)
+        if keys is None and self.fallback is not None:
+            request.state.put(self._typed_name.name, _FALLBACK, True)
+            await self.fallback.prepare_request_data(request, candidates)
+            return
         if not keys:
             none = PrefixCacheMatchInfo(0, 0, self._block)
             for candidate in candidates:
@@ -228,6 +274,9 @@ class PrecisePrefixCacheProducer(ProducerPlugin, ConsumerPlugin):
         self._observer.histogram(PREFIX_INDEXER_HIT_RATIO, _NO_LABELS, best / total)
 
     async def pre_request(self, request: InferenceRequest, result: SchedulingResult) -> None:
+        if self.fallback is not None and request.state.get(self._typed_name.name, _FALLBACK):
+            await self.fallback.pre_request(request, result)
+            return
         ttl = self.parameters.speculative_ttl
         if ttl <= 0:
             return

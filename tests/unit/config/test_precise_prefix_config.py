@@ -9,7 +9,10 @@ import pytest
 
 from app.config import ConfigError, load_config
 from app.plugins import build_registry
+from domain.prefixcache.kv_block_index import InMemoryKVBlockIndex
 from domain.requestcontrol.plugins.precise_prefix_producer import PrecisePrefixCacheProducer
+from domain.sharedstate.kv_blocks import InMemoryKVBlockStore
+from domain.sharedstate.shared_kv_index import SharedKVBlockIndex
 from tests.support.tokenizer import write_tokenizer_json
 from tests.unit.config import make_handle
 
@@ -30,10 +33,11 @@ def config(parameters: str) -> str:
     ).format(parameters=textwrap.indent(textwrap.dedent(parameters), "    "))
 
 
-def load(text: str) -> object:
-    return load_config(
-        text, registry=build_registry(include_entry_points=False), handle=make_handle()
-    )
+def load(text: str, *, shared: bool = False) -> object:
+    handle = make_handle()
+    if shared:  # as with --redis-url
+        handle.kv_block_store = InMemoryKVBlockStore()
+    return load_config(text, registry=build_registry(include_entry_points=False), handle=handle)
 
 
 @pytest.fixture(scope="module")
@@ -62,8 +66,10 @@ def test_parameters_and_the_scorer_reads_its_matches(tokenizer: Path) -> None:
     assert producer.keyer.block_size == 64
     assert producer.parameters.speculative_ttl == 0.5
     assert producer.parameters.kv_events_config.replay_port == 5558
-    # the scorer's match info comes from this producer: no approximate one is added
+    # the scorer's match info comes from this producer: no approximate one is added,
+    # only its own fallback for requests it cannot key (chat)
     assert "approx-prefix-cache-producer" not in plugins
+    assert producer.fallback is not None
 
 
 @pytest.mark.parametrize(
@@ -81,11 +87,34 @@ def test_parameters_and_the_scorer_reads_its_matches(tokenizer: Path) -> None:
         ),
         (
             'tokenProcessorConfig: {hashSeed: "1", tokenizerPath: /x}\n'
-            "indexerConfig: {backend: redis}\n",
-            "backend: must be one of in-memory",
+            "indexerConfig: {backend: valkey}\n",
+            "backend: must be one of in-memory, redis",
         ),
     ],
 )
 def test_bad_parameters_stop_the_load_naming_the_field(parameters: str, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         load(config(parameters))
+
+
+def _index(tokenizer: Path, backend: str, *, shared: bool) -> object:
+    line = f"indexerConfig: {{backend: {backend}}}\n" if backend else ""
+    loaded = load(
+        config(f'tokenProcessorConfig: {{hashSeed: "1", tokenizerPath: {tokenizer}}}\n' + line),
+        shared=shared,
+    )
+    producer = loaded.plugins["precise-prefix-cache-producer"]  # type: ignore[attr-defined]
+    assert isinstance(producer, PrecisePrefixCacheProducer)
+    return producer.index
+
+
+def test_the_index_is_shared_with_redis_url_unless_in_memory_is_asked(tokenizer: Path) -> None:
+    assert isinstance(_index(tokenizer, "", shared=False), InMemoryKVBlockIndex)
+    assert isinstance(_index(tokenizer, "", shared=True), SharedKVBlockIndex)
+    assert isinstance(_index(tokenizer, "redis", shared=True), SharedKVBlockIndex)
+    assert isinstance(_index(tokenizer, "in-memory", shared=True), InMemoryKVBlockIndex)
+
+
+def test_the_redis_backend_without_redis_url_stops_the_load(tokenizer: Path) -> None:
+    with pytest.raises(ConfigError, match=r"indexerConfig\.backend: redis needs --redis-url"):
+        _index(tokenizer, "redis", shared=False)

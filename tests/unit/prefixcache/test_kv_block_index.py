@@ -74,3 +74,16 @@ def test_speculative_entries_lapse_unless_events_confirm() -> None:
     assert index.match([1, 2, 3], ["a"]) == {"a": 2}
     index.speculate("unknown", [1], ttl=2.0)  # never seen: no credit
     assert index.match([1], ["unknown"]) == {}
+
+
+def test_a_loaded_copy_is_older_than_the_events_and_yields_to_them() -> None:
+    index = InMemoryKVBlockIndex(max_blocks_per_endpoint=4)
+    index.apply("a", [stored(5, medium="CPU")])
+    added = index.load("a", [(1, ("GPU",)), (2, ("GPU",)), (5, ("GPU",)), (6, ("GPU",))])
+    # 5 keeps what the events said; the copy fills the room left, newest first
+    assert added == 3
+    assert index.snapshot("a") == [(1, ("GPU",)), (2, ("GPU",)), (6, ("GPU",)), (5, ("CPU",))]
+    assert index.match([1, 2], ["a"]) == {"a": 2}
+    index.apply("a", [stored(7)])  # the cap drops the oldest: a loaded block
+    assert [h for h, _ in index.snapshot("a")] == [2, 6, 5, 7]
+    assert index.size() == 4

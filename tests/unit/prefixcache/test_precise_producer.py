@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 
 from domain.datalayer.attributes import PREFIX_CACHE_MATCH_INFO, PrefixCacheMatchInfo
 from domain.plugins.base import Duration, TypedName
 from domain.prefixcache.engine_hash import EngineBlockHasher
+from domain.prefixcache.hasher import StdlibBlockHasher
+from domain.prefixcache.index import InMemoryPrefixIndex
 from domain.prefixcache.kv_block_index import InMemoryKVBlockIndex
 from domain.prefixcache.precise import PromptKeyer
 from domain.requestcontrol.plugins.precise_prefix_producer import (
@@ -15,10 +18,15 @@ from domain.requestcontrol.plugins.precise_prefix_producer import (
     PrecisePrefixCacheProducer,
     TokenProcessorConfig,
 )
-from domain.scheduling.types import ProfileRunResult, SchedulingResult
+from domain.requestcontrol.plugins.prefix_producer import (
+    ApproxPrefixCacheProducer,
+    PrefixCacheParameters,
+)
+from domain.scheduling.types import Candidate, ProfileRunResult, SchedulingResult
+from ports.endpoints import EndpointEvent, EndpointEventKind
 from ports.kv_events import BlockStored
 from ports.tokenizer import TokenizerError
-from tests.support.scheduling import candidate, inference_request
+from tests.support.scheduling import candidate, inference_request, plugin_handle
 
 BLOCK = 4
 
@@ -86,7 +94,7 @@ async def test_the_chosen_endpoint_is_credited_until_events_arrive() -> None:
     assert again[0].attributes[PREFIX_CACHE_MATCH_INFO] == PrefixCacheMatchInfo(2, 2, BLOCK)
 
 
-async def test_unkeyable_requests_match_nothing() -> None:
+async def test_unkeyable_requests_match_nothing_without_a_fallback() -> None:
     plugin, _ = producer()
     chat = {"model": "m", "messages": [{"role": "user", "content": "abcdefgh"}]}
     for request in (
@@ -111,3 +119,65 @@ def test_only_the_text_the_matched_blocks_can_span_is_tokenized() -> None:
     text = "x" * 10_000
     assert keyer.keys(text, max_blocks=2) == keyer.keys(text)[:2]
     assert seen[0] == 2 * BLOCK * 16
+
+
+async def test_requests_it_cannot_key_fall_back_to_the_approximate_path() -> None:
+    plugin, _ = producer()
+    handle = plugin_handle(hasher=StdlibBlockHasher(), prefix_index=InMemoryPrefixIndex())
+    plugin.fallback = ApproxPrefixCacheProducer(
+        TypedName("approx-prefix-cache-producer", "fallback"),
+        PrefixCacheParameters(block_size_tokens=BLOCK, auto_tune=False),
+        handle,
+    )
+    for name in ("a", "b"):  # the fallback records endpoints of the pool only
+        handle.datastore.apply(
+            EndpointEvent(kind=EndpointEventKind.ADD_OR_UPDATE, endpoint=candidate(name).info)
+        )
+    chat = {"model": "m", "messages": [{"role": "user", "content": "abcdefgh" * 20}]}
+    refused = {"model": "m", "prompt": "abcdefgh!" * 20}  # the tokenizer fails
+    for body, path in ((chat, "/v1/chat/completions"), (refused, "/v1/completions")):
+        first = [candidate("a"), candidate("b")]
+        request = inference_request(body, path=path)
+        await plugin.prepare_request_data(request, first)
+        assert _matched(first[0]) == 0
+        result = SchedulingResult(
+            profile_results={"default": ProfileRunResult((first[1],))},
+            primary_profile_name="default",
+        )
+        await plugin.pre_request(request, result)  # recorded where it went: b
+        again = [candidate("a"), candidate("b")]
+        await plugin.prepare_request_data(inference_request(body, path=path), again)
+        info = again[1].attributes[PREFIX_CACHE_MATCH_INFO]
+        assert isinstance(info, PrefixCacheMatchInfo)
+        assert info.match_blocks == info.total_blocks > 0
+        assert _matched(again[0]) == 0
+
+
+def _matched(target: Candidate) -> int:
+    info = target.attributes[PREFIX_CACHE_MATCH_INFO]
+    assert isinstance(info, PrefixCacheMatchInfo)
+    return info.match_blocks
+
+
+async def test_long_prompts_are_tokenized_off_the_event_loop() -> None:
+    threads: list[bool] = []
+
+    class Recording(CharTokenizer):
+        def encode(self, text: str) -> Sequence[int]:
+            threads.append(threading.current_thread() is threading.main_thread())
+            return super().encode(text)
+
+    plugin, index = producer()
+    plugin.keyer = PromptKeyer(Recording(), EngineBlockHasher(seed="1"), block_size=BLOCK)
+    threshold = plugin.parameters.tokenize_in_thread_chars
+    short, long = "s" * (threshold - 1), "l" * threshold
+    other = PromptKeyer(CharTokenizer(), EngineBlockHasher(seed="1"), block_size=BLOCK)
+    index.apply("a", [stored(other.keys(long)[:3])])
+    for prompt in (short, long, long):  # the second long one is cached
+        cands = [candidate("a")]
+        await plugin.prepare_request_data(
+            inference_request({"model": "m", "prompt": prompt}), cands
+        )
+    assert threads == [True, False]  # the short one on the loop, the long one in a thread
+    info = cands[0].attributes[PREFIX_CACHE_MATCH_INFO]
+    assert info == PrefixCacheMatchInfo(3, threshold // BLOCK, BLOCK)

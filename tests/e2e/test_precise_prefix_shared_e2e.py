@@ -1,0 +1,107 @@
+"""Precise prefix-cache routing by two EPP replicas sharing one KV-block index on Redis.
+
+Two replicas behind one Envoy (round robin) run ``precise-prefix-cache-producer`` with
+``--redis-url``: both follow the simulators' KV events and route a repeated prompt to the
+server holding it; the pool's copy of the index lands in Redis, written once per event by
+the one replica holding each endpoint's writer lease, not by both.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from tests.e2e.test_precise_prefix_e2e import SEED, SYSTEM, _config, _post, _prefix_score
+from tests.support.redis import RedisServer, redis_available
+from tests.support.stack import Stack, StackOptions, free_port, metric_sum, replica_metrics_urls
+from tests.support.tokenizer import write_tokenizer_json
+
+pytestmark = pytest.mark.e2e
+
+BASE_IP = "127.0.0.56"
+
+
+@pytest.fixture(scope="module")
+def redis() -> Iterator[RedisServer]:
+    if not redis_available():
+        pytest.fail("redis-server and redis-cli are not on PATH: run `make install`")
+    server = RedisServer()
+    server.start()
+    yield server
+    server.close()
+
+
+async def test_replicas_share_the_kv_block_index_on_redis(
+    tmp_path: Path, redis: RedisServer
+) -> None:
+    tokenizer = write_tokenizer_json(tmp_path / "tokenizer.json")
+    port = free_port(BASE_IP)
+    prefix = f"epp:e2e-{uuid.uuid4().hex[:8]}"
+    options = StackOptions(
+        simulators=3,
+        simulator_base_ip=BASE_IP,
+        simulator_args=[
+            "--kv-events-port", str(port),
+            "--tokenizer", str(tokenizer),
+            "--hash-seed", SEED,
+            "--block-size", "16",
+        ],
+        epp_replicas=2,
+        epp_args=[
+            "--config-text", _config(tokenizer, port),
+            "--explain-decisions",
+            "--redis-url", redis.url,
+            "--redis-key-prefix", prefix,
+        ],
+    )  # fmt: skip
+    with Stack.run(options) as stack:
+        async with aiohttp.ClientSession() as session:
+            # until both replicas' subscribers are connected, events can be missed
+            deadline = time.monotonic() + 30
+            streak, home = 0, ""
+            while streak < 4:  # round robin: both replicas, twice each
+                assert time.monotonic() < deadline, "the replicas never agreed on the holder"
+                served, decision = await _post(session, stack.url, SYSTEM)
+                full = _prefix_score(decision, stack.simulator_addresses[served]) == 1.0
+                streak = streak + 1 if full and served == home else 0
+                home = served if full else ""
+            # more events: prompts of their own, each a stored run on its server
+            for i in range(12):
+                other = " ".join(f"note{i} about cache block {j}" for j in range(20))
+                await _post(session, stack.url, other)
+        # the copy in Redis: the holder's blocks, and one writer per endpoint with events
+        deadline = time.monotonic() + 10
+        while True:
+            leases = redis.cli("--scan", "--pattern", f"{prefix}:kv:*:w").split()
+            copies = redis.cli("--scan", "--pattern", f"{prefix}:kv:*:o").split()
+            sizes = [int(redis.cli("ZCARD", key)) for key in copies]
+            if leases and sizes and max(sizes) >= len(SYSTEM) // 64:
+                break
+            assert time.monotonic() < deadline, (leases, copies, sizes)
+            await asyncio.sleep(0.05)
+        owners = {redis.cli("HGET", key, "owner").strip() for key in leases}
+        assert len(owners) <= 2
+        assert all(owners)
+        # the copies hold what the replicas' own indexes hold: every event was written
+        urls = replica_metrics_urls(stack)
+        deadline = time.monotonic() + 10
+        while True:
+            copies = redis.cli("--scan", "--pattern", f"{prefix}:kv:*:o").split()
+            stored = sum(int(redis.cli("ZCARD", key)) for key in copies)
+            local = metric_sum(urls[0], "inference_extension_kv_index_entries")
+            if stored == local:
+                break
+            assert time.monotonic() < deadline, (stored, local)
+            await asyncio.sleep(0.05)
+        # dedup: the writes are about one replica's events (plus one rewrite per lease
+        # taken), not both replicas' events
+        events = [metric_sum(u, "inference_extension_kv_events_total") for u in urls]
+        writes = sum(metric_sum(u, "inference_extension_shared_state_writes_total") for u in urls)
+        assert min(events) >= 12, events
+        assert 0 < writes <= max(events) + 2 * len(leases), (writes, events, leases)
