@@ -50,7 +50,9 @@ async def index(request: pytest.FixtureRequest) -> AsyncIterator[PrefixIndex]:
         yield InMemoryPrefixIndex()
         return
     remote = InMemoryPrefixIndex()
-    resilient = ResilientPrefixIndex(remote, budget=1.0)
+    # Exact recency: every write sent in full (the default re-sends a chain's start once
+    # per second, so a re-touch within that second does not reach the remote).
+    resilient = ResilientPrefixIndex(remote, budget=1.0, resend_interval=0.0)
     await resilient.start()
     yield _SettledResilientIndex(resilient)
     assert not resilient.degraded
