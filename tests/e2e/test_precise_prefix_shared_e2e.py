@@ -11,30 +11,19 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import aiohttp
 import pytest
 
 from tests.e2e.test_precise_prefix_e2e import SEED, SYSTEM, _config, _post, _prefix_score
-from tests.support.redis import RedisServer, redis_available
+from tests.support.redis import RedisServer
 from tests.support.stack import Stack, StackOptions, free_port, metric_sum, replica_metrics_urls
 from tests.support.tokenizer import write_tokenizer_json
 
 pytestmark = pytest.mark.e2e
 
 BASE_IP = "127.0.0.56"
-
-
-@pytest.fixture(scope="module")
-def redis() -> Iterator[RedisServer]:
-    if not redis_available():
-        pytest.fail("redis-server and redis-cli are not on PATH: run `make install`")
-    server = RedisServer()
-    server.start()
-    yield server
-    server.close()
 
 
 async def test_replicas_share_the_kv_block_index_on_redis(

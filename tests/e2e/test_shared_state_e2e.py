@@ -11,14 +11,14 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
 import aiohttp
 import orjson
 import pytest
 
 from tests.simulator import DEFAULT_MODEL, INSTANCE_HEADER
-from tests.support.redis import RedisServer, redis_available
+from tests.support.redis import RedisServer
 from tests.support.stack import Stack, StackOptions
 from tests.support.stack import metric_sum as _counter
 from tests.support.stack import replica_metrics_urls as _metrics_urls
@@ -29,16 +29,6 @@ REPLICAS = 3
 #: Distinct long prefixes, each sent through every replica.
 PREFIXES = 4
 PER_PREFIX = 6
-
-
-@pytest.fixture(scope="module")
-def redis() -> Iterator[RedisServer]:
-    if not redis_available():
-        pytest.fail("redis-server and redis-cli are not on PATH: run `make install`")
-    server = RedisServer()
-    server.start()
-    yield server
-    server.close()
 
 
 def _prompt(prefix: int, question: int) -> bytes:

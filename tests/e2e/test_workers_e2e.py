@@ -23,7 +23,7 @@ from grpc_health.v1 import health_pb2
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.simulator import DEFAULT_MODEL
-from tests.support.redis import RedisServer, redis_available
+from tests.support.redis import RedisServer
 from tests.support.stack import Stack, StackOptions, wait_for
 
 pytestmark = pytest.mark.e2e
@@ -31,18 +31,6 @@ pytestmark = pytest.mark.e2e
 SERVING = health_pb2.HealthCheckResponse.SERVING
 WORKERS = 2
 INTERVAL = 0.05  # --refresh-metrics-interval (the default)
-
-
-@pytest.fixture(scope="module")
-def redis() -> Iterator[RedisServer]:
-    if not redis_available():
-        pytest.fail("redis-server and redis-cli are not on PATH: run `make install`")
-    server = RedisServer()
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture(scope="module")
