@@ -64,10 +64,11 @@ from tests.bench.routing_quality import (
     finish_workload_arguments,
     print_table,
     sim_stats,
+    stream_completion,
     summarise,
 )
 from tests.simulator import DEFAULT_MODEL
-from tests.simulator.server import CACHED_ON_ARRIVAL_HEADER, INSTANCE_HEADER
+from tests.simulator.server import CACHED_ON_ARRIVAL_HEADER
 from tests.support.stack import Stack, StackOptions, free_port, metric_sum
 from tests.support.tokenizer import write_tokenizer_json
 
@@ -160,42 +161,17 @@ async def send_one(
 ) -> None:
     """One streamed request; ``prompt_tokens``: the prompt's length in the servers' tokens
     (``usage.prompt_tokens`` counts the simulator's pseudo-tokens, four characters each)."""
-    body = orjson.dumps(
-        {
-            "model": DEFAULT_MODEL,
-            "prompt": prompt,
-            "max_tokens": max_tokens,
-            "stream": True,
-            "stream_options": {"include_usage": True},
-            "temperature": 0,
-        }
-    )
-    start = time.perf_counter()
-    try:
-        async with session.post(
-            f"{url}/v1/completions", data=body, headers={"content-type": "application/json"}
-        ) as response:
-            if response.status != 200:
-                rec.errors[f"HTTP {response.status}"] += 1
-                await response.read()
-                return
-            first = await response.content.readany()
-            ttfb = time.perf_counter() - start
-            rest = await response.read()
-            text = first + rest
-            if b"[DONE]" not in text:
-                rec.errors["stream without [DONE]"] += 1
-                return
-            instance = response.headers.get(INSTANCE_HEADER, "?")
-            decision = response.headers.get(DECISION_HEADER, "")
-            on_arrival = int(response.headers.get(CACHED_ON_ARRIVAL_HEADER, "0"))
-    except (aiohttp.ClientError, TimeoutError) as exc:
-        rec.errors[type(exc).__name__] += 1
+    request = {
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "stream_options": {"include_usage": True},
+    }
+    answered = await stream_completion(session, url, group, request, rec)
+    if answered is None:
         return
-    rec.ttfb_ms.append(ttfb * 1e3)
-    rec.latency_ms.append((time.perf_counter() - start) * 1e3)
-    rec.instances[instance] += 1
-    rec.group_instances.setdefault(group, set()).add(instance)
+    text, headers = answered
+    decision = headers.get(DECISION_HEADER, "")
+    on_arrival = int(headers.get(CACHED_ON_ARRIVAL_HEADER, "0"))
     usage = None
     for line in text.split(b"\n"):
         if line.startswith(b"data: {") and b'"usage"' in line:

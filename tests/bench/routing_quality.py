@@ -65,7 +65,7 @@ import sys
 import time
 import urllib.request
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -212,23 +212,17 @@ class ClientRecord:
     group_instances: dict[int, set[str]] = field(default_factory=dict)
 
 
-async def send_one(
+async def stream_completion(
     session: aiohttp.ClientSession,
     url: str,
     group: int,
-    prompt: str,
-    max_tokens: int,
+    request: dict[str, object],
     rec: ClientRecord,
-) -> None:
-    body = orjson.dumps(
-        {
-            "model": DEFAULT_MODEL,
-            "prompt": prompt,
-            "max_tokens": max_tokens,
-            "stream": True,
-            "temperature": 0,
-        }
-    )
+) -> tuple[bytes, Mapping[str, str]] | None:
+    """One streamed ``/v1/completions`` request with ``request``'s fields; its TTFB,
+    latency, serving instance and group recorded in ``rec``. Returns the streamed body and
+    the response headers, or ``None`` after counting what went wrong."""
+    body = orjson.dumps({"model": DEFAULT_MODEL, "stream": True, "temperature": 0, **request})
     start = time.perf_counter()
     try:
         async with session.post(
@@ -237,24 +231,37 @@ async def send_one(
             if response.status != 200:
                 rec.errors[f"HTTP {response.status}"] += 1
                 await response.read()
-                return
+                return None
             first = await response.content.readany()
             ttfb = time.perf_counter() - start
             if not first:
                 rec.errors["empty body"] += 1
-                return
-            rest = await response.read()
-            if b"[DONE]" not in first + rest:
+                return None
+            text = first + await response.read()
+            if b"[DONE]" not in text:
                 rec.errors["stream without [DONE]"] += 1
-                return
-            instance = response.headers.get(INSTANCE_HEADER, "?")
+                return None
+            headers = response.headers  # case-insensitive
     except (aiohttp.ClientError, TimeoutError) as exc:
         rec.errors[type(exc).__name__] += 1
-        return
+        return None
+    instance = headers.get(INSTANCE_HEADER, "?")
     rec.ttfb_ms.append(ttfb * 1e3)
     rec.latency_ms.append((time.perf_counter() - start) * 1e3)
     rec.instances[instance] += 1
     rec.group_instances.setdefault(group, set()).add(instance)
+    return text, headers
+
+
+async def send_one(
+    session: aiohttp.ClientSession,
+    url: str,
+    group: int,
+    prompt: str,
+    max_tokens: int,
+    rec: ClientRecord,
+) -> None:
+    await stream_completion(session, url, group, {"prompt": prompt, "max_tokens": max_tokens}, rec)
 
 
 async def drive(
