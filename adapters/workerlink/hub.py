@@ -21,6 +21,7 @@ import logging
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Generic, TypeVar
 
 from adapters.workerlink.frames import (
     MalformedFrameError,
@@ -313,10 +314,15 @@ class _TeeObjectives:
         self._hub.set_rules(rules)
 
 
-class _TeePolling:
-    def __init__(self, hub: SupervisorHub, inner: PollingDataSource) -> None:
+S = TypeVar("S", bound=PollingDataSource | NotificationSource)
+
+
+class _TeeSource(Generic[S]):
+    """A data source that also hands what it produces to the hub, under its name."""
+
+    def __init__(self, hub: SupervisorHub, inner: S) -> None:
         self._hub = hub
-        self._inner = inner
+        self._inner: S = inner
         self._name = str(inner.typed_name)
 
     @property
@@ -326,6 +332,8 @@ class _TeePolling:
     def output_type(self) -> type:
         return self._inner.output_type()
 
+
+class _TeePolling(_TeeSource[PollingDataSource]):
     async def poll(self, endpoint: EndpointInfo) -> object:
         value = await self._inner.poll(endpoint)
         self._hub.poll_result(self._name, endpoint.name, value)
@@ -335,21 +343,9 @@ class _TeePolling:
         await self._inner.close()
 
 
-class _TeeNotifications:
-    def __init__(self, hub: SupervisorHub, inner: NotificationSource) -> None:
-        self._hub = hub
-        self._inner = inner
-        self._name = str(inner.typed_name)
-
-    @property
-    def typed_name(self) -> TypedName:
-        return self._inner.typed_name
-
+class _TeeNotifications(_TeeSource[NotificationSource]):
     def gvk(self) -> str:
         return self._inner.gvk()
-
-    def output_type(self) -> type:
-        return self._inner.output_type()
 
     async def run(self, deliver: Callable[[NotificationEvent], None]) -> None:
         def tee(event: NotificationEvent) -> None:
