@@ -15,7 +15,9 @@ request/response hooks. What needs a restart: ``featureGates``, ``flowControl`` 
 ``dataLayer`` (the flow controller and the collectors are built once); a new config that
 changes one of them is refused with a message naming it, and the running config stays.
 The replaced plugins stop hearing of endpoint changes (their datastore subscriptions are
-dropped) and are left to the garbage collector once their last request ends.
+dropped) and are left to the garbage collector once their last request ends; those with
+background work (``BackgroundPlugin``: the KV-event subscriptions) are stopped, then the
+new ones started.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from app.plugins import PluginLoadError
 from domain.datastore.store import Datastore
 from domain.plugins.base import PluginRegistry
 from domain.plugins.handle import Handle
+from domain.plugins.hooks import BackgroundPlugin
 from domain.plugins.plugin import PluginConfigError
 from domain.requestcontrol.director import Director, RequestControl
 
@@ -94,7 +97,14 @@ class ConfigWatcher:
                     )
                 continue
             self._unreadable = False
-            self.offer(text)
+            old = self._running
+            if self.offer(text):
+                await _restart_background(old, self._running)
+
+    @property
+    def running(self) -> LoadedConfig:
+        """The config in use."""
+        return self._running
 
     def offer(self, text: str) -> bool:
         """Applies ``text`` if it differs from the running config and loads; whether it did."""
@@ -130,3 +140,17 @@ class ConfigWatcher:
             ", ".join(str(p.typed_name) for p in loaded.plugins.values()),
         )
         return True
+
+
+async def _restart_background(old: LoadedConfig, new: LoadedConfig) -> None:
+    """Stop the replaced plugins' background work, then start the new plugins' (stopping
+    first lets the new shared KV-block index take the released writer leases at once)."""
+    for plugin in old.plugins.values():
+        if isinstance(plugin, BackgroundPlugin):
+            try:
+                await plugin.stop()
+            except Exception:
+                logger.exception("%s: stopping the replaced plugin failed", plugin.typed_name)
+    for plugin in new.plugins.values():
+        if isinstance(plugin, BackgroundPlugin):
+            await plugin.start()

@@ -46,6 +46,7 @@ from domain.requestcontrol.director import Director, RequestControl
 from domain.scheduling.observer import SchedulingObserver, SchedulingReporter
 from domain.scheduling.scheduler import Scheduler
 from domain.scheduling.types import Candidate
+from domain.sharedstate.degraded import DegradedGauge
 from domain.sharedstate.load import LocalSharedLoad
 from domain.sharedstate.resilient_index import ResilientPrefixIndex
 from domain.sharedstate.sessions import InMemorySessionStore
@@ -131,7 +132,7 @@ def _redis_client(settings: Settings) -> RedisClient | None:
 
 
 def _prefix_index(
-    settings: Settings, client: RedisClient | None, observer: Observer
+    settings: Settings, client: RedisClient | None, observer: Observer, degraded: DegradedGauge
 ) -> PrefixIndex:
     if client is None:
         return InMemoryPrefixIndex()
@@ -142,6 +143,7 @@ def _prefix_index(
         remote,
         InMemoryPrefixIndex(),
         observer=observer,
+        degraded_gauge=degraded,
         budget=settings.redis_deadline,
         # The first requests find open connections (a burst of new prefixes needs a match, a
         # load refresh and a claim each) and a loaded match script.
@@ -209,6 +211,7 @@ def _handle(
     sessions: SessionStore,
     settings: Settings,
     kv_block_store: KVBlockStore | None = None,
+    shared_degraded: DegradedGauge | None = None,
 ) -> Handle:
     return Handle(
         codec=codec,
@@ -220,6 +223,7 @@ def _handle(
         sessions=sessions,
         shared_state_deadline=settings.redis_deadline,
         kv_block_store=kv_block_store,
+        shared_degraded=shared_degraded,
     )
 
 
@@ -388,7 +392,11 @@ class Container(containers.DeclarativeContainer):
     observer = providers.Singleton(EppObserver, metrics_observer, tracing)
     # --- shared state (docs/shared-state.md): in process, or on Redis with --redis-url ---
     redis_client = providers.Singleton(_redis_client, settings)
-    prefix_index = providers.Singleton(_prefix_index, settings, redis_client, observer)
+    # One degraded gauge for every component on the shared store.
+    shared_degraded = providers.Singleton(DegradedGauge, observer)
+    prefix_index = providers.Singleton(
+        _prefix_index, settings, redis_client, observer, shared_degraded
+    )
     # The other processes' in-flight load: none without --redis-url.
     shared_load = providers.Singleton(_shared_load, settings, redis_client, observer)
     # The session_id bindings of session affinity: shared too with --redis-url.
@@ -421,6 +429,7 @@ class Container(containers.DeclarativeContainer):
         sessions,
         settings,
         kv_block_store,
+        shared_degraded,
     )
     config_text = providers.Singleton(_config_text, settings)
     config = providers.Singleton(_loaded_config, config_text, registry, handle)

@@ -200,6 +200,7 @@ def _precise_prefix_cache_producer(
             owner=uuid.uuid4().hex,
             cap=indexer.max_blocks_per_endpoint,
             observer=handle.observer,
+            degraded_gauge=handle.shared_degraded,
         )
     events = parameters.kv_events_config
     subscriptions = KVEventSubscriptions(
@@ -231,6 +232,11 @@ def _precise_prefix_cache_producer(
                 subscriptions.add(endpoint.info)
         subscriptions.start_pending()
 
+    async def stop() -> None:
+        await subscriptions.close()
+        if isinstance(index, SharedKVBlockIndex):
+            await index.stop()  # releases its writer leases: another process takes over
+
     producer = PrecisePrefixCacheProducer(
         TypedName(PRECISE_PREFIX_CACHE_PRODUCER, name),
         parameters,
@@ -239,6 +245,7 @@ def _precise_prefix_cache_producer(
         observer=handle.observer,
         endpoint_listener=on_endpoint_event,
         start=start,
+        stop=stop,
         # chat and other requests it cannot key: the approximate path, for that request
         fallback=ApproxPrefixCacheProducer(
             TypedName(APPROX_PREFIX_CACHE_PRODUCER, f"{name}/approximate-fallback"),

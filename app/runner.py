@@ -8,7 +8,7 @@ import gc
 import logging
 import signal
 import sys
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
 from adapters.otel.tracing import TracingConfigError
@@ -18,6 +18,7 @@ from app.logsetup import configure_logging
 from app.memory import malloc_trim, trim_periodically
 from app.plugins import PluginLoadError
 from app.settings import Settings
+from domain.plugins.hooks import BackgroundPlugin
 from domain.plugins.state import RequestStates
 from domain.sharedstate import ResilientPrefixIndex
 
@@ -108,9 +109,16 @@ async def serve(
     prefix_index = container.prefix_index()
     if isinstance(prefix_index, ResilientPrefixIndex):
         await prefix_index.start()
+    # Plugins' background work (the KV-event subscriptions and the shared KV-block index's
+    # warm load): started now, so the first request finds it; readiness waits for it.
+    background = [p for p in loaded.plugins.values() if isinstance(p, BackgroundPlugin)]
+    for plugin in background:
+        await plugin.start()
+    container.processor().startup_gates = [plugin.ready for plugin in background]
     try:
         await servers.start()
     except OSError as exc:
+        await _stop_plugins(background)
         if isinstance(prefix_index, ResilientPrefixIndex):
             await prefix_index.stop()
         await shared_load.stop()
@@ -160,12 +168,26 @@ async def serve(
         await servers.drain(0)
         if flow_controller is not None:
             await flow_controller.stop()
+        # the running config's (a reload stopped the ones it replaced); before the Redis
+        # client closes: the shared KV-block index releases its writer leases
+        running = watcher.running if watcher is not None else loaded
+        await _stop_plugins(
+            [p for p in running.plugins.values() if isinstance(p, BackgroundPlugin)]
+        )
         if isinstance(prefix_index, ResilientPrefixIndex):
             await prefix_index.stop()
         await shared_load.stop()  # withdraws this process's load from the pool
         await _close_redis(container)  # after the index and the load: they use it
         await observability.stop()  # after the last request: flushes the traces
     logger.info("stopped")
+
+
+async def _stop_plugins(plugins: Sequence[BackgroundPlugin]) -> None:
+    for plugin in plugins:
+        try:
+            await plugin.stop()
+        except Exception:
+            logger.exception("%s: stopping failed", plugin)
 
 
 async def _cancel(task: asyncio.Task[None]) -> None:

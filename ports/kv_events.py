@@ -142,3 +142,16 @@ class KVBlockStore(Protocol):
     async def forget(self, endpoint: str) -> None:
         """``endpoint`` left the pool: drop its copy and its lease."""
         ...
+
+    async def release(self, endpoint: str, owner: str, lease: float) -> None:
+        """``owner`` stops writing ``endpoint`` (its process stops): its lease ends now, so
+        the next ``claim`` of another owner takes it (and rewrites the copy). The copy stays
+        ``current`` for ``lease`` seconds more, long enough for a successor to claim it. A
+        lease ``owner`` does not hold is left alone."""
+        ...
+
+    async def current(self, endpoint: str) -> bool:
+        """Whether ``endpoint``'s copy is kept up to date: a writer holds its lease, or
+        released it less than a lease ago. A copy whose writer died and whose lease lapsed
+        misses the events since; a starting process does not load it."""
+        ...

@@ -22,7 +22,9 @@ class KVEventSubscriptions:
     """Subscribes to ``tcp://<endpoint ip>:<port>`` for every endpoint that joins.
 
     ``replay_port`` (``None``: no replay) names the publisher's replay socket. A leaving
-    endpoint's subscriber stops and the sink forgets the endpoint. ``on_endpoint_event``
+    endpoint's subscriber stops and the sink forgets the endpoint (so does one whose
+    address changed; a joining one is not forgotten first: the shared copy of its blocks
+    is what a new process loads). ``on_endpoint_event``
     is a datastore listener (called on the event loop); ``close`` stops everything.
     """
 
@@ -59,9 +61,11 @@ class KVEventSubscriptions:
         host = f"[{info.address.ip}]" if ":" in info.address.ip else info.address.ip
         address = f"tcp://{host}:{self._port}"
         current = self._tasks.get(info.name)
-        if current is not None and current[0].address == address:
-            return
-        self.remove(info.name)
+        if current is not None:
+            if current[0].address == address:
+                return
+            # the same name at a new address: another server, its cache starts empty
+            self.remove(info.name)
         replay = f"tcp://{host}:{self._replay_port}" if self._replay_port is not None else None
         self.add_address(info.name, address, replay)
 

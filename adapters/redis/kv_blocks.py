@@ -9,12 +9,14 @@ on one node:
 - ``P:kv:{<tag>}:o``: a sorted set of the same block hashes scored by a store sequence
   number (oldest first): the cap pops the lowest;
 - ``P:kv:{<tag>}:w``: the writer lease, a hash ``owner → <name>`` with the lease as its
-  expiry.
+  expiry; ``release`` swaps ``owner`` for ``released`` (free to claim, the copy still
+  ``current`` until the key expires one lease later).
 
 ``apply`` sends one batch's events as one script (``S medium n h...``, ``R medium n h...``,
 ``C``); ``replace`` clears and re-stores in scripts of at most ``chunk`` hashes; ``blocks``
-reads pages of ``chunk``; ``claim`` takes or renews the lease and renews the copy's TTL
-(``ttl``, so a copy outlives its last writer by that long). Any failure raises
+reads pages of ``chunk``; ``current`` is whether the lease key exists (``HLEN``);
+``claim`` takes or renews the lease and renews the copy's TTL (``ttl``, so a copy
+outlives its last writer by that long). Any failure raises
 ``SharedStateError`` (``guarded``).
 """
 
@@ -98,9 +100,9 @@ _CLAIM = LuaScript(
     "kv claim",
     """
 local w, b, o = KEYS[1], KEYS[2], KEYS[3]
-local held = redis.call('HGETALL', w)
-local current = held[2]
+local current = redis.call('HGET', w, 'owner')
 if current and current ~= ARGV[1] then return -1 end
+redis.call('HDEL', w, 'released')
 redis.call('HSET', w, 'owner', ARGV[1])
 redis.call('PEXPIRE', w, ARGV[2])
 local copy = redis.call('ZCARD', o)
@@ -109,6 +111,18 @@ if copy > 0 then
   redis.call('PEXPIRE', o, ARGV[3])
 end
 if current and copy > 0 then return 0 end
+return 1
+""",
+)
+
+_RELEASE = LuaScript(
+    "kv release",
+    """
+local w = KEYS[1]
+if redis.call('HGET', KEYS[1], 'owner') ~= ARGV[1] then return 0 end
+redis.call('HDEL', w, 'owner')
+redis.call('HSET', w, 'released', ARGV[1])
+redis.call('PEXPIRE', w, ARGV[2])
 return 1
 """,
 )
@@ -230,6 +244,16 @@ class RedisKVBlockStore:
 
     async def forget(self, endpoint: str) -> None:
         await guarded("kv forget", self._client.delete(*self._keys(endpoint)))
+
+    async def release(self, endpoint: str, owner: str, lease: float) -> None:
+        _, _, w = self._keys(endpoint)
+        await guarded(
+            "kv release", _RELEASE.run(self._client, [w], [owner, max(1, int(lease * 1000))])
+        )
+
+    async def current(self, endpoint: str) -> bool:
+        _, _, w = self._keys(endpoint)
+        return bool(await guarded("kv current", self._client.hlen(w)))
 
     async def _send(self, endpoint: str, args: Sequence[str | int], cap: int) -> None:
         b, o, _ = self._keys(endpoint)

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 from domain.datastore.store import Datastore
 from domain.plugins.plugin import Plugin, PluginConfigError
+from domain.sharedstate.degraded import DegradedGauge
 from domain.sharedstate.load import LocalSharedLoad
 from domain.sharedstate.sessions import InMemorySessionStore
 from ports.codec import JsonCodec
@@ -34,6 +35,8 @@ class Handle:
     write of which may take ``shared_state_deadline`` seconds on the request path.
     ``kv_block_store`` is the pool's shared copy of the KV-block index (``None``: no shared
     store; ``precise-prefix-cache-producer`` then keeps its index in memory only).
+    ``shared_degraded`` is the process's shared-state degraded gauge, which every component
+    on the shared store reports to (``None``: a plugin reports to ``observer`` alone).
     """
 
     codec: JsonCodec
@@ -48,6 +51,7 @@ class Handle:
     #: Seconds a shared store may take per call on the request path (``--redis-deadline``).
     shared_state_deadline: float = 0.005
     kv_block_store: KVBlockStore | None = None
+    shared_degraded: DegradedGauge | None = None
     plugins: dict[str, Plugin] = field(default_factory=dict)
 
     def add_plugin(self, plugin: Plugin) -> None:

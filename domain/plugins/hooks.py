@@ -25,6 +25,7 @@ from typing import Protocol, runtime_checkable
 from domain.plugins.base import Plugin
 
 __all__ = [
+    "BackgroundPlugin",
     "ConsumerPlugin",
     "NamingParameters",
     "ParameterizedPlugin",
@@ -199,3 +200,25 @@ class TypedExtractor(Protocol):
     __slots__ = ()
 
     def expected_input_type(self) -> type: ...
+
+
+@runtime_checkable
+class BackgroundPlugin(Protocol):
+    """A plugin with background work (subscriptions, tasks, leases on a shared store).
+
+    Not a loader hook: the app calls ``start`` on the event loop once the config is loaded,
+    before the servers serve, and ``stop`` at shutdown (before the shared-state client
+    closes) and when a config reload replaces the plugin. ``start`` must not block for
+    long (it starts tasks); ``stop`` must end within a few seconds and not raise.
+    ``ready`` gates the process's readiness at start-up only (a new process takes no
+    request before it is true, e.g. before an index loaded its shared copy): it must turn
+    true by itself within seconds, whatever fails.
+    """
+
+    __slots__ = ()
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+    def ready(self) -> bool: ...

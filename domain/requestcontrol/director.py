@@ -24,7 +24,7 @@ import asyncio
 import logging
 import random
 import time
-from collections.abc import Awaitable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -145,12 +145,22 @@ class Director:
         self.rng = rng if rng is not None else random.Random()
         self.observer: Observer = observer if observer is not None else NoopObserver()
         self.metrics = RequestMetrics(self.observer)
+        #: Start-up readiness gates besides the endpoint set (``BackgroundPlugin.ready``):
+        #: once they all passed with the set synced, they are dropped (readiness never
+        #: waits for them again, e.g. after a config reload).
+        self.startup_gates: list[Callable[[], bool]] = []
 
     def open(self, request: InboundRequest) -> RequestExchangeState:
         return RequestExchangeState(self, request)
 
     def ready(self) -> bool:
-        return self.datastore.synced
+        if not self.datastore.synced:
+            return False
+        if self.startup_gates:
+            if not all(gate() for gate in self.startup_gates):
+                return False
+            self.startup_gates = []
+        return True
 
     def running(self, model: str) -> int:
         """Requests for ``model`` (as the client named it) routed and not yet closed."""

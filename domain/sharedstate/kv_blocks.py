@@ -57,13 +57,14 @@ class InMemoryKVBlockStore:
 
     def __init__(self, *, clock: Callable[[], float] = time.monotonic) -> None:
         self._blocks: dict[str, OrderedDict[int, tuple[str, ...]]] = {}
+        # endpoint -> (owner, expiry); owner "" once released (current until expiry)
         self._leases: dict[str, tuple[str, float]] = {}
         self._clock = clock
 
     async def claim(self, endpoint: str, owner: str, lease: float) -> bool | None:
         now = self._clock()
         held = self._leases.get(endpoint)
-        if held is not None and held[0] != owner and held[1] > now:
+        if held is not None and held[0] not in ("", owner) and held[1] > now:
             return None
         self._leases[endpoint] = (owner, now + lease)
         renewed = held is not None and held[0] == owner and held[1] > now
@@ -90,3 +91,12 @@ class InMemoryKVBlockStore:
     async def forget(self, endpoint: str) -> None:
         self._blocks.pop(endpoint, None)
         self._leases.pop(endpoint, None)
+
+    async def release(self, endpoint: str, owner: str, lease: float) -> None:
+        held = self._leases.get(endpoint)
+        if held is not None and held[0] == owner and held[1] > self._clock():
+            self._leases[endpoint] = ("", self._clock() + lease)
+
+    async def current(self, endpoint: str) -> bool:
+        held = self._leases.get(endpoint)
+        return held is not None and held[1] > self._clock()

@@ -85,10 +85,10 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from domain.prefixcache.index import InMemoryPrefixIndex
+from domain.sharedstate.degraded import DegradedGauge
 from ports.metric_catalogue import (
     SHARED_STATE_CLAIMS,
     SHARED_STATE_DEADLINE_MISSES,
-    SHARED_STATE_DEGRADED,
     SHARED_STATE_DROPPED_WRITES,
     SHARED_STATE_ERRORS,
     SHARED_STATE_ROUNDTRIP,
@@ -103,6 +103,7 @@ __all__ = ["ResilientPrefixIndex"]
 logger = logging.getLogger(__name__)
 
 _NO_LABELS: dict[str, str] = {}
+_COMPONENT = "prefix_index"
 _MATCH = {"operation": "match"}
 _ADD = {"operation": "add"}
 _REMOVE = {"operation": "remove_endpoint"}
@@ -130,6 +131,7 @@ class ResilientPrefixIndex:
         local: InMemoryPrefixIndex | None = None,
         *,
         observer: Observer | None = None,
+        degraded_gauge: DegradedGauge | None = None,
         budget: float = 0.005,
         miss_limit: int = 5,
         max_pending: int = 1024,
@@ -156,6 +158,10 @@ class ResilientPrefixIndex:
         self.remote = remote
         self.local = local if local is not None else InMemoryPrefixIndex()
         self._observer = observer or NoopObserver()
+        # the process's degraded gauge, shared with the other components on the store
+        self._gauge = (
+            degraded_gauge if degraded_gauge is not None else DegradedGauge(self._observer)
+        )
         self._budget = budget
         self._miss_limit = miss_limit
         self._max_pending = max_pending
@@ -380,7 +386,7 @@ class ResilientPrefixIndex:
         if self._running:
             return
         self._running = True
-        self._observer.gauge(SHARED_STATE_DEGRADED, _NO_LABELS, 1.0 if self._degraded else 0.0)
+        self._gauge.set(_COMPONENT, self._degraded)
         self._writer = asyncio.get_running_loop().create_task(self._write_loop())
         if not self._degraded and self._warm_connections:
             await self._warm()
@@ -473,7 +479,7 @@ class ResilientPrefixIndex:
             logger.warning("shared prefix index failing while degraded: %s", reason)
             return
         logger.warning("shared prefix index degraded, routing on local state: %s", reason)
-        self._observer.gauge(SHARED_STATE_DEGRADED, _NO_LABELS, 1.0)
+        self._gauge.set(_COMPONENT, True)
         if self._running:
             self._start_probe()
 
@@ -524,7 +530,7 @@ class ResilientPrefixIndex:
             len(writes),
             len(removals),
         )
-        self._observer.gauge(SHARED_STATE_DEGRADED, _NO_LABELS, 0.0)
+        self._gauge.set(_COMPONENT, False)
         if self._running:
             self._rebuild = asyncio.get_running_loop().create_task(
                 self._rebuild_remote(removals, writes)

@@ -33,6 +33,7 @@ import logging
 from collections.abc import Mapping, Sequence
 
 from domain.prefixcache.kv_block_index import InMemoryKVBlockIndex
+from domain.sharedstate.degraded import DegradedGauge
 from ports.kv_events import AllBlocksCleared, BlockRemoved, KVBlockStore, KVEvent
 from ports.metric_catalogue import (
     SHARED_STATE_DROPPED_WRITES,
@@ -46,8 +47,11 @@ __all__ = ["SharedKVBlockIndex"]
 logger = logging.getLogger(__name__)
 
 _NO_LABELS: dict[str, str] = {}
-#: Seconds ``stop`` waits for its cancelled tasks.
+#: Seconds ``stop`` waits for its cancelled tasks, then for its lease releases.
 _STOP_WAIT = 1.0
+#: Seconds after ``start`` past which ``warmed`` is true even if loads are still running.
+WARM_WAIT = 5.0
+_COMPONENT = "kv_index"
 
 # queued operations: ("apply", endpoint, events) / ("replace" | "warm" | "forget", endpoint)
 _Op = tuple[str, str, Sequence[KVEvent]]
@@ -68,6 +72,7 @@ class SharedKVBlockIndex:
         lease: float = 10.0,
         max_pending: int = 1024,
         observer: Observer | None = None,
+        degraded_gauge: DegradedGauge | None = None,
     ) -> None:
         if lease <= 0 or cap < 1 or max_pending < 1:
             raise ValueError("lease must be > 0, cap and max_pending >= 1")
@@ -78,11 +83,18 @@ class SharedKVBlockIndex:
         self._lease = lease
         self._max_pending = max_pending
         self._observer = observer if observer is not None else NoopObserver()
+        self._gauge = (
+            degraded_gauge if degraded_gauge is not None else DegradedGauge(self._observer)
+        )
+        self._started_at: float | None = None
         self._wake: asyncio.Event | None = None
         self._queue: asyncio.Queue[_Op] | None = None
         self._followed: set[str] = set()
         self._owned: set[str] = set()
         self._dirty: set[str] = set()  # owned, but the store's copy missed writes
+        # owned, and this process wrote the copy empty and nothing since: a store's empty
+        # copy makes every claim answer "rewrite", which would rewrite it empty again
+        self._written_empty: set[str] = set()
         self._warming: dict[str, set[int] | None] = {}  # removed since (None: cleared)
         self._failing = False
         self._tasks: list[asyncio.Task[None]] = []
@@ -100,6 +112,17 @@ class SharedKVBlockIndex:
         """Whether the store failed and has not answered since."""
         return self._failing
 
+    @property
+    def warmed(self) -> bool:
+        """Whether the endpoints followed so far were loaded from the store (or their loads
+        failed, or the store is failing, or ``WARM_WAIT`` seconds passed since ``start``):
+        readiness waits for it at start-up, so the first request routes warm."""
+        if self._started_at is None:
+            return False
+        if not self._warming or self._failing:
+            return True
+        return asyncio.get_running_loop().time() - self._started_at >= WARM_WAIT
+
     # lifecycle
 
     def start(self) -> None:
@@ -109,6 +132,8 @@ class SharedKVBlockIndex:
         self._queue = asyncio.Queue()
         self._wake = asyncio.Event()
         loop = asyncio.get_running_loop()
+        self._started_at = loop.time()
+        self._gauge.set(_COMPONENT, self._failing)
         self._tasks = [
             loop.create_task(self._write_loop(), name="kv-store-writer"),
             loop.create_task(self._lease_loop(), name="kv-store-leases"),
@@ -118,12 +143,24 @@ class SharedKVBlockIndex:
 
     async def stop(self) -> None:
         """Cancel the background tasks and wait for them at most ``_STOP_WAIT`` seconds (a
-        store call being cancelled is not always prompt to end)."""
+        store call being cancelled is not always prompt to end), then release the leases
+        this process holds (within ``_STOP_WAIT`` seconds more), so the other processes
+        take its endpoints over at their next claim instead of after the lease."""
         tasks, self._tasks = self._tasks, []
         for task in tasks:
             task.cancel()
         if tasks:
             await asyncio.wait(tasks, timeout=_STOP_WAIT)
+        owned = sorted(self._owned)
+        self._owned.clear()
+        if not owned or self._failing:
+            return
+        try:
+            async with asyncio.timeout(_STOP_WAIT):
+                for endpoint in owned:
+                    await self._store.release(endpoint, self._owner, self._lease)
+        except Exception as exc:  # the leases lapse by themselves
+            logger.info("KV-block index: writer leases not released at stop: %r", exc)
 
     async def wait_idle(self) -> None:
         """Until every queued write was sent (for tests)."""
@@ -167,6 +204,7 @@ class SharedKVBlockIndex:
         self._followed.discard(endpoint)
         self._owned.discard(endpoint)
         self._dirty.discard(endpoint)
+        self._written_empty.discard(endpoint)
         self._warming.pop(endpoint, None)
         self._put(("forget", endpoint, _NONE))
 
@@ -227,7 +265,7 @@ class SharedKVBlockIndex:
                         self._dirty.add(endpoint)
                         self._observer.counter(SHARED_STATE_DROPPED_WRITES, _NO_LABELS)
                     if kind == "warm":
-                        self._warming.pop(endpoint, None)
+                        self._warmed(endpoint)
                     continue
                 await self._run(kind, endpoint, events)
             except asyncio.CancelledError:
@@ -235,7 +273,7 @@ class SharedKVBlockIndex:
             except Exception as exc:
                 self._observer.counter(SHARED_STATE_ERRORS, {"operation": f"kv_{kind}"})
                 if kind == "warm":
-                    self._warming.pop(endpoint, None)
+                    self._warmed(endpoint)
                 if kind in ("apply", "replace") and endpoint in self._owned:
                     self._dirty.add(endpoint)
                 self._fail(f"{kind} failed: {exc!r}")
@@ -246,22 +284,41 @@ class SharedKVBlockIndex:
         store = self._store
         if kind == "apply":
             if endpoint in self._owned:
+                self._written_empty.discard(endpoint)
                 await store.apply(endpoint, events, self._cap)
                 self._observer.counter(SHARED_STATE_WRITES, _NO_LABELS)
         elif kind == "replace":
             if endpoint in self._owned and self._local.trusted(endpoint):
                 self._dirty.discard(endpoint)
-                await store.replace(endpoint, self._local.snapshot(endpoint), self._cap)
+                blocks = self._local.snapshot(endpoint)
+                if not blocks and endpoint in self._written_empty:
+                    return
+                self._written_empty.discard(endpoint)
+                await store.replace(endpoint, blocks, self._cap)
+                if not blocks:
+                    self._written_empty.add(endpoint)
                 self._observer.counter(SHARED_STATE_WRITES, _NO_LABELS)
         elif kind == "forget":
             await store.forget(endpoint)
         elif kind == "warm":
+            current = False
             try:
-                blocks = await store.blocks(endpoint, self._cap)
+                # a copy nobody keeps up to date (its writer died, the lease lapsed) may
+                # hold blocks removed since: not loaded
+                current = await store.current(endpoint)
+                blocks = await store.blocks(endpoint, self._cap) if current else []
             finally:
-                removed = self._warming.pop(endpoint, None)
+                removed = self._warmed(endpoint)
             if removed is None or endpoint not in self._followed:
                 return  # cleared meanwhile, or gone
+            if not current:
+                # known, empty: what this process holds is its own events' (a subset of
+                # the server's), and its rewrite replaces the stale copy when it claims
+                self._local.load(endpoint, [])
+                logger.info(
+                    "KV-block index: the shared copy of %s has no writer; not loaded", endpoint
+                )
+                return
             added = self._local.load(endpoint, [b for b in blocks if b[0] not in removed])
             if added:
                 logger.info(
@@ -270,9 +327,20 @@ class SharedKVBlockIndex:
                     endpoint,
                 )
 
+    def _warmed(self, endpoint: str) -> set[int] | None:
+        """``endpoint``'s warm load ended: what its events removed meanwhile (``None``:
+        cleared); its lease may be claimed now."""
+        removed = self._warming.pop(endpoint, None)
+        if self._wake is not None:
+            self._wake.set()
+        return removed
+
     async def _lease_loop(self) -> None:
         while True:
             for endpoint in sorted(self._followed):
+                if endpoint in self._warming:
+                    # claimed before its load, a lapsed copy would count as current
+                    continue
                 try:
                     claimed = await self._store.claim(endpoint, self._owner, self._lease)
                 except asyncio.CancelledError:
@@ -284,9 +352,11 @@ class SharedKVBlockIndex:
                 if self._failing:
                     self._failing = False
                     logger.info("KV-block index: the shared store answers again")
+                    self._gauge.set(_COMPONENT, False)
                 if endpoint not in self._followed:
                     continue  # forgotten meanwhile
                 if claimed is None:
+                    self._written_empty.discard(endpoint)
                     self._owned.discard(endpoint)
                     self._dirty.discard(endpoint)
                     continue
@@ -306,6 +376,7 @@ class SharedKVBlockIndex:
     def _fail(self, why: str) -> None:
         if not self._failing:
             self._failing = True
+            self._gauge.set(_COMPONENT, True)
             logger.warning(
                 "KV-block index: the shared store failed, writes stop until it answers "
                 "(routing is not affected): %s",

@@ -6,6 +6,7 @@ copy, a new one starts warm, and a store that is down never reaches the routing 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 
@@ -13,11 +14,14 @@ import pytest
 
 from adapters.redis import RedisClient, RedisKVBlockStore, connect
 from domain.prefixcache.kv_block_index import InMemoryKVBlockIndex
+from domain.sharedstate.degraded import DegradedGauge
 from domain.sharedstate.kv_blocks import InMemoryKVBlockStore
 from domain.sharedstate.shared_kv_index import SharedKVBlockIndex
 from ports.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVBlockStore
+from ports.metric_catalogue import SHARED_STATE_DEGRADED
 from ports.shared_state import SharedStateError
 from tests.contract.conftest import BACKENDS, CONTRACT_TIMEOUT
+from tests.fakes.observer import RecordingObserver
 from tests.support.redis import RedisServer
 
 CAP = 100
@@ -165,6 +169,37 @@ async def test_forget_drops_the_copy_and_the_lease(stores: _Stores) -> None:
     assert await stores.make().claim("ns/a", "p2", 30) is True
 
 
+async def test_a_released_lease_is_free_at_once_and_the_copy_stays_current(
+    stores: _Stores,
+) -> None:
+    one, two = stores.make(), stores.make()
+    assert await one.current("ns/a") is False  # nobody ever wrote it
+    assert await one.claim("ns/a", "p1", 30) is True
+    await one.apply("ns/a", [stored(1)], CAP)
+    assert await two.current("ns/a") is True
+    await two.release("ns/a", "p1-not", 30)  # not its lease: left alone
+    assert await two.claim("ns/a", "p2", 30) is None
+    await one.release("ns/a", "p1", 30)
+    assert await two.current("ns/a") is True  # kept up to date until a successor claims
+    assert await two.claim("ns/a", "p2", 30) is True  # at once, and p2 rewrites the copy
+    assert await one.claim("ns/a", "p1", 30) is None
+
+
+async def test_a_lapsed_or_released_lease_makes_the_copy_stale(stores: _Stores) -> None:
+    store = stores.make()
+    assert await store.claim("ns/a", "p1", 0.2) is True
+    await store.apply("ns/a", [stored(1)], CAP)
+    await _until(lambda: _not(store.current("ns/a")), "the lease to lapse")
+    assert await store.claim("ns/b", "p1", 30) is True
+    await store.release("ns/b", "p1", 0.2)
+    await _until(lambda: _not(store.current("ns/b")), "the released lease to lapse")
+    assert await store.blocks("ns/a", CAP) == [(1, ("GPU",))]  # still there, but stale
+
+
+async def _not(call: Awaitable[bool]) -> bool:
+    return not await call
+
+
 async def test_pools_with_other_prefixes_do_not_share(stores: _Stores) -> None:
     await stores.make().apply("ns/a", [stored(1)], CAP)
     assert await stores.make(stores.prefix + "-other").blocks("ns/a", CAP) == []
@@ -173,8 +208,10 @@ async def test_pools_with_other_prefixes_do_not_share(stores: _Stores) -> None:
 # --- SharedKVBlockIndex: processes sharing one store ---
 
 
-async def _until(condition: Callable[[], bool | Awaitable[bool]], what: str) -> None:
-    deadline = time.monotonic() + 5
+async def _until(
+    condition: Callable[[], bool | Awaitable[bool]], what: str, within: float = 5.0
+) -> None:
+    deadline = time.monotonic() + within
     while True:
         result = condition()
         if not isinstance(result, bool):
@@ -185,9 +222,16 @@ async def _until(condition: Callable[[], bool | Awaitable[bool]], what: str) -> 
         await asyncio.sleep(0.01)
 
 
-def _process(store: KVBlockStore, owner: str) -> SharedKVBlockIndex:
+def _process(
+    store: KVBlockStore, owner: str, *, lease: float = 0.6, gauge: DegradedGauge | None = None
+) -> SharedKVBlockIndex:
     return SharedKVBlockIndex(
-        store, InMemoryKVBlockIndex(max_blocks_per_endpoint=CAP), owner=owner, cap=CAP, lease=0.6
+        store,
+        InMemoryKVBlockIndex(max_blocks_per_endpoint=CAP),
+        owner=owner,
+        cap=CAP,
+        lease=lease,
+        degraded_gauge=gauge,
     )
 
 
@@ -250,24 +294,87 @@ async def test_when_the_writer_dies_another_takes_over_and_rewrites(stores: _Sto
     await two.stop()
 
 
-async def test_a_store_that_is_down_never_reaches_routing(
-    redis_scratch_server: RedisServer, key_prefix: str
+async def test_a_stopped_process_hands_its_leases_over_at_once(stores: _Stores) -> None:
+    # a 6 s lease, renewed every 2 s: without the release, the other process could take
+    # over only once the lease lapsed, at least 4 s after the stop
+    one = _process(stores.make(), "p1", lease=6.0)
+    two = _process(stores.make(), "p2", lease=6.0)
+    one.start()
+    one.follow("ns/a")
+    await _until(lambda: one.owns("ns/a"), "p1 writing")
+    two.start()
+    two.follow("ns/a")
+    await _until(lambda: two.warmed, "p2 warm")
+    assert not two.owns("ns/a")
+    await one.stop()
+    stopped = time.monotonic()
+    await _until(lambda: two.owns("ns/a"), "p2 taking over", within=3.5)
+    assert time.monotonic() - stopped < 3.5
+    await two.stop()
+
+
+async def test_a_copy_without_a_writer_is_not_loaded(
+    stores: _Stores, caplog: pytest.LogCaptureFixture
 ) -> None:
+    store = stores.make()
+    assert await store.claim("ns/a", "dead", 0.2) is True
+    await store.apply("ns/a", [stored(1, 2)], CAP)
+    fresh = _process(stores.make(), "p1")
+    fresh.start()
+    try:
+        fresh.follow("ns/a")  # the writer is alive: its copy is loaded
+        await _until(lambda: fresh.match([1, 2], ["ns/a"]) == {"ns/a": 2}, "warm")
+    finally:
+        await fresh.stop()
+    # the writer dies (no release); once its lease lapsed, its copy misses what the
+    # server evicted since, and a process that starts does not load it
+    await _until(lambda: _not(store.current("ns/a")), "the lease to lapse")
+    late = _process(stores.make(), "p2")
+    caplog.set_level(logging.INFO, logger="domain.sharedstate.shared_kv_index")
+    late.start()
+    try:
+        late.follow("ns/a")
+        await _until(lambda: late.warmed, "the load to end")
+        assert late.match([1, 2], ["ns/a"]) == {}
+        assert "the shared copy of ns/a has no writer; not loaded" in caplog.text
+        # then it writes the endpoint from its own events, from scratch
+        await _until(lambda: late.owns("ns/a"), "p2 writing")
+        await _until(lambda: _blocks_are(store, []), "the rewrite")
+    finally:
+        await late.stop()
+
+
+async def _blocks_are(store: KVBlockStore, hashes: list[int]) -> bool:
+    return [h for h, _ in await store.blocks("ns/a", CAP)] == hashes
+
+
+async def test_a_store_that_is_down_never_reaches_routing(
+    redis_scratch_server: RedisServer, key_prefix: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="domain.sharedstate.shared_kv_index")
     client = connect(redis_scratch_server.url, socket_timeout=CONTRACT_TIMEOUT)
-    index = _process(RedisKVBlockStore(client, key_prefix=key_prefix), "p1")
+    observer = RecordingObserver()
+    store = RedisKVBlockStore(client, key_prefix=key_prefix)
+    index = _process(store, "p1", gauge=DegradedGauge(observer))
+
+    def gauge() -> list[float]:
+        values = [r.value for r in observer.gauges if r.metric is SHARED_STATE_DEGRADED]
+        return [v for i, v in enumerate(values) if i == 0 or values[i - 1] != v]
+
     index.start()
     index.apply("ns/a", [stored(1, 2)])
     await _until(lambda: index.owns("ns/a"), "the lease")
     redis_scratch_server.kill()
     index.apply("ns/a", [stored(3, parent=2)])
     await _until(lambda: index.failing, "the failure")
+    assert gauge() == [0.0, 1.0]  # the degraded gauge, as the approximate index sets it
     # routing goes on from the process's own copy, events still apply
     index.apply("ns/a", [stored(4, parent=3)])
     assert index.match([1, 2, 3, 4], ["ns/a"]) == {"ns/a": 4}
     # the server is back, empty: the owner rewrites its copy
     redis_scratch_server.start()
     await _until(lambda: not index.failing, "the recovery")
-    store = RedisKVBlockStore(client, key_prefix=key_prefix)
+    assert gauge() == [0.0, 1.0, 0.0]
 
     async def rewritten() -> bool:
         return [h for h, _ in await store.blocks("ns/a", CAP)] == [1, 2, 3, 4]
@@ -275,6 +382,10 @@ async def test_a_store_that_is_down_never_reaches_routing(
     await _until(rewritten, "the rewrite")
     await index.stop()
     await client.aclose()
+    # one line each way, however many calls failed
+    lines = [r.getMessage() for r in caplog.records]
+    assert sum("the shared store failed" in line for line in lines) == 1, lines
+    assert sum("the shared store answers again" in line for line in lines) == 1, lines
 
 
 async def test_a_redis_that_is_down_raises_shared_state_error(
@@ -289,6 +400,8 @@ async def test_a_redis_that_is_down_raises_shared_state_error(
         store.apply("ns/a", [stored(2)], CAP),
         store.claim("ns/a", "p1", 1),
         store.forget("ns/a"),
+        store.release("ns/a", "p1", 1),
+        store.current("ns/a"),
     ):
         with pytest.raises(SharedStateError, match="redis kv"):
             await call

@@ -3,7 +3,9 @@
 Two replicas behind one Envoy (round robin) run ``precise-prefix-cache-producer`` with
 ``--redis-url``: both follow the simulators' KV events and route a repeated prompt to the
 server holding it; the pool's copy of the index lands in Redis, written once per event by
-the one replica holding each endpoint's writer lease, not by both.
+the one replica holding each endpoint's writer lease, not by both. A replica that starts
+later routes warm from that copy on its first request, and a replica that stops hands its
+writer leases over at once.
 """
 
 from __future__ import annotations
@@ -18,7 +20,14 @@ import pytest
 
 from tests.e2e.test_precise_prefix_e2e import SEED, SYSTEM, _config, _post, _prefix_score
 from tests.support.redis import RedisServer
-from tests.support.stack import Stack, StackOptions, free_port, metric_sum, replica_metrics_urls
+from tests.support.stack import (
+    Stack,
+    StackOptions,
+    free_port,
+    metric_sum,
+    replica_metrics_urls,
+    wait_for,
+)
 from tests.support.tokenizer import write_tokenizer_json
 
 pytestmark = pytest.mark.e2e
@@ -94,3 +103,78 @@ async def test_replicas_share_the_kv_block_index_on_redis(
         writes = sum(metric_sum(u, "inference_extension_shared_state_writes_total") for u in urls)
         assert min(events) >= 12, events
         assert 0 < writes <= max(events) + 2 * len(leases), (writes, events, leases)
+
+
+async def test_a_new_replica_routes_warm_at_once_and_a_stopped_one_hands_over(
+    tmp_path: Path, redis: RedisServer
+) -> None:
+    tokenizer = write_tokenizer_json(tmp_path / "tokenizer.json")
+    port = free_port(BASE_IP)
+    prefix = f"epp:e2e-{uuid.uuid4().hex[:8]}"
+    epp_args = [
+        "--config-text", _config(tokenizer, port),
+        "--explain-decisions",
+        "--redis-url", redis.url,
+        "--redis-key-prefix", prefix,
+    ]  # fmt: skip
+    first_options = StackOptions(
+        simulators=3,
+        simulator_base_ip=BASE_IP,
+        simulator_args=[
+            "--kv-events-port", str(port),
+            "--tokenizer", str(tokenizer),
+            "--hash-seed", SEED,
+            "--block-size", "16",
+        ],
+        epp_args=epp_args,
+    )  # fmt: skip
+    with Stack.run(first_options) as first:
+        async with aiohttp.ClientSession() as session:
+            # until the subscribers are connected, events can be missed
+            deadline = time.monotonic() + 30
+            streak, holder = 0, ""
+            while streak < 2:
+                assert time.monotonic() < deadline, "the replica never found the holder"
+                served, decision = await _post(session, first.url, SYSTEM)
+                full = _prefix_score(decision, first.simulator_addresses[served]) == 1.0
+                streak = streak + 1 if full and served == holder else 0
+                holder = served if full else ""
+
+        def leases() -> dict[str, str]:
+            keys = redis.cli("--scan", "--pattern", f"{prefix}:kv:*:w").split()
+            return {key: redis.cli("HGET", key, "owner").strip() for key in keys}
+
+        def copied() -> bool:
+            copies = redis.cli("--scan", "--pattern", f"{prefix}:kv:*:o").split()
+            return (
+                max((int(redis.cli("ZCARD", key)) for key in copies), default=0)
+                >= len(SYSTEM) // 64
+            )
+
+        wait_for(lambda: len(leases()) == 3 and copied(), timeout=10, what="the shared copy")
+        first_owner = set(leases().values())
+        assert len(first_owner) == 1
+        assert all(first_owner)
+        # a new replica, on the same servers and Redis, with its own Envoy
+        second_options = StackOptions(
+            simulators=0,
+            extra_endpoints=list(first.simulator_addresses.values()),
+            epp_args=epp_args,
+        )
+        with Stack.run(second_options) as second:
+            async with aiohttp.ClientSession() as session:
+                served, decision = await _post(session, second.url, SYSTEM)  # its first
+            assert served == holder, decision
+            assert _prefix_score(decision, first.simulator_addresses[holder]) == 1.0, decision
+            # the first replica stops: its leases are released and the second one takes
+            # them at its next claim (every 3.3 s), not once they lapse (10 s)
+            assert first.epp is not None
+            assert first.epp.stop() == 0
+            stopped = time.monotonic()
+
+            def taken_over() -> bool:
+                owners = set(leases().values())
+                return len(owners) == 1 and "" not in owners and not owners & first_owner
+
+            wait_for(taken_over, timeout=10, what="the second replica to take the leases")
+            assert time.monotonic() - stopped < 6.0

@@ -470,3 +470,16 @@ def test_datastore_events_snapshots_and_listeners() -> None:
     assert not store.synced
     store.mark_synced()
     assert store.synced
+
+
+def test_readiness_waits_for_the_start_up_gates_once() -> None:
+    director, store, _ = _director()
+    warm = [False]
+    director.startup_gates = [lambda: warm[0]]
+    assert not director.ready()  # synced, but an index still loads its shared copy
+    warm[0] = True
+    assert director.ready()
+    warm[0] = False  # e.g. a new endpoint loading later: readiness no longer waits
+    assert director.ready()
+    store.mark_unsynced()
+    assert not director.ready()

@@ -23,12 +23,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
 from domain.datalayer.attributes import PREFIX_CACHE_MATCH_INFO, PrefixCacheMatchInfo
 from domain.plugins.base import Duration, TypedName
-from domain.plugins.hooks import ConsumerPlugin, ProducerPlugin
+from domain.plugins.hooks import BackgroundPlugin, ConsumerPlugin, ProducerPlugin
 from domain.plugins.state import StateKey
 from domain.prefixcache.engine_hash import HASH_ALGORITHMS
 from domain.prefixcache.kv_block_index import InMemoryKVBlockIndex
@@ -163,8 +163,13 @@ class PrecisePrefixCacheParameters:
             raise ValueError("tokenizationCacheChars: must be >= 0")
 
 
-class PrecisePrefixCacheProducer(ProducerPlugin, ConsumerPlugin):
-    """DataProducer + PreRequest writing ``PrefixCacheMatchInfo`` from the events' index."""
+class PrecisePrefixCacheProducer(ProducerPlugin, ConsumerPlugin, BackgroundPlugin):
+    """DataProducer + PreRequest writing ``PrefixCacheMatchInfo`` from the events' index.
+
+    Background work (the app's ``start``/``stop``): ``start`` subscribes to the endpoints'
+    events and starts the shared index (its warm load from the store); ``stop`` ends them
+    (and releases the shared index's writer leases). ``ready``: the shared index loaded
+    its copy of the endpoints known so far (at once with the in-memory index)."""
 
     def __init__(
         self,
@@ -176,6 +181,7 @@ class PrecisePrefixCacheProducer(ProducerPlugin, ConsumerPlugin):
         observer: Observer | None = None,
         endpoint_listener: Callable[[EndpointEvent], None] | None = None,
         start: Callable[[], None] | None = None,
+        stop: Callable[[], Awaitable[None]] | None = None,
         fallback: ApproxPrefixCacheProducer | None = None,
     ) -> None:
         self._typed_name = typed_name
@@ -187,6 +193,7 @@ class PrecisePrefixCacheProducer(ProducerPlugin, ConsumerPlugin):
         self._warned = False
         self._endpoint_listener = endpoint_listener
         self._start = start
+        self._stop = stop
         self.fallback = fallback
 
     def on_endpoint_event(self, event: EndpointEvent, _endpoint: object = None) -> None:
@@ -245,12 +252,26 @@ class PrecisePrefixCacheProducer(ProducerPlugin, ConsumerPlugin):
         ids = self.keyer.encode(text)
         return ids, self.keyer.keys_for_tokens(ids, max_blocks=max_blocks)
 
-    async def prepare_request_data(
-        self, request: InferenceRequest, candidates: Sequence[Candidate]
-    ) -> None:
+    async def start(self) -> None:
         if self._start is not None:
             start, self._start = self._start, None
             start()
+
+    async def stop(self) -> None:
+        self._start = None  # a stopped producer does not start again
+        if self._stop is not None:
+            stop, self._stop = self._stop, None
+            await stop()
+
+    def ready(self) -> bool:
+        index = self.index
+        return index.warmed if isinstance(index, SharedKVBlockIndex) else True
+
+    async def prepare_request_data(
+        self, request: InferenceRequest, candidates: Sequence[Candidate]
+    ) -> None:
+        if self._start is not None:  # not started by the app (a test, a reload race)
+            await self.start()
         keys = await self._keys(request)
         if keys is None and self.fallback is not None:
             request.state.put(self._typed_name.name, _FALLBACK, True)
