@@ -211,6 +211,7 @@ def _precise_prefix_cache_producer(
             topic_filter=events.topic_filter.encode(), replay_timeout=events.replay_timeout
         ),
         observer=handle.observer,
+        data_parallel_size=events.data_parallel_size,
     )
     datastore = handle.datastore
     for endpoint in datastore.endpoints():  # already known (a config reload)
@@ -219,13 +220,15 @@ def _precise_prefix_cache_producer(
     def on_endpoint_event(event: EndpointEvent) -> None:
         subscriptions.on_endpoint_event(event)
         if isinstance(index, SharedKVBlockIndex) and event.kind is EndpointEventKind.ADD_OR_UPDATE:
-            index.follow(event.endpoint.name)  # warm from the shared copy before any event
+            for key in subscriptions.keys(event.endpoint.name):
+                index.follow(key)  # warm from the shared copy before any event
 
     def start() -> None:
         if isinstance(index, SharedKVBlockIndex):
             index.start()
             for endpoint in datastore.endpoints():
-                index.follow(endpoint.name)
+                for key in subscriptions.keys(endpoint.name):
+                    index.follow(key)
         # endpoints seen before the event loop ran, and any that joined meanwhile
         for endpoint in datastore.endpoints():
             if subscriptions.subscriber(endpoint.name) is None:

@@ -36,7 +36,9 @@ class EndpointInfo:
     """Metadata of one endpoint: one target port of one model-server pod.
 
     ``name`` is unique in the pool (``<pod>-rank-<i>`` under Kubernetes,
-    ``ip:port`` in static mode).
+    ``ip:port`` in static mode). ``rank`` is ``i``: the index of the endpoint's port in the
+    pool's target ports, which is the data-parallel rank serving it when a pod runs one
+    engine per port (0 in static mode).
     """
 
     name: str
@@ -45,6 +47,7 @@ class EndpointInfo:
     namespace: str = ""
     labels: Mapping[str, str] = field(default_factory=dict)
     metrics_host: str = ""
+    rank: int = 0
 
 
 class EndpointEventKind(enum.Enum):

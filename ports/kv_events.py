@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 __all__ = [
+    "DATA_PARALLEL_RANK_HEADER",
     "AllBlocksCleared",
     "BlockRemoved",
     "BlockStored",
@@ -31,7 +32,18 @@ __all__ = [
     "KVEvent",
     "KVEventSink",
     "StoredBlock",
+    "rank_key",
 ]
+
+#: The request header that pins a request to one engine (data-parallel rank) of a model
+#: server that runs several behind one port (vLLM's internal load balancing).
+DATA_PARALLEL_RANK_HEADER = "x-data-parallel-rank"
+
+
+def rank_key(endpoint: str, rank: int) -> str:
+    """The index's name for engine ``rank`` of ``endpoint`` when one endpoint serves several
+    data-parallel engines, each with its own KV cache and its own event stream."""
+    return f"{endpoint}@dp{rank}"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

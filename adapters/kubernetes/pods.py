@@ -90,6 +90,7 @@ def pod_endpoints(
             namespace=namespace,
             labels=labels,
             metrics_host=address.host_port(),
+            rank=rank,
         )
     return endpoints
 

@@ -10,7 +10,7 @@ import zmq.asyncio
 
 from adapters.kvevents.subscriber import KVEventSubscriber, SubscriberConfig
 from ports.endpoints import EndpointEvent, EndpointEventKind, EndpointInfo
-from ports.kv_events import KVEventSink
+from ports.kv_events import KVEventSink, rank_key
 from ports.observer import Observer
 
 __all__ = ["KVEventSubscriptions"]
@@ -19,7 +19,17 @@ _log = logging.getLogger(__name__)
 
 
 class KVEventSubscriptions:
-    """Subscribes to ``tcp://<endpoint ip>:<port>`` for every endpoint that joins.
+    """Subscribes to every endpoint that joins, at ``tcp://<endpoint ip>:<port + rank>``.
+
+    Data-parallel engines each publish on the base port plus their rank (vLLM's
+    convention, the replay socket likewise), and each has its own KV cache:
+
+    - one engine per endpoint (``data_parallel_size`` 1): endpoint ``<pod>-rank-<i>``
+      (target port ``i``) is engine ``i``: its publisher is ``port + i`` and its events
+      are the sink's ``endpoint``;
+    - ``data_parallel_size`` N > 1 engines behind each endpoint's one port (vLLM's
+      internal load balancing): engine ``r`` publishes on ``port + r`` and its events are
+      the sink's ``rank_key(endpoint, r)``, one subscriber each.
 
     ``replay_port`` (``None``: no replay) names the publisher's replay socket. A leaving
     endpoint's subscriber stops and the sink forgets the endpoint (so does one whose
@@ -36,7 +46,11 @@ class KVEventSubscriptions:
         replay_port: int | None = None,
         config: SubscriberConfig | None = None,
         observer: Observer | None = None,
+        data_parallel_size: int = 1,
     ) -> None:
+        if data_parallel_size < 1:
+            raise ValueError("data_parallel_size must be >= 1")
+        self._ranks = data_parallel_size
         self._sink = sink
         self._port = port
         self._replay_port = replay_port
@@ -46,6 +60,10 @@ class KVEventSubscriptions:
         self._tasks: dict[str, tuple[KVEventSubscriber, asyncio.Task[None]]] = {}
         # endpoints added while no event loop ran: started by ``start_pending``
         self._pending: dict[str, tuple[str, str | None]] = {}
+        # endpoint -> the sink names of its engines (itself, or one per rank)
+        self._keys: dict[str, list[str]] = {}
+        # cancelled by ``remove``, not yet ended (their sockets close as they end)
+        self._ending: set[asyncio.Task[None]] = set()
 
     def subscriber(self, endpoint: str) -> KVEventSubscriber | None:
         entry = self._tasks.get(endpoint)
@@ -57,17 +75,31 @@ class KVEventSubscriptions:
         else:
             self.add(event.endpoint)
 
+    def keys(self, endpoint: str) -> list[str]:
+        """The sink's names of ``endpoint``'s engines."""
+        if self._ranks == 1:
+            return [endpoint]
+        return [rank_key(endpoint, rank) for rank in range(self._ranks)]
+
     def add(self, info: EndpointInfo) -> None:
         host = f"[{info.address.ip}]" if ":" in info.address.ip else info.address.ip
-        address = f"tcp://{host}:{self._port}"
-        current = self._tasks.get(info.name)
+        if self._ranks == 1:
+            engines = [(info.name, info.rank)]
+        else:
+            engines = [(rank_key(info.name, r), r) for r in range(self._ranks)]
+        first = f"tcp://{host}:{self._port + engines[0][1]}"
+        current = self._tasks.get(engines[0][0])
         if current is not None:
-            if current[0].address == address:
+            if current[0].address == first:
                 return
             # the same name at a new address: another server, its cache starts empty
             self.remove(info.name)
-        replay = f"tcp://{host}:{self._replay_port}" if self._replay_port is not None else None
-        self.add_address(info.name, address, replay)
+        self._keys[info.name] = [key for key, _ in engines]
+        for key, rank in engines:
+            replay = None
+            if self._replay_port is not None:
+                replay = f"tcp://{host}:{self._replay_port + rank}"
+            self.add_address(key, f"tcp://{host}:{self._port + rank}", replay)
 
     def add_address(self, endpoint: str, address: str, replay_address: str | None) -> None:
         """Follow ``address`` (and its replay socket) for ``endpoint``."""
@@ -95,14 +127,18 @@ class KVEventSubscriptions:
             self.add_address(endpoint, address, replay)
 
     def remove(self, endpoint: str) -> None:
-        self._pending.pop(endpoint, None)
-        entry = self._tasks.pop(endpoint, None)
-        if entry is not None:
-            entry[1].cancel()
-        self._sink.forget(endpoint)
+        for key in self._keys.pop(endpoint, None) or self.keys(endpoint):
+            self._pending.pop(key, None)
+            entry = self._tasks.pop(key, None)
+            if entry is not None:
+                entry[1].cancel()
+                self._ending.add(entry[1])
+                entry[1].add_done_callback(self._ending.discard)
+            self._sink.forget(key)
 
     async def close(self) -> None:
-        tasks = [task for _, task in self._tasks.values()]
+        # every socket must be closed before the context ends, or ``term`` waits for ever
+        tasks = [task for _, task in self._tasks.values()] + list(self._ending)
         self._tasks.clear()
         for task in tasks:
             task.cancel()

@@ -365,6 +365,8 @@ class RequestExchangeState:
             extra_headers.append(
                 (PREFILLER_HEADER, prefill.target_endpoints[0].info.address.host_port())
             )
+        if request.upstream_headers:
+            extra_headers.extend(request.upstream_headers)
         carrier: dict[str, str] = {}
         span.inject(carrier)
         if carrier:

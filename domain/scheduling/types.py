@@ -96,7 +96,9 @@ class InferenceRequest:
 
     ``explanations`` is a dict only when decisions are explained (``--explain-decisions``):
     each profile run adds its ``ProfileExplanation`` under its name. ``response_headers``
-    are the headers plugins asked to add to the response (``add_response_header``).
+    are the headers plugins asked to add to the response (``add_response_header``),
+    ``upstream_headers`` those to set on the request sent to the endpoint
+    (``add_upstream_header``).
     """
 
     request_id: str
@@ -117,6 +119,7 @@ class InferenceRequest:
     #: scores are emitted (``--emit-endpoint-scores``).
     profile_scores: dict[str, tuple[Sequence[Candidate], list[float]]] | None = None
     response_headers: list[tuple[str, str]] | None = None
+    upstream_headers: list[tuple[str, str]] | None = None
 
     def add_response_header(self, name: str, value: str) -> None:
         """Ask for ``name: value`` on the response sent back to the client (response-header
@@ -124,3 +127,10 @@ class InferenceRequest:
         if self.response_headers is None:
             self.response_headers = []
         self.response_headers.append((name, value))
+
+    def add_upstream_header(self, name: str, value: str) -> None:
+        """Ask for ``name: value`` on the request sent to the chosen endpoint (PreRequest
+        hooks call this; the decision carries it, after the client's headers)."""
+        if self.upstream_headers is None:
+            self.upstream_headers = []
+        self.upstream_headers.append((name, value))

@@ -38,6 +38,7 @@ from domain.requesthandling.openai import ApiKind
 from domain.scheduling.types import Candidate, InferenceRequest, SchedulingResult
 from domain.sharedstate.shared_kv_index import SharedKVBlockIndex
 from ports.endpoints import EndpointEvent
+from ports.kv_events import DATA_PARALLEL_RANK_HEADER, rank_key
 from ports.metric_catalogue import PREFIX_INDEXER_HIT_RATIO
 from ports.observer import NoopObserver, Observer
 from ports.tokenizer import TokenizerError
@@ -56,6 +57,8 @@ logger = logging.getLogger(__name__)
 TYPE = "precise-prefix-cache-producer"
 _KEYS: StateKey[list[int]] = StateKey("precise-prefix-keys")
 _FALLBACK: StateKey[bool] = StateKey("precise-prefix-fallback")
+# endpoint -> the engine (data-parallel rank) holding the longest prefix
+_RANKS: StateKey[dict[str, int]] = StateKey("precise-prefix-ranks")
 _NO_LABELS: dict[str, str] = {}
 INDEX_BACKENDS = ("in-memory", "redis")
 _REPLAY_TIMEOUT = Duration(1.0)
@@ -106,17 +109,28 @@ class TokenProcessorConfig:
 class KVEventsConfig:
     """Where the events come from: each endpoint's publisher at ``tcp://<ip>:socketPort``
     (vLLM's ``--kv-events-config`` ``endpoint``), its replay socket at ``replayPort``
-    (``null``: none), messages whose topic starts with ``topicFilter``."""
+    (``null``: none), messages whose topic starts with ``topicFilter``.
+
+    Data parallelism: each engine (DP rank) has its own KV cache and publishes on the
+    ports plus its rank. An endpoint ``<pod>-rank-<i>`` (one engine per target port) is
+    engine ``i``. ``dataParallelSize`` (1) is the number of engines behind each endpoint's
+    one port (vLLM's internal load balancing): each is indexed on its own, an endpoint's
+    match is its best engine's, and the request is pinned to that engine with the
+    ``x-data-parallel-rank`` header."""
 
     socket_port: int = 5557
     replay_port: int | None = None
     topic_filter: str = ""
     replay_timeout: Duration = _REPLAY_TIMEOUT
+    data_parallel_size: int = 1
 
     def __post_init__(self) -> None:
+        if self.data_parallel_size < 1:
+            raise ValueError("dataParallelSize: must be >= 1")
+        last = self.data_parallel_size - 1
         for key, port in (("socketPort", self.socket_port), ("replayPort", self.replay_port)):
-            if port is not None and not 0 < port < 65536:
-                raise ValueError(f"{key}: must be within 1..65535")
+            if port is not None and not 0 < port <= 65535 - last:
+                raise ValueError(f"{key}: must be within 1..{65535 - last}")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -284,7 +298,13 @@ class PrecisePrefixCacheProducer(ProducerPlugin, ConsumerPlugin, BackgroundPlugi
             return
         request.state.put(self._typed_name.name, _KEYS, keys)
         total = len(keys)
-        matches = self.index.match(keys, [c.info.name for c in candidates])
+        names = [c.info.name for c in candidates]
+        ranks = self.parameters.kv_events_config.data_parallel_size
+        if ranks == 1:
+            matches = self.index.match(keys, names)
+        else:
+            matches, winners = self._match_engines(keys, names, ranks)
+            request.state.put(self._typed_name.name, _RANKS, winners)
         best = 0
         for candidate in candidates:
             matched = matches.get(candidate.info.name, 0)
@@ -294,15 +314,40 @@ class PrecisePrefixCacheProducer(ProducerPlugin, ConsumerPlugin, BackgroundPlugi
             )
         self._observer.histogram(PREFIX_INDEXER_HIT_RATIO, _NO_LABELS, best / total)
 
+    def _match_engines(
+        self, keys: list[int], names: list[str], ranks: int
+    ) -> tuple[dict[str, int], dict[str, int]]:
+        """Each endpoint's best engine: its match, and which rank it is. Engines hold their
+        own caches: a prefix split over two engines is a match on neither."""
+        engine_names = [rank_key(name, rank) for name in names for rank in range(ranks)]
+        found = self.index.match(keys, engine_names)
+        matches: dict[str, int] = {}
+        winners: dict[str, int] = {}
+        for name in names:
+            for rank in range(ranks):
+                matched = found.get(rank_key(name, rank), 0)
+                if matched > matches.get(name, 0):
+                    matches[name] = matched
+                    winners[name] = rank
+        return matches, winners
+
     async def pre_request(self, request: InferenceRequest, result: SchedulingResult) -> None:
         if self.fallback is not None and request.state.get(self._typed_name.name, _FALLBACK):
             await self.fallback.pre_request(request, result)
             return
-        ttl = self.parameters.speculative_ttl
-        if ttl <= 0:
-            return
-        keys = request.state.get(self._typed_name.name, _KEYS)
         primary = result.primary
-        if not keys or primary is None or not primary.target_endpoints:
+        if primary is None or not primary.target_endpoints:
             return
-        self.index.speculate(primary.target_endpoints[0].info.name, keys, ttl)
+        chosen = primary.target_endpoints[0].info.name
+        engine = chosen
+        if self.parameters.kv_events_config.data_parallel_size > 1:
+            winners = request.state.get(self._typed_name.name, _RANKS) or {}
+            rank = winners.get(chosen)
+            if rank is None:
+                return  # no engine holds the prefix: the server balances its engines
+            request.add_upstream_header(DATA_PARALLEL_RANK_HEADER, str(rank))
+            engine = rank_key(chosen, rank)
+        ttl = self.parameters.speculative_ttl
+        keys = request.state.get(self._typed_name.name, _KEYS)
+        if ttl > 0 and keys:
+            self.index.speculate(engine, keys, ttl)

@@ -135,6 +135,7 @@ async def test_each_target_port_is_a_rank(server: KubeApiServer, api_client: Api
             "b-rank-1": "[fd00::2]:8001",
         }
         assert sink.endpoints["b-rank-1"].metrics_host == "[fd00::2]:8001"
+        assert [sink.endpoints[f"a-rank-{i}"].rank for i in (0, 1)] == [0, 1]  # the DP rank
 
 
 async def test_the_active_ports_annotation_limits_the_ranks(

@@ -90,6 +90,16 @@ def test_parameters_and_the_scorer_reads_its_matches(tokenizer: Path) -> None:
             "indexerConfig: {backend: valkey}\n",
             "backend: must be one of in-memory, redis",
         ),
+        (
+            'tokenProcessorConfig: {hashSeed: "1", tokenizerPath: /x}\n'
+            "kvEventsConfig: {dataParallelSize: 0}\n",
+            "dataParallelSize: must be >= 1",
+        ),
+        (
+            'tokenProcessorConfig: {hashSeed: "1", tokenizerPath: /x}\n'
+            "kvEventsConfig: {socketPort: 65535, dataParallelSize: 2}\n",
+            r"socketPort: must be within 1\.\.65534",
+        ),
     ],
 )
 def test_bad_parameters_stop_the_load_naming_the_field(parameters: str, message: str) -> None:
