@@ -35,6 +35,9 @@ __all__ = [
     "KV_EVENTS_LAG",
     "KV_EVENTS_TRUSTED",
     "KV_INDEX_ENTRIES",
+    "KV_INDEX_LOADED_BLOCKS",
+    "KV_INDEX_PENDING_WRITES",
+    "KV_INDEX_WRITER_LEASES",
     "MODEL_REWRITE_DECISIONS",
     "NORMALIZED_TPOT",
     "OUTPUT_TOKENS",
@@ -401,6 +404,20 @@ KV_INDEX_ENTRIES = GaugeMetric(
     name="inference_extension_kv_index_entries",
     help="(block, endpoint) entries in the KV-block index fed by the model servers' events.",
 )
+#: The shared copy (``indexerConfig.backend: redis``): what this process loaded from it,
+#: the endpoints it writes, and how far its writes are behind its events.
+KV_INDEX_LOADED_BLOCKS = CounterMetric(
+    name="inference_extension_kv_index_loaded_blocks_total",
+    help="KV-block index entries loaded from the shared copy (warm start).",
+)
+KV_INDEX_WRITER_LEASES = GaugeMetric(
+    name="inference_extension_kv_index_writer_leases",
+    help="Endpoints whose events this process writes to the shared KV-block index copy.",
+)
+KV_INDEX_PENDING_WRITES = GaugeMetric(
+    name="inference_extension_kv_index_pending_writes",
+    help="KV-event batches and rewrites waiting to be written to the shared copy.",
+)
 KV_EVENTS = CounterMetric(
     name="inference_extension_kv_events_total",
     help="KV-cache events received, per endpoint and kind (BlockStored, BlockRemoved, "
@@ -470,6 +487,9 @@ CATALOGUE: tuple[Metric, ...] = (
     SHARED_STATE_WRITES,
     SHARED_STATE_DROPPED_WRITES,
     KV_INDEX_ENTRIES,
+    KV_INDEX_LOADED_BLOCKS,
+    KV_INDEX_WRITER_LEASES,
+    KV_INDEX_PENDING_WRITES,
     KV_EVENTS,
     KV_EVENTS_LAG,
     KV_EVENTS_GAPS,

@@ -36,6 +36,9 @@ from domain.prefixcache.kv_block_index import InMemoryKVBlockIndex
 from domain.sharedstate.degraded import DegradedGauge
 from ports.kv_events import AllBlocksCleared, BlockRemoved, KVBlockStore, KVEvent
 from ports.metric_catalogue import (
+    KV_INDEX_LOADED_BLOCKS,
+    KV_INDEX_PENDING_WRITES,
+    KV_INDEX_WRITER_LEASES,
     SHARED_STATE_DROPPED_WRITES,
     SHARED_STATE_ERRORS,
     SHARED_STATE_WRITES,
@@ -134,6 +137,8 @@ class SharedKVBlockIndex:
         loop = asyncio.get_running_loop()
         self._started_at = loop.time()
         self._gauge.set(_COMPONENT, self._failing)
+        self._observer.gauge(KV_INDEX_WRITER_LEASES, _NO_LABELS, 0)
+        self._observer.gauge(KV_INDEX_PENDING_WRITES, _NO_LABELS, 0)
         self._tasks = [
             loop.create_task(self._write_loop(), name="kv-store-writer"),
             loop.create_task(self._lease_loop(), name="kv-store-leases"),
@@ -153,6 +158,7 @@ class SharedKVBlockIndex:
             await asyncio.wait(tasks, timeout=_STOP_WAIT)
         owned = sorted(self._owned)
         self._owned.clear()
+        self._observer.gauge(KV_INDEX_WRITER_LEASES, _NO_LABELS, 0)
         if not owned or self._failing:
             return
         try:
@@ -253,6 +259,7 @@ class SharedKVBlockIndex:
             self._observer.counter(SHARED_STATE_DROPPED_WRITES, _NO_LABELS)
             return
         queue.put_nowait(op)
+        self._observer.gauge(KV_INDEX_PENDING_WRITES, _NO_LABELS, queue.qsize())
 
     async def _write_loop(self) -> None:
         queue = self._queue
@@ -279,6 +286,7 @@ class SharedKVBlockIndex:
                 self._fail(f"{kind} failed: {exc!r}")
             finally:
                 queue.task_done()
+                self._observer.gauge(KV_INDEX_PENDING_WRITES, _NO_LABELS, queue.qsize())
 
     async def _run(self, kind: str, endpoint: str, events: Sequence[KVEvent]) -> None:
         store = self._store
@@ -320,6 +328,7 @@ class SharedKVBlockIndex:
                 )
                 return
             added = self._local.load(endpoint, [b for b in blocks if b[0] not in removed])
+            self._observer.counter(KV_INDEX_LOADED_BLOCKS, _NO_LABELS, added)
             if added:
                 logger.info(
                     "KV-block index: %d blocks of %s loaded from the shared store",
@@ -364,6 +373,7 @@ class SharedKVBlockIndex:
                 if claimed or endpoint in self._dirty:
                     self._dirty.discard(endpoint)
                     self._put(("replace", endpoint, _NONE))
+            self._observer.gauge(KV_INDEX_WRITER_LEASES, _NO_LABELS, len(self._owned))
             wake = self._wake
             assert wake is not None
             # asyncio.timeout, not wait_for: 3.11's wait_for can lose a cancellation that

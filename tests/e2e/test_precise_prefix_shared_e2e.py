@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import urllib.request
 import uuid
 from pathlib import Path
 
@@ -19,6 +20,7 @@ import aiohttp
 import pytest
 
 from tests.e2e.test_precise_prefix_e2e import SEED, SYSTEM, _config, _post, _prefix_score
+from tests.simulator import DEFAULT_MODEL
 from tests.support.redis import RedisServer
 from tests.support.stack import (
     Stack,
@@ -103,6 +105,36 @@ async def test_replicas_share_the_kv_block_index_on_redis(
         writes = sum(metric_sum(u, "inference_extension_shared_state_writes_total") for u in urls)
         assert min(events) >= 12, events
         assert 0 < writes <= max(events) + 2 * len(leases), (writes, events, leases)
+        # the index's metrics with the shared copy: entries, events, lag, leases, writes
+        for url in urls:
+            assert metric_sum(url, "inference_extension_kv_index_entries") > 0
+            assert metric_sum(url, "inference_extension_kv_events_lag_seconds_count") >= 12
+            assert _exported(url, "inference_extension_kv_index_pending_writes")
+            assert _exported(url, "inference_extension_kv_index_loaded_blocks_total")
+        held = sum(metric_sum(u, "inference_extension_kv_index_writer_leases") for u in urls)
+        assert held == len(leases) == 3
+        # and gaps: a server loses a batch for good, every replica sees the hole
+        sim = stack.simulator_urls[home]
+        async with aiohttp.ClientSession() as session:
+            async with session.post(f"{sim}/sim/kv-events/drop?count=1&replayable=false") as r:
+                assert r.status == 200
+            for i in range(2):  # a lost batch, then one that shows the gap
+                body = {"model": DEFAULT_MODEL, "prompt": f"gap {i} " * 40, "max_tokens": 1}
+                async with session.post(f"{sim}/v1/completions", json=body) as r:
+                    assert r.status == 200
+        wait_for(
+            lambda: all(
+                metric_sum(u, "inference_extension_kv_events_gaps_total") >= 1 for u in urls
+            ),
+            timeout=10,
+            what="the gap on both replicas",
+        )
+
+
+def _exported(url: str, name: str) -> bool:
+    with urllib.request.urlopen(url, timeout=5) as response:
+        text = response.read().decode()
+    return any(line.startswith((f"{name} ", f"{name}{{")) for line in text.splitlines())
 
 
 async def test_a_new_replica_routes_warm_at_once_and_a_stopped_one_hands_over(
@@ -166,6 +198,10 @@ async def test_a_new_replica_routes_warm_at_once_and_a_stopped_one_hands_over(
                 served, decision = await _post(session, second.url, SYSTEM)  # its first
             assert served == holder, decision
             assert _prefix_score(decision, first.simulator_addresses[holder]) == 1.0, decision
+            loaded = metric_sum(
+                second.epp_metrics_url, "inference_extension_kv_index_loaded_blocks_total"
+            )
+            assert loaded >= len(SYSTEM) // 64
             # the first replica stops: its leases are released and the second one takes
             # them at its next claim (every 3.3 s), not once they lapse (10 s)
             assert first.epp is not None

@@ -234,6 +234,7 @@ class ModelServerSimulator:
         app.router.add_post("/reset_prefix_cache", self._reset_prefix_cache)
         app.router.add_get("/metrics", self._metrics)
         app.router.add_get("/sim/stats", self._sim_stats)
+        app.router.add_post("/sim/kv-events/drop", self._drop_kv_events)
         return app
 
     async def _stamp_headers(self, request: web.BaseRequest, response: web.StreamResponse) -> None:
@@ -386,6 +387,20 @@ class ModelServerSimulator:
         self.metrics_scrapes += 1
         text = render_metrics(self._config, self._engine.stats(), time.time())
         return web.Response(body=text.encode(), headers={"Content-Type": METRICS_CONTENT_TYPE})
+
+    async def _drop_kv_events(self, request: web.Request) -> web.Response:
+        """Lose the next ``count`` KV-event batches (a sequence gap the subscribers see);
+        ``replayable=false``: from the replay buffer too."""
+        publisher = self._kv_events
+        if publisher is None:
+            return web.Response(status=409, text="no KV events")
+        try:
+            count = int(request.query.get("count", "1"))
+        except ValueError:
+            return web.Response(status=400, text="count: not an integer")
+        replayable = request.query.get("replayable", "true").lower() not in {"0", "false", "no"}
+        publisher.drop_next(count, replayable=replayable)
+        return web.Response(status=200)
 
     async def _sim_stats(self, request: web.Request) -> web.Response:
         samples = request.query.get("samples", "").lower() in {"1", "true", "yes"}
