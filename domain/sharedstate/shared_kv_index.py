@@ -18,11 +18,18 @@ The store (Redis with ``--redis-url``) is the pool's one copy, for two things:
   does whenever the store lost the copy (restarted empty) or its own writes had a gap (its
   stream broke, its queue overflowed, the store failed).
 
-Failure: the first failed store call logs one warning and stops the writes (they are
-dropped and counted; every owned endpoint is rewritten later); the lease calls go on as
-the probe, and the first answered one logs one info line and resumes. Routing is not
-affected either way. Writes wait in one queue of at most ``max_pending`` batches (beyond:
-dropped, counted, the endpoint rewritten later) and go out in order by one task.
+Lifecycle: ``start`` with the process (``warmed`` gates readiness at start-up: the first
+request routes warm); ``stop`` releases the leases held, so another process takes over at
+its next claim. A copy that is not ``current`` (its writer died, the lease lapsed) is not
+loaded: it misses the events since; the endpoint's lease is not claimed before its load
+ended, so whoever claims it rewrites the stale copy.
+
+Failure: the first failed store call logs one warning, sets the shared-state degraded
+gauge and stops the writes (they are dropped and counted; every owned endpoint is
+rewritten later); the lease calls go on as the probe, and the first answered one logs one
+info line, clears the gauge and resumes. Routing is not affected either way. Writes wait
+in one queue of at most ``max_pending`` batches (beyond: dropped, counted, the endpoint
+rewritten later) and go out in order by one task.
 """
 
 from __future__ import annotations

@@ -9,6 +9,7 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
 import pytest
 
@@ -18,7 +19,7 @@ from domain.sharedstate.degraded import DegradedGauge
 from domain.sharedstate.kv_blocks import InMemoryKVBlockStore
 from domain.sharedstate.shared_kv_index import SharedKVBlockIndex
 from ports.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVBlockStore
-from ports.metric_catalogue import SHARED_STATE_DEGRADED
+from ports.metric_catalogue import SHARED_STATE_DEGRADED, SHARED_STATE_WRITES
 from ports.shared_state import SharedStateError
 from tests.contract.conftest import BACKENDS, CONTRACT_TIMEOUT
 from tests.fakes.observer import RecordingObserver
@@ -342,6 +343,46 @@ async def test_a_copy_without_a_writer_is_not_loaded(
         await _until(lambda: _blocks_are(store, []), "the rewrite")
     finally:
         await late.stop()
+
+
+class _CountingClaims:
+    """A ``KVBlockStore`` that counts the lease claims it passes on."""
+
+    def __init__(self, store: KVBlockStore) -> None:
+        self.store = store
+        self.claims = 0
+
+    async def claim(self, endpoint: str, owner: str, lease: float) -> bool | None:
+        self.claims += 1
+        return await self.store.claim(endpoint, owner, lease)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.store, name)
+
+
+async def test_an_owner_with_nothing_to_write_does_not_rewrite_at_every_claim(
+    stores: _Stores,
+) -> None:
+    observer = RecordingObserver()
+    store = _CountingClaims(stores.make())
+    quiet = SharedKVBlockIndex(
+        store,
+        InMemoryKVBlockIndex(max_blocks_per_endpoint=CAP),
+        owner="p1",
+        cap=CAP,
+        lease=0.3,  # a claim every 0.1 s: an empty copy makes each answer "rewrite"
+        observer=observer,
+    )
+    quiet.start()
+    try:
+        quiet.follow("ns/quiet")  # no copy, no event: known as empty
+        await _until(lambda: quiet.owns("ns/quiet"), "the lease")
+        claims = store.claims
+        await _until(lambda: store.claims >= claims + 5, "five more claims")
+        writes = [r for r in observer.counters if r.metric is SHARED_STATE_WRITES]
+        assert len(writes) == 1  # the copy written empty once
+    finally:
+        await quiet.stop()
 
 
 async def _blocks_are(store: KVBlockStore, hashes: list[int]) -> bool:
