@@ -16,8 +16,12 @@ import pytest
 from app.container import Container, build_container
 from app.runner import serve
 from app.settings import Settings
+from domain.requestcontrol.plugins.precise_prefix_producer import PrecisePrefixCacheProducer
+from tests.simulator.kvevents import BlockStored, KVEventPublisher
 from tests.support.extproc import completion, response_body, response_headers, set_headers
 from tests.support.kube_api import wait_until
+from tests.support.stack import free_port
+from tests.support.tokenizer import write_tokenizer_json
 
 from .test_extproc_protocol import EnvoyStream
 
@@ -187,3 +191,88 @@ def test_reloads_leave_no_listeners_of_replaced_plugins_behind(tmp_path: Path) -
     assert watcher.reloads == 100
     assert watcher.refusals == 100
     assert datastore.listener_count == listening
+
+
+def _precise_config(tokenizer: Path, port: int, blocks: int) -> str:
+    return f"""
+plugins:
+- type: precise-prefix-cache-producer
+  parameters:
+    tokenProcessorConfig: {{hashSeed: "1", tokenizerPath: "{tokenizer}"}}
+    kvEventsConfig: {{socketPort: {port}}}
+    maxPrefixBlocksToMatch: {blocks}
+- type: prefix-cache-scorer
+- type: max-score-picker
+schedulingProfiles:
+- name: default
+  plugins: [{{pluginRef: prefix-cache-scorer}}, {{pluginRef: max-score-picker}}]
+"""
+
+
+async def test_a_reload_stops_the_replaced_producers_event_subscriptions(tmp_path: Path) -> None:
+    ip = "127.0.0.62"
+    port = free_port(ip)
+    publisher = KVEventPublisher(endpoint=f"tcp://{ip}:{port}")
+    publisher.start()
+    tokenizer = write_tokenizer_json(tmp_path / "tokenizer.json")
+    volume = ConfigMapVolume(tmp_path / "volume")
+    volume.root.mkdir()
+    volume.publish(_precise_config(tokenizer, port, 100))
+    settings = Settings(
+        static_endpoints=f"{ip}:9",
+        metrics_endpoint_auth=False,
+        bind_address="127.0.0.1",
+        grpc_port=0,
+        grpc_health_port=0,
+        metrics_port=0,
+        secure_serving=False,
+        config_file=volume.path,
+        watch_config_file=True,
+        tracing=False,
+    )
+    container = build_container(settings)
+    endpoint = f"{ip}:9"
+
+    def producer() -> PrecisePrefixCacheProducer:
+        watcher = container.config_watcher()
+        assert watcher is not None
+        found = [
+            p for p in watcher.running.plugins.values() if isinstance(p, PrecisePrefixCacheProducer)
+        ]
+        assert len(found) == 1
+        return found[0]
+
+    async def received(plugin: PrecisePrefixCacheProducer, block: int) -> None:
+        deadline = time.monotonic() + 10
+        while not plugin.index.match([block], [endpoint]):
+            assert time.monotonic() < deadline, f"block {block} never arrived"
+            publisher.publish([_stored(block)])  # until the subscriber is connected
+            await asyncio.sleep(0.02)
+
+    try:
+        async with _running(container):
+            old = producer()  # subscribed at start-up, before any request
+            await received(old, 1)
+            volume.publish(_precise_config(tokenizer, port, 200))
+            watcher = container.config_watcher()
+            assert watcher is not None
+            await wait_until(lambda: watcher.reloads == 1, what="the reload")
+            new = producer()
+            assert new is not old
+            await received(new, 2)
+            # the replaced producer no longer follows the server
+            assert old.index.match([2], [endpoint]) == {}
+    finally:
+        await publisher.stop()
+
+
+def _stored(block: int) -> BlockStored:
+    return BlockStored(
+        block_hashes=[block],
+        parent_block_hash=None,
+        token_ids=[],
+        block_size=16,
+        lora_id=None,
+        medium=None,
+        lora_name=None,
+    )
