@@ -26,8 +26,11 @@ process's own ``InMemoryPrefixIndex`` as fallback. What callers see never raises
   writes wait; past that a write is dropped and counted.
 - ``claim`` (a new chain, after the pick: ``ClaimingPrefixIndex``) awaits the remote's
   atomic claim within ``budget`` like ``match``, and returns the endpoint that owns the
-  chain; without an answer in time the caller's endpoint keeps it and the chain is recorded
-  as by ``add``.
+  chain. Without an answer in time the caller's endpoint keeps the request and the late
+  answer decides: won, the chain is recorded here too; another owner, nothing is written
+  and the owner is learnt (answers index), so the chain's later requests follow the owner
+  instead of splitting between two servers; an error, the chain is recorded as by ``add``.
+  Degraded for slowness, the claim is sent without waiting and its answer handled the same.
 - ``remove_endpoint`` removes locally at once, then from the remote (in the caller's task,
   under ``write_timeout``; the prefix producer calls it from a background task).
 
@@ -36,7 +39,10 @@ Health (one log line and the degraded gauge on each change):
 - *healthy → degraded* on the first remote error (``SharedStateError`` or anything else the
   remote raises, from any operation), or after ``miss_limit`` consecutive routing-path
   deadline misses (one miss can be a pause; several in a row mean every request pays the
-  budget, so stop waiting). An answered match resets the miss count.
+  budget, so stop waiting). Calls in flight together through one pause count once: a miss
+  counts only if its call started after the last counted miss fired, so a burst of
+  concurrent requests at a busy moment does not degrade by itself. An answered match or
+  claim resets the miss count.
 - *while degraded* ``match`` does not wait for the remote, ``add`` only records locally (the
   queued writes are dropped and counted), and a background probe (a one-hash ``match``
   under ``probe_timeout``, 1 s by default: not the routing budget, so a busy machine and a
@@ -183,6 +189,9 @@ class ResilientPrefixIndex:
         self._reply_errors = 0
         self._reply_warned_at = -float("inf")
         self._misses = 0
+        #: When the last miss counted towards ``miss_limit`` fired.
+        self._stall_seen_at = -float("inf")
+        self._late_claims: set[asyncio.Future[str]] = set()
         self._pending: deque[_Write] = deque()
         self._wake = asyncio.Event()
         self._drained = asyncio.Event()
@@ -227,7 +236,7 @@ class ResilientPrefixIndex:
         except TimeoutError:
             if not _answered(call):
                 self._let_finish(hashes, call)
-                self._missed()
+                self._missed(start)
                 return self._fallback(hashes, local)
             remote = call.result()  # answered in the loop turn the deadline fired in
         except SharedStateReplyError as exc:  # the store is up; this call fell back
@@ -241,8 +250,15 @@ class ResilientPrefixIndex:
         self._learn(hashes, remote)
         return _merged(remote, local) if local else remote
 
-    def _missed(self) -> None:
+    def _missed(self, started: float) -> None:
+        """A call started at ``started`` missed the budget. It counts towards ``miss_limit``
+        only if it started after the last counted miss fired: calls that were in flight
+        together through one pause (a burst of requests on a busy machine) are one stall,
+        not several in a row."""
         self._observer.counter(SHARED_STATE_DEADLINE_MISSES, _NO_LABELS)
+        if started < self._stall_seen_at:
+            return
+        self._stall_seen_at = self._clock()
         self._misses += 1
         if self._misses >= self._miss_limit:
             self._degrade(
@@ -280,29 +296,29 @@ class ResilientPrefixIndex:
         self._learn(hashes, call.result())
 
     async def add(self, hashes: Sequence[int], endpoint: str, capacity: int) -> None:
-        self.local.add_sync(hashes, endpoint, capacity)
-        self._answers_capacity = capacity
-        write = (tuple(hashes), endpoint, capacity)
-        self._remember(write)
-        if self._degraded and not self._slow:
-            self._observer.counter(SHARED_STATE_DROPPED_WRITES, _NO_LABELS)
-            return
-        if len(self._pending) >= self._max_pending:
-            self._observer.counter(SHARED_STATE_DROPPED_WRITES, _NO_LABELS)
-            return
-        self._pending.append(write)
-        self._wake.set()
+        self._add_now(hashes, endpoint, capacity)
 
     async def claim(self, hashes: Sequence[int], endpoint: str, capacity: int) -> str:
-        """The remote's claim within ``budget``. Without its answer in time (degraded, a
-        miss, an error, a remote that cannot claim), ``endpoint`` keeps the request and the
-        chain is recorded as by ``add``; a claim answered late that names another owner
-        records it for ``endpoint`` then (the request went there)."""
+        """The remote's claim within ``budget``, returning the endpoint that owns the chain.
+
+        Without its answer in time (a miss, or degraded for slowness: then it is sent
+        without waiting), ``endpoint`` keeps this request and the late answer decides what
+        is recorded: won, the chain is ``endpoint``'s here too; another owner, nothing is
+        written and this process learns the owner, so the chain's next requests follow it
+        rather than split between two servers; no answer (an error), the chain is recorded
+        as by ``add``. Degraded by failures, or a remote that cannot claim: ``add``.
+        """
         remote = self.remote
-        if self._degraded or not hashes or not isinstance(remote, ClaimingPrefixIndex):
+        can_claim = isinstance(remote, ClaimingPrefixIndex)
+        if not hashes or not can_claim or (self._degraded and not self._slow):
             if hashes:
                 self._observer.counter(SHARED_STATE_CLAIMS, _FALLBACK)
             await self.add(hashes, endpoint, capacity)
+            return endpoint
+        assert isinstance(remote, ClaimingPrefixIndex)
+        if self._degraded:  # slow: too slow to wait for, but up: claim without waiting
+            self._observer.counter(SHARED_STATE_CLAIMS, _FALLBACK)
+            self._claim_late(remote, hashes, endpoint, capacity)
             return endpoint
         start = self._clock()
         call = asyncio.ensure_future(remote.claim(hashes, endpoint, capacity))
@@ -310,16 +326,13 @@ class ResilientPrefixIndex:
             async with asyncio.timeout(self._budget):
                 owner = await asyncio.shield(call)
         except asyncio.CancelledError:
-            call.add_done_callback(functools.partial(self._late_claim, hashes, endpoint, capacity))
+            self._watch_late_claim(call, hashes, endpoint, capacity)
             raise
         except TimeoutError:
             if not _answered(call):
-                call.add_done_callback(
-                    functools.partial(self._late_claim, hashes, endpoint, capacity)
-                )
-                self._missed()
+                self._watch_late_claim(call, hashes, endpoint, capacity)
+                self._missed(start)
                 self._observer.counter(SHARED_STATE_CLAIMS, _FALLBACK)
-                self._record_locally(hashes, endpoint, capacity)
                 return endpoint
             owner = call.result()
         except SharedStateReplyError as exc:
@@ -336,31 +349,61 @@ class ResilientPrefixIndex:
         self._misses = 0
         if owner == endpoint:
             self._observer.counter(SHARED_STATE_CLAIMS, _WON)
-            self._observer.counter(SHARED_STATE_WRITES, _NO_LABELS)
-            self._record_locally(hashes, endpoint, capacity)
-            self._note_sent(tuple(hashes), endpoint, self._clock())
+            self._claimed(hashes, endpoint, capacity)
         else:
             self._observer.counter(SHARED_STATE_CLAIMS, _LOST)
         return owner
 
-    def _record_locally(self, hashes: Sequence[int], endpoint: str, capacity: int) -> None:
-        """An add the remote has (or will have) already: the local index and the journal."""
+    def _claimed(self, hashes: Sequence[int], endpoint: str, capacity: int) -> None:
+        """A claim the remote recorded for ``endpoint``: the local index and the journal."""
+        self._observer.counter(SHARED_STATE_WRITES, _NO_LABELS)
         self.local.add_sync(hashes, endpoint, capacity)
         self._answers_capacity = capacity
         self._remember((tuple(hashes), endpoint, capacity))
+        self._note_sent(tuple(hashes), endpoint, self._clock())
+
+    def _claim_late(
+        self, remote: ClaimingPrefixIndex, hashes: Sequence[int], endpoint: str, capacity: int
+    ) -> None:
+        """Send a claim nobody waits for (at most ``max_late`` at once; past that the chain
+        is recorded as by ``add``)."""
+        if len(self._late_claims) >= self._max_late:
+            self._add_now(hashes, endpoint, capacity)
+            return
+        call = asyncio.ensure_future(remote.claim(hashes, endpoint, capacity))
+        self._watch_late_claim(call, hashes, endpoint, capacity)
+
+    def _watch_late_claim(
+        self, call: asyncio.Future[str], hashes: Sequence[int], endpoint: str, capacity: int
+    ) -> None:
+        self._late_claims.add(call)
+        call.add_done_callback(functools.partial(self._late_claim, hashes, endpoint, capacity))
 
     def _late_claim(
         self, hashes: Sequence[int], endpoint: str, capacity: int, call: asyncio.Future[str]
     ) -> None:
-        """A claim past the budget (``endpoint`` got the request): when it recorded nothing,
-        because another endpoint owned the chain or it failed, the chain is written as an
-        add; an error is not this request's (retrieved, not raised)."""
-        if not call.cancelled() and call.exception() is None and call.result() == endpoint:
+        """A claim answered after ``endpoint`` got its request (see ``claim``); an error is
+        not this request's (retrieved, not raised)."""
+        self._late_claims.discard(call)
+        if call.cancelled() or call.exception() is not None:
+            self._add_now(hashes, endpoint, capacity)
             return
+        owner = call.result()
+        if owner == endpoint:
+            self._claimed(hashes, endpoint, capacity)
+        else:
+            self._learn(hashes, {owner: len(hashes)})
+
+    def _add_now(self, hashes: Sequence[int], endpoint: str, capacity: int) -> None:
+        """``add`` outside a coroutine: recorded locally, queued for the remote."""
+        self.local.add_sync(hashes, endpoint, capacity)
+        self._answers_capacity = capacity
+        write = (tuple(hashes), endpoint, capacity)
+        self._remember(write)
         if (self._degraded and not self._slow) or len(self._pending) >= self._max_pending:
             self._observer.counter(SHARED_STATE_DROPPED_WRITES, _NO_LABELS)
             return
-        self._pending.append((tuple(hashes), endpoint, capacity))
+        self._pending.append(write)
         self._wake.set()
 
     async def remove_endpoint(self, endpoint: str) -> None:
@@ -416,7 +459,7 @@ class ResilientPrefixIndex:
         tasks = [t for t in (self._writer, self._probe, self._rebuild) if t is not None]
         for task in tasks:
             task.cancel()
-        late = list(self._late)
+        late: list[asyncio.Future[Any]] = [*self._late, *self._late_claims]
         for call in late:
             call.cancel()
         await asyncio.gather(*tasks, *late, return_exceptions=True)
