@@ -380,7 +380,8 @@ SHARED_STATE_DEGRADED = GaugeMetric(
 SHARED_STATE_CLAIMS = CounterMetric(
     name="inference_extension_shared_state_claims_total",
     help="Claims of a new prompt prefix after the pick, by outcome: won (recorded for the "
-    "pick), lost (another process's endpoint owns it), fallback (no answer in time: the pick "
+    "pick), moved (recorded for an endpoint tied with the pick that fewer new prefixes went to "
+    "lately), lost (another process's endpoint owns it), fallback (no answer in time: the pick "
     "stands).",
     labels=("outcome",),
 )

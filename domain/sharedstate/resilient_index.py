@@ -115,6 +115,7 @@ _REMOVE = {"operation": "remove_endpoint"}
 _CLAIM = {"operation": "claim"}
 _WON = {"outcome": "won"}
 _LOST = {"outcome": "lost"}
+_MOVED = {"outcome": "moved"}
 _FALLBACK = {"outcome": "fallback"}
 _PROBE = {"operation": "probe"}
 #: Seconds between two warnings about error replies (the first one is logged at once).
@@ -298,8 +299,15 @@ class ResilientPrefixIndex:
     async def add(self, hashes: Sequence[int], endpoint: str, capacity: int) -> None:
         self._add_now(hashes, endpoint, capacity)
 
-    async def claim(self, hashes: Sequence[int], endpoint: str, capacity: int) -> str:
-        """The remote's claim within ``budget``, returning the endpoint that owns the chain.
+    async def claim(
+        self,
+        hashes: Sequence[int],
+        endpoint: str,
+        capacity: int,
+        alternates: Sequence[str] = (),
+    ) -> str:
+        """The remote's claim within ``budget``, returning the endpoint that owns the chain
+        (``endpoint``, one of ``alternates`` it placed the new chain on, or another owner).
 
         Without its answer in time (a miss, or degraded for slowness: then it is sent
         without waiting), ``endpoint`` keeps this request and the late answer decides what
@@ -321,7 +329,7 @@ class ResilientPrefixIndex:
             self._claim_late(remote, hashes, endpoint, capacity)
             return endpoint
         start = self._clock()
-        call = asyncio.ensure_future(remote.claim(hashes, endpoint, capacity))
+        call = asyncio.ensure_future(remote.claim(hashes, endpoint, capacity, alternates))
         try:
             async with asyncio.timeout(self._budget):
                 owner = await asyncio.shield(call)
@@ -351,7 +359,8 @@ class ResilientPrefixIndex:
             self._observer.counter(SHARED_STATE_CLAIMS, _WON)
             self._claimed(hashes, endpoint, capacity)
         else:
-            self._observer.counter(SHARED_STATE_CLAIMS, _LOST)
+            self._observer.counter(SHARED_STATE_CLAIMS, _MOVED if owner in alternates else _LOST)
+            self._learn(hashes, {owner: len(hashes)})
         return owner
 
     def _claimed(self, hashes: Sequence[int], endpoint: str, capacity: int) -> None:

@@ -540,6 +540,15 @@ async def test_a_won_claim_is_recorded_once_and_not_written_again(rig: Rig) -> N
     assert rig.count(SHARED_STATE_CLAIMS, outcome="won") == 1
 
 
+async def test_a_claim_moved_to_a_tied_alternate_is_counted_and_learnt(rig: Rig) -> None:
+    assert await rig.index.claim(H[:4], "a", 10, ["b"]) == "a"
+    assert await rig.index.claim(H[4:], "a", 10, ["b"]) == "b"  # fewer new chains lately
+    assert rig.count(SHARED_STATE_CLAIMS, outcome="won") == 1
+    assert rig.count(SHARED_STATE_CLAIMS, outcome="moved") == 1
+    rig.remote.slow.add("match")
+    assert await rig.index.match(H[4:]) == {"b": 4}  # a miss, answered from what it learnt
+
+
 async def test_a_lost_claim_names_the_owner_and_records_nothing(rig: Rig) -> None:
     rig.remote.index.add_sync(H[:4], "other-process-pod", 10)
     assert await rig.index.claim(H[:4], "a", 10) == "other-process-pod"
