@@ -25,7 +25,8 @@ process's own ``InMemoryPrefixIndex`` as fallback. What callers see never raises
   The request never awaits the remote. At most ``max_pending``
   writes wait; past that a write is dropped and counted.
 - ``claim`` (a new chain, after the pick: ``ClaimingPrefixIndex``) awaits the remote's
-  atomic claim within ``budget`` like ``match``, and returns the endpoint that owns the
+  atomic claim within ``claim_budget`` (``budget`` unless given: the request it delays
+  pays a whole prefill, so it can wait longer than a match), and returns the endpoint that owns the
   chain. Without an answer in time the caller's endpoint keeps the request and the late
   answer decides: won, the chain is recorded here too; another owner, nothing is written
   and the owner is learnt (answers index), so the chain's later requests follow the owner
@@ -138,6 +139,7 @@ class ResilientPrefixIndex:
         *,
         observer: Observer | None = None,
         budget: float = 0.005,
+        claim_budget: float | None = None,
         miss_limit: int = 5,
         max_pending: int = 1024,
         max_late: int = 16,
@@ -154,6 +156,8 @@ class ResilientPrefixIndex:
     ) -> None:
         if not budget > 0:
             raise ValueError(f"budget must be > 0, got {budget}")
+        if claim_budget is not None and not claim_budget > 0:
+            raise ValueError(f"claim_budget must be > 0, got {claim_budget}")
         if miss_limit < 1 or max_pending < 1 or journal_hashes < 0:
             raise ValueError("miss_limit and max_pending must be >= 1, journal_hashes >= 0")
         if not 0 < probe_initial <= probe_max:
@@ -164,6 +168,7 @@ class ResilientPrefixIndex:
         self.local = local if local is not None else InMemoryPrefixIndex()
         self._observer = observer or NoopObserver()
         self._budget = budget
+        self._claim_budget = budget if claim_budget is None else claim_budget
         self._miss_limit = miss_limit
         self._max_pending = max_pending
         self._max_late = max_late
@@ -331,7 +336,7 @@ class ResilientPrefixIndex:
         start = self._clock()
         call = asyncio.ensure_future(remote.claim(hashes, endpoint, capacity, alternates))
         try:
-            async with asyncio.timeout(self._budget):
+            async with asyncio.timeout(self._claim_budget):
                 owner = await asyncio.shield(call)
         except asyncio.CancelledError:
             self._watch_late_claim(call, hashes, endpoint, capacity)

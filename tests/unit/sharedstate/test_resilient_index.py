@@ -577,6 +577,20 @@ async def test_a_slow_claim_keeps_the_pick_and_follows_the_owner_the_late_answer
     await rig.index.stop()
 
 
+async def test_a_claim_waits_for_its_own_budget_not_the_matchs() -> None:
+    rig = Rig(budget=0.005, claim_budget=1.0)
+    await rig.index.start()
+    rig.remote.latency = 0.05  # past the match budget, within the claim's
+    rig.remote.index.add_sync(H[:4], "other-process-pod", 10)
+    assert await rig.index.claim(H[:4], "a", 10) == "other-process-pod"
+    assert rig.count(SHARED_STATE_DEADLINE_MISSES) == 0
+    assert await rig.index.match(H[:4]) == {"other-process-pod": 4}
+    assert rig.count(SHARED_STATE_DEADLINE_MISSES) == 1  # the match's budget is 5 ms
+    await rig.index.stop()
+    with pytest.raises(ValueError, match="claim_budget"):
+        ResilientPrefixIndex(rig.remote, claim_budget=0)
+
+
 async def test_a_slow_claim_won_late_is_recorded_then() -> None:
     rig = Rig(budget=0.01)
     await rig.index.start()
