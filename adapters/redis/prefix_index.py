@@ -7,8 +7,8 @@ Keys (``P`` is the pool's key prefix; hashes are written as 16 lower-case hex di
   hashes each cover the whole prefix before them, so every block of one chain shares its
   root, and the hash tag ``{<root>}`` puts a chain in one cluster slot.
 - ``P:claims``: a hash, endpoint name -> ``"<count> <ms>"``: how many new chains were
-  claimed for it lately (decayed by half every ``CLAIM_HALF_LIFE``), on one server only;
-  it expires 20 half-lives after the last claim.
+  claimed for it lately (decayed by half every ``CLAIM_HALF_LIFE``); it expires 20
+  half-lives after the last claim.
 - ``P:lru:{<endpoint>}``: a sorted set of ``<root>:<hash>`` members, scored by an add
   sequence number (the set's highest score plus 1, 2, ... for the hashes of one add, in
   order), so the lowest score is the least recently added. A sequence number, not a clock:
@@ -37,9 +37,10 @@ two scripts at once, one to each slot's node (the blocks; the recency set, which
 the evicted members), then removes the endpoint from the evicted blocks with one pipeline
 (one request per node). ``claim`` sends the chain's node the walk-or-write script, then,
 when it wrote, the endpoint's node the recency push (two or three round trips on a cluster,
-one on a single server). A cluster ignores a claim's alternates: the claim counts are one
-key, in another slot than the chain. ``remove_endpoint`` reads the set, then pipelines the
-removals.
+one on a single server). With alternates, a cluster first sends the claim counts' node
+the choice (the counts are one key, in another slot than the chain): one more round trip,
+and a claim then lost to another owner leaves its count (for about a second).
+``remove_endpoint`` reads the set, then pipelines the removals.
 Those follow-ups are not atomic with the add: an endpoint re-added to a block by another
 process between the two steps can lose that block's entry (it is then matched a little
 less until it is added again). The add runs after the reply to Envoy, off the routing path.
@@ -219,6 +220,39 @@ return lru_push(KEYS[1], tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3], split(AR
 """,
 )
 
+# Of ``ep`` and the newline-separated ``others``, the one with the lowest claim count in the
+# hash ``counts`` (endpoint -> "<count> <ms>", halving every ``half_life`` ms; ``ep`` wins a
+# tie within a thousandth); its count goes up by one.
+_LEAST_CLAIMED = """
+local function least_claimed(counts, ep, others, now, half_life)
+  local choices = {ep}
+  for name in string.gmatch(others, '[^\\n]+') do
+    if name ~= ep then choices[#choices + 1] = name end
+  end
+  local stored = redis.call('HMGET', counts, unpack(choices))
+  local pick, least = 1, nil
+  for i, name in ipairs(choices) do
+    local count = 0
+    local c, at = string.match(stored[i] or '', '^(%S+) (%S+)$')
+    if c then count = tonumber(c) * 0.5 ^ (math.max(0, now - tonumber(at)) / half_life) end
+    if least == nil or count < least - 0.001 then pick, least = i, count end
+  end
+  redis.call('HSET', counts, choices[pick], string.format('%.6f %d', least + 1, now))
+  redis.call('PEXPIRE', counts, 20 * half_life)
+  return choices[pick]
+end
+"""
+
+# Cluster, the claim counts' node: KEYS = claim counts; ARGV = endpoint, now ms, half-life
+# ms, alternates (newline-separated). The least claimed, counted as claimed.
+_CHOOSE = LuaScript(
+    "prefix-choose",
+    _LEAST_CLAIMED
+    + """
+return least_claimed(KEYS[1], ARGV[1], ARGV[4], tonumber(ARGV[2]), tonumber(ARGV[3]))
+""",
+)
+
 # Single server: KEYS = lru, claim counts; ARGV = endpoint, now ms, ttl ms, capacity, key
 # prefix P, root, packed hashes, cutoff ms, half-life ms, alternates (newline-separated).
 # The chain's owner if its first block is held, else the add for the least claimed of the
@@ -230,6 +264,7 @@ _CLAIM_ONE_NODE = LuaScript(
     + _WALK
     + _LRU_PUSH
     + _WRITE_BLOCKS
+    + _LEAST_CLAIMED
     + """
 local ep, now, ttl, prefix, root = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[5], ARGV[6]
 local now_ms = ARGV[2]
@@ -238,23 +273,8 @@ local base = prefix .. ':b:{' .. root .. '}:'
 local owner = best(chain_walk(base, hashes, tonumber(ARGV[8])))
 if owner then return owner end
 local lru = KEYS[1]
-local half_life = tonumber(ARGV[9])
-local choices = {ep}
-for name in string.gmatch(ARGV[10], '[^\\n]+') do
-  if name ~= ep then choices[#choices + 1] = name end
-end
-local stored = redis.call('HMGET', KEYS[2], unpack(choices))
-local pick, least = 1, nil
-for i, name in ipairs(choices) do
-  local count = 0
-  local c, at = string.match(stored[i] or '', '^(%S+) (%S+)$')
-  if c then count = tonumber(c) * 0.5 ^ (math.max(0, now - tonumber(at)) / half_life) end
-  if least == nil or count < least - 0.001 then pick, least = i, count end
-end
-ep = choices[pick]
+ep = least_claimed(KEYS[2], ep, ARGV[10], now, tonumber(ARGV[9]))
 if ep ~= ARGV[1] then lru = prefix .. ':lru:{' .. ep .. '}' end
-redis.call('HSET', KEYS[2], ep, string.format('%.6f %d', least + 1, now))
-redis.call('PEXPIRE', KEYS[2], 20 * half_life)
 write_blocks(base, hashes, ep, now_ms, ttl)
 local evicted = lru_push(lru, tonumber(ARGV[4]), ttl, root, hashes)
 for _, m in ipairs(evicted) do
@@ -386,8 +406,8 @@ class RedisPrefixIndex:
         lru = self.lru_key(endpoint)
         now = _now_ms()
         cutoff = now - self._ttl_ms
+        others = "\n".join(a for a in alternates if a != endpoint and "\n" not in a)
         if not self._cluster:
-            others = "\n".join(a for a in alternates if a != endpoint and "\n" not in a)
             args = (
                 endpoint,
                 now,
@@ -403,8 +423,14 @@ class RedisPrefixIndex:
             keys = [lru, self.claims_key()]
             reply = await guarded("prefix claim", _CLAIM_ONE_NODE.run(self._client, keys, args))
             return _owner(reply)
-        # A cluster claims for ``endpoint`` only: the pool-wide claim counts are one key,
-        # in another slot than the chain's.
+        if others:
+            # The claim counts are one key, in another slot than the chain: chosen (and
+            # counted) first, then claimed; a claim lost to an owner leaves its count.
+            choose = _CHOOSE.run(
+                self._client, [self.claims_key()], (endpoint, now, _HALF_LIFE_MS, others)
+            )
+            endpoint = _owner(await guarded("prefix claim", choose))
+            lru = self.lru_key(endpoint)
         # The recency set is on another node: pushed once the claim is won (pushing it
         # with the claim would count blocks of a lost claim against the capacity).
         base = f"{self._prefix}:b:{{{root}}}:"
