@@ -393,7 +393,8 @@ SHARED_STATE_WRITES = CounterMetric(
 #: after recovery re-sends what the local state still knows).
 SHARED_STATE_DROPPED_WRITES = CounterMetric(
     name="inference_extension_shared_state_dropped_writes_total",
-    help="Writes to the shared store dropped (pending queue full, or store degraded).",
+    help="Writes to the shared store dropped (pending queue full, store degraded, or more refused "
+    "writes than are kept for sending again).",
 )
 
 # --- KV-cache events (precise prefix-cache routing) ---

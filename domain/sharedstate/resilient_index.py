@@ -68,8 +68,10 @@ Not a change of health (the store is up):
   type, a script refused while a cluster slot migrates): that call falls back, counted in
   ``..._errors_total``; one warning at once, then at most one a minute with the count since;
 - a refused write (``SharedStateWriteRefusedError``: out of memory under ``noeviction``): the write
-  is dropped and counted (errors and dropped writes), one warning when writes start being
-  refused and one info line when one is accepted again; matches keep reading the remote.
+  is counted as an error and kept (the last ``max_pending``; older ones are dropped and
+  counted), one warning when writes start being refused and one info line when one is
+  accepted again, and then the kept ones (for endpoints still known) are sent again;
+  matches keep reading the remote.
 
 ``start`` warms the remote (the EPP asks for 4): ``warm_connections`` concurrent one-hash
 matches under ``probe_timeout`` open that many connections and load the match script before
@@ -198,6 +200,8 @@ class ResilientPrefixIndex:
         #: When the last miss counted towards ``miss_limit`` fired.
         self._stall_seen_at = -float("inf")
         self._late_claims: set[asyncio.Future[str]] = set()
+        #: Writes the remote refused (out of memory), sent again once it accepts one.
+        self._refused_writes: deque[_Write] = deque()
         self._pending: deque[_Write] = deque()
         self._wake = asyncio.Event()
         self._drained = asyncio.Event()
@@ -500,10 +504,16 @@ class ResilientPrefixIndex:
             self._reply_errors = 0
             self._reply_warned_at = now
 
-    def _refused(self, exc: BaseException) -> None:
-        """The remote refuses writes (out of memory): counted; logged once per change."""
+    def _refused(self, exc: BaseException, write: _Write) -> None:
+        """The remote refuses writes (out of memory): counted; logged once per change. The
+        write is kept (the last ``max_pending``; older ones are dropped and counted) and
+        sent again once a write is accepted."""
         self._observer.counter(SHARED_STATE_ERRORS, _ADD)
-        self._observer.counter(SHARED_STATE_DROPPED_WRITES, _NO_LABELS)
+        refused = self._refused_writes
+        if len(refused) >= self._max_pending:
+            refused.popleft()
+            self._observer.counter(SHARED_STATE_DROPPED_WRITES, _NO_LABELS)
+        refused.append(write)
         if not self._writes_refused:
             self._writes_refused = True
             logger.warning(
@@ -648,7 +658,7 @@ class ResilientPrefixIndex:
                 else:
                     await remote.add(hashes, endpoint, capacity)
         except SharedStateWriteRefusedError as exc:
-            self._refused(exc)
+            self._refused(exc, write)
             return False
         except SharedStateReplyError as exc:
             self._reply_error(_ADD, exc)
@@ -662,7 +672,19 @@ class ResilientPrefixIndex:
         self._observer.counter(SHARED_STATE_WRITES, _NO_LABELS)
         if self._writes_refused:
             self._writes_refused = False
-            logger.info("shared prefix index: redis accepts writes again")
+            again = [w for w in self._refused_writes if self.local.holds(w[1])]
+            self._refused_writes.clear()
+            room = self._max_pending - len(self._pending)
+            if len(again) > room:
+                self._observer.counter(SHARED_STATE_DROPPED_WRITES, _NO_LABELS, len(again) - room)
+                again = again[len(again) - room :] if room > 0 else []
+            self._pending.extend(again)
+            if again:
+                self._wake.set()
+            logger.info(
+                "shared prefix index: redis accepts writes again; re-sending %d refused writes",
+                len(again),
+            )
         return True
 
     async def _remote_remove(self, endpoint: str) -> bool:

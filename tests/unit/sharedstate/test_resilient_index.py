@@ -306,17 +306,19 @@ async def test_refused_writes_keep_matching_the_remote_and_log_each_change_once(
     assert rig.index.writes_refused
     assert not rig.index.degraded
     assert rig.count(SHARED_STATE_ERRORS, operation="add") == 3
-    assert rig.count(SHARED_STATE_DROPPED_WRITES) == 3
+    assert rig.count(SHARED_STATE_DROPPED_WRITES) == 0  # kept, to be sent again
     rig.remote.index.add_sync(H[:5], "other", 10)
     assert (await rig.index.match(H[:5]))["other"] == 5
     rig.remote.full = False
     await rig.index.add(H[:3], "d", 10)
     await rig.index.flush()
     assert not rig.index.writes_refused
+    # The refused writes were sent again once the store had room.
+    assert rig.remote.index.match_sync(H[:3]) == {"a": 3, "b": 3, "c": 3, "d": 3, "other": 3}
     lines = _lines(caplog)
     assert len(lines) == 2, lines
     assert "refuses writes" in lines[0]
-    assert "accepts writes again" in lines[1]
+    assert "accepts writes again; re-sending 3 refused writes" in lines[1]
 
 
 async def test_a_failed_write_degrades_and_is_counted(rig: Rig) -> None:
