@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from importlib.metadata import EntryPoint, entry_points
 from typing import TYPE_CHECKING, Any
 
+from adapters.chattemplate import JinjaChatTemplate
 from adapters.hftokenizers import HFTokenizer
 from adapters.kvevents import KVEventSubscriptions, SubscriberConfig
 from adapters.prometheus.scrape import MetricsDataSource, MetricsSourceParameters
@@ -51,7 +52,7 @@ from domain.requestcontrol.plugins.prefix_producer import (
 )
 from domain.sharedstate.shared_kv_index import SharedKVBlockIndex
 from ports.endpoints import EndpointEvent, EndpointEventKind
-from ports.tokenizer import TokenizerError
+from ports.tokenizer import ChatTemplateError, TokenizerError
 
 if TYPE_CHECKING:
     from kubernetes.client import ApiClient
@@ -179,11 +180,13 @@ def _precise_prefix_cache_producer(
         raise PluginConfigError(
             f'plugin "{name}": tokenProcessorConfig.tokenizerPath: {exc}'
         ) from None
+    chat = _chat_template(name, tokens.tokenizer_path, tokens.chat_template_path)
     keyer = PromptKeyer(
         tokenizer,
         EngineBlockHasher(algorithm=tokens.hash_algorithm, seed=tokens.hash_seed),
         block_size=tokens.tokens_per_block,
         cache_chars=parameters.tokenization_cache_chars,
+        chat=chat,
     )
     indexer = parameters.indexer_config
     local = InMemoryKVBlockIndex(
@@ -248,6 +251,30 @@ def _precise_prefix_cache_producer(
     )
     datastore.subscribe(producer.on_endpoint_event)
     return producer
+
+
+def _chat_template(
+    name: str, tokenizer_path: str, chat_template_path: str
+) -> JinjaChatTemplate | None:
+    """The model's chat template: ``chatTemplatePath`` (unreadable or invalid: start-up stops
+    naming it), else the one beside the tokenizer (invalid: a warning, and chat requests
+    take the approximate path, as without one)."""
+    try:
+        chat = JinjaChatTemplate.load(tokenizer_path, chat_template_path)
+    except ChatTemplateError as exc:
+        if chat_template_path:
+            raise PluginConfigError(
+                f'plugin "{name}": tokenProcessorConfig.chatTemplatePath: {exc}'
+            ) from None
+        logger.warning('plugin "%s": %s; chat requests take the approximate path', name, exc)
+        return None
+    if chat is None:
+        logger.info(
+            'plugin "%s": no chat template beside %s; chat requests take the approximate path',
+            name,
+            tokenizer_path,
+        )
+    return chat
 
 
 def _no_kubernetes(name: str, parameters: Any, handle: Handle) -> Plugin:

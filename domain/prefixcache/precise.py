@@ -1,7 +1,12 @@
 """A prompt's block keys as the model server names them: tokenize, then hash the chain.
 
+A chat request's messages are first rendered into the prompt text by the model's chat
+template (``ports.tokenizer.ChatTemplate``), then tokenized without adding special tokens
+(the template wrote them), as vLLM does for ``/v1/chat/completions``.
+
 Tokenizing costs CPU on the routing path, so the token ids of recent prompts are kept in
-an LRU keyed by the exact text, bounded by the total characters held; and with
+an LRU keyed by the exact text (and whether special tokens were added), bounded by the
+total characters held; and with
 ``max_blocks`` only the first ``max_blocks * block_size * MAX_CHARS_PER_TOKEN`` characters
 are tokenized (far more than those blocks can span, so their tokens are those of the whole
 text unless a token is longer than that on average).
@@ -13,7 +18,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 
 from domain.prefixcache.engine_hash import EngineBlockHasher
-from ports.tokenizer import Tokenizer
+from ports.tokenizer import ChatTemplate, Tokenizer
 
 __all__ = ["MAX_CHARS_PER_TOKEN", "PromptKeyer"]
 
@@ -30,50 +35,56 @@ class PromptKeyer:
         *,
         block_size: int,
         cache_chars: int = 32 * 1024 * 1024,
+        chat: ChatTemplate | None = None,
     ) -> None:
         if block_size < 1:
             raise ValueError("block_size must be >= 1")
         self._tokenizer = tokenizer
         self._hasher = hasher
         self.block_size = block_size
-        self._cache: OrderedDict[str, tuple[int, ...]] = OrderedDict()
+        #: The model's chat template; ``None``: chat requests cannot be keyed.
+        self.chat = chat
+        self._cache: OrderedDict[tuple[str, bool], tuple[int, ...]] = OrderedDict()
         self._cache_chars = cache_chars
         self._held = 0
         self.hits = 0
         self.misses = 0
 
-    def tokens(self, text: str) -> tuple[int, ...]:
-        """The prompt's token ids (raises ``ports.tokenizer.TokenizerError``)."""
-        cached = self.cached(text)
+    def tokens(self, text: str, *, special: bool = True) -> tuple[int, ...]:
+        """The prompt's token ids, with special tokens added when ``special`` (raises
+        ``ports.tokenizer.TokenizerError``)."""
+        cached = self.cached(text, special=special)
         if cached is not None:
             return cached
-        ids = self.encode(text)
-        self.remember(text, ids)
+        ids = self.encode(text, special=special)
+        self.remember(text, ids, special=special)
         return ids
 
-    def cached(self, text: str) -> tuple[int, ...] | None:
+    def cached(self, text: str, *, special: bool = True) -> tuple[int, ...] | None:
         """``text``'s token ids if the cache holds them (counted as a hit or a miss)."""
-        cached = self._cache.get(text)
+        key = (text, special)
+        cached = self._cache.get(key)
         if cached is None:
             self.misses += 1
             return None
-        self._cache.move_to_end(text)
+        self._cache.move_to_end(key)
         self.hits += 1
         return cached
 
-    def encode(self, text: str) -> tuple[int, ...]:
+    def encode(self, text: str, *, special: bool = True) -> tuple[int, ...]:
         """Tokenize without touching the cache: safe in a worker thread (the tokenizer is
         thread-safe; raises ``ports.tokenizer.TokenizerError``)."""
-        return tuple(self._tokenizer.encode(text))
+        return tuple(self._tokenizer.encode(text, add_special_tokens=special))
 
-    def remember(self, text: str, ids: tuple[int, ...]) -> None:
+    def remember(self, text: str, ids: tuple[int, ...], *, special: bool = True) -> None:
         """Keep ``text``'s token ids in the cache (the oldest dropped past its bound)."""
-        if len(text) > self._cache_chars or text in self._cache:
+        key = (text, special)
+        if len(text) > self._cache_chars or key in self._cache:
             return
-        self._cache[text] = ids
+        self._cache[key] = ids
         self._held += len(text)
         while self._held > self._cache_chars:
-            old, _ = self._cache.popitem(last=False)
+            (old, _), _ = self._cache.popitem(last=False)
             self._held -= len(old)
 
     @staticmethod

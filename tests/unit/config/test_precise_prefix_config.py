@@ -70,6 +70,27 @@ def test_parameters_and_the_scorer_reads_its_matches(tokenizer: Path) -> None:
     # only its own fallback for requests it cannot key (chat)
     assert "approx-prefix-cache-producer" not in plugins
     assert producer.fallback is not None
+    # the chat template beside the tokenizer
+    assert producer.keyer.chat is not None
+
+
+def test_a_chat_template_file_and_its_errors(tokenizer: Path, tmp_path: Path) -> None:
+    own = tmp_path / "chat.jinja"
+    own.write_text("{{ messages[0].content }}!")
+    line = f'tokenProcessorConfig: {{hashSeed: "1", tokenizerPath: {tokenizer}, '
+    loaded = load(config(line + f"chatTemplatePath: {own}}}\n"))
+    producer = loaded.plugins["precise-prefix-cache-producer"]  # type: ignore[attr-defined]
+    assert (
+        producer.keyer.chat.render(
+            [{"role": "user", "content": "hi"}], add_generation_prompt=True, options={}
+        )
+        == "hi!"
+    )
+    broken = tmp_path / "broken.jinja"
+    broken.write_text("{% if %}")
+    for path in (tmp_path / "missing.jinja", broken):
+        with pytest.raises(ConfigError, match=f"chatTemplatePath: .*{path}"):
+            load(config(line + f"chatTemplatePath: {path}}}\n"))
 
 
 @pytest.mark.parametrize(
