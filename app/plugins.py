@@ -35,7 +35,7 @@ from domain.plugins.handle import Handle
 from domain.plugins.intree import register_in_tree
 from domain.prefixcache.engine_hash import EngineBlockHasher
 from domain.prefixcache.kv_block_index import InMemoryKVBlockIndex
-from domain.prefixcache.precise import PromptKeyer
+from domain.prefixcache.precise import LoraAdapterNames, PromptKeyer
 from domain.requestcontrol.plugins.precise_prefix_producer import (
     TYPE as PRECISE_PREFIX_CACHE_PRODUCER,
 )
@@ -205,8 +205,9 @@ def _precise_prefix_cache_producer(
             observer=handle.observer,
         )
     events = parameters.kv_events_config
+    adapters = LoraAdapterNames()  # learnt from the events' lora_name
     subscriptions = KVEventSubscriptions(
-        sink=index,
+        sink=adapters.watching(index),
         port=events.socket_port,
         replay_port=events.replay_port,
         config=SubscriberConfig(
@@ -248,6 +249,7 @@ def _precise_prefix_cache_producer(
             PrefixCacheParameters(),
             handle,
         ),
+        adapters=adapters,
     )
     datastore.subscribe(producer.on_endpoint_event)
     return producer

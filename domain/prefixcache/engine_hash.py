@@ -6,7 +6,8 @@ vLLM names a full block of ``block_size`` tokens by chaining:
     h(i)  = H((h(i-1), tokens(i), extra_keys(i)))
 
 where ``tokens(i)`` is the tuple of the block's token ids, ``extra_keys(i)`` is ``None`` or
-a tuple (LoRA name, multimodal hashes, cache salt, ...), ``NONE_HASH = H(seed)`` with
+a tuple, in this order: the LoRA adapter's name (every block of a LoRA request), multimodal
+hashes, the request's ``cache_salt`` (the first block only); ``NONE_HASH = H(seed)`` with
 ``seed`` the engine's ``PYTHONHASHSEED`` string (unset: random per process, so nothing
 outside the engine can match), and ``H`` the ``--prefix-caching-hash-algo``:
 
@@ -77,12 +78,15 @@ class EngineBlockHasher:
         block_size: int,
         *,
         extra_keys: tuple[Any, ...] | None = None,
+        first_extra_keys: tuple[Any, ...] | None = None,
         max_blocks: int | None = None,
         parent: bytes | None = None,
     ) -> list[bytes]:
         """The hashes of the full blocks of ``token_ids`` (a trailing partial block has none).
 
-        ``parent``: continue a chain (the hash of the block before ``token_ids[0]``).
+        ``extra_keys`` go with every block, ``first_extra_keys`` (when given) replace them
+        for the first block of ``token_ids``. ``parent``: continue a chain (the hash of the
+        block before ``token_ids[0]``).
         """
         if block_size < 1:
             raise ValueError("block_size must be >= 1")
@@ -94,7 +98,8 @@ class EngineBlockHasher:
         out: list[bytes] = []
         for index in range(count):
             block = tuple(token_ids[index * block_size : (index + 1) * block_size])
-            previous = fn((previous, block, extra_keys))
+            extra = first_extra_keys if index == 0 and first_extra_keys is not None else extra_keys
+            previous = fn((previous, block, extra))
             out.append(previous)
         return out
 
@@ -104,13 +109,18 @@ class EngineBlockHasher:
         block_size: int,
         *,
         extra_keys: tuple[Any, ...] | None = None,
+        first_extra_keys: tuple[Any, ...] | None = None,
         max_blocks: int | None = None,
     ) -> list[int]:
         """:meth:`chain` as the integers the engine's events carry."""
-        return [
-            external(h)
-            for h in self.chain(token_ids, block_size, extra_keys=extra_keys, max_blocks=max_blocks)
-        ]
+        chain = self.chain(
+            token_ids,
+            block_size,
+            extra_keys=extra_keys,
+            first_extra_keys=first_extra_keys,
+            max_blocks=max_blocks,
+        )
+        return [external(h) for h in chain]
 
 
 def canonical_cbor(value: object) -> bytes:

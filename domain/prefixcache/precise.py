@@ -18,9 +18,10 @@ from collections import OrderedDict
 from collections.abc import Sequence
 
 from domain.prefixcache.engine_hash import EngineBlockHasher
+from ports.kv_events import BlockStored, KVEvent, KVEventSink
 from ports.tokenizer import ChatTemplate, Tokenizer
 
-__all__ = ["MAX_CHARS_PER_TOKEN", "PromptKeyer"]
+__all__ = ["MAX_CHARS_PER_TOKEN", "LoraAdapterNames", "PromptKeyer"]
 
 MAX_CHARS_PER_TOKEN = 16
 
@@ -95,14 +96,83 @@ class PromptKeyer:
         return text[: max_blocks * block_size * MAX_CHARS_PER_TOKEN]
 
     def keys(
-        self, text: str, *, lora_name: str | None = None, max_blocks: int | None = None
+        self,
+        text: str,
+        *,
+        lora_name: str | None = None,
+        cache_salt: str | None = None,
+        max_blocks: int | None = None,
     ) -> list[int]:
-        """The block keys of ``text``'s full blocks; a LoRA adapter's name is an extra key."""
+        """The block keys of ``text``'s full blocks (see :meth:`keys_for_tokens`)."""
         text = self.prefix_text(text, self.block_size, max_blocks)
-        return self.keys_for_tokens(self.tokens(text), lora_name=lora_name, max_blocks=max_blocks)
+        return self.keys_for_tokens(
+            self.tokens(text), lora_name=lora_name, cache_salt=cache_salt, max_blocks=max_blocks
+        )
 
     def keys_for_tokens(
-        self, ids: Sequence[int], *, lora_name: str | None = None, max_blocks: int | None = None
+        self,
+        ids: Sequence[int],
+        *,
+        lora_name: str | None = None,
+        cache_salt: str | None = None,
+        max_blocks: int | None = None,
     ) -> list[int]:
+        """The block keys of ``ids``, as vLLM hashes a request's blocks: a LoRA adapter's
+        name is an extra key of every block, the request's ``cache_salt`` one of the first
+        block (after the adapter's name)."""
         extra = (lora_name,) if lora_name else None
-        return self._hasher.keys(ids, self.block_size, extra_keys=extra, max_blocks=max_blocks)
+        first = (*(extra or ()), cache_salt) if cache_salt else None
+        return self._hasher.keys(
+            ids, self.block_size, extra_keys=extra, first_extra_keys=first, max_blocks=max_blocks
+        )
+
+
+class LoraAdapterNames:
+    """The model names the pool's servers serve as LoRA adapters, as far as they say so:
+    the ``lora_name`` of their ``BlockStored`` events (:meth:`watching` a sink), and the
+    adapters their metrics report running or waiting (``add``). A request to one of these
+    names is hashed with the adapter's name, as the engine hashes its blocks; any other
+    model is the base model. Bounded: the ``limit`` most recently seen names are kept."""
+
+    def __init__(self, limit: int = 4096) -> None:
+        self._names: OrderedDict[str, None] = OrderedDict()
+        self._limit = limit
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._names
+
+    def add(self, name: str) -> None:
+        names = self._names
+        if name in names:
+            names.move_to_end(name)
+            return
+        names[name] = None
+        if len(names) > self._limit:
+            names.popitem(last=False)
+
+    def watching(self, sink: KVEventSink) -> KVEventSink:
+        """``sink``, learning adapter names from the events it is given on the way."""
+        return _NamesFromEvents(sink, self)
+
+
+class _NamesFromEvents:
+    __slots__ = ("_names", "_sink")
+
+    def __init__(self, sink: KVEventSink, names: LoraAdapterNames) -> None:
+        self._sink = sink
+        self._names = names
+
+    def apply(self, endpoint: str, events: Sequence[KVEvent]) -> None:
+        for event in events:
+            if isinstance(event, BlockStored) and event.lora_name:
+                self._names.add(event.lora_name)
+        self._sink.apply(endpoint, events)
+
+    def lost(self, endpoint: str) -> None:
+        self._sink.lost(endpoint)
+
+    def resynced(self, endpoint: str) -> None:
+        self._sink.resynced(endpoint)
+
+    def forget(self, endpoint: str) -> None:
+        self._sink.forget(endpoint)

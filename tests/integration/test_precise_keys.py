@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import aiohttp
@@ -17,7 +18,7 @@ from domain.datalayer.attributes import PREFIX_CACHE_MATCH_INFO, PrefixCacheMatc
 from domain.plugins.base import TypedName
 from domain.prefixcache.engine_hash import EngineBlockHasher
 from domain.prefixcache.kv_block_index import InMemoryKVBlockIndex
-from domain.prefixcache.precise import PromptKeyer
+from domain.prefixcache.precise import LoraAdapterNames, PromptKeyer
 from domain.requestcontrol.plugins.precise_prefix_producer import (
     TYPE,
     PrecisePrefixCacheParameters,
@@ -57,15 +58,20 @@ class Recorder(InMemoryKVBlockIndex):
 
 
 async def _stored_keys(
-    config: SimulatorConfig, path: str, body: dict[str, object], count: int
+    config: SimulatorConfig,
+    path: str,
+    body: dict[str, object],
+    count: int,
+    adapters: LoraAdapterNames | None = None,
 ) -> tuple[list[int], Recorder]:
     """The block keys the simulator's events report after it served ``body`` (at least
-    ``count``), and the index they fed."""
+    ``count``), and the index they fed (``adapters`` learning from them on the way)."""
     index = Recorder()
     async with ModelServerSimulator(config, name="s", host="127.0.0.8", port=0) as sim:
         publisher = sim.kv_events
         assert publisher is not None
-        subscriptions = KVEventSubscriptions(sink=index)
+        sink = index if adapters is None else adapters.watching(index)
+        subscriptions = KVEventSubscriptions(sink=sink)
         subscriptions.add_address("s", publisher.endpoint, publisher.replay_endpoint)
         subscriber = subscriptions.subscriber("s")
         assert subscriber is not None
@@ -116,6 +122,40 @@ async def test_epp_keys_equal_the_servers_event_keys(tokenizer_json: Path, algor
     assert index.match(expected, ["s"]) == {"s": len(expected)}
     # a LoRA adapter's name is an extra key: other keys
     assert set(keyer.keys(PROMPT, lora_name="ad")).isdisjoint(expected)
+
+
+async def test_a_lora_requests_keys_equal_the_servers_event_keys(tokenizer_json: Path) -> None:
+    """The server's events name the adapter; the producer learns it from them and keys the
+    adapter's requests with its name, as the server hashed their blocks."""
+    config = replace(_sim_config(tokenizer_json), lora_adapters=("sql",))
+    tokens = TokenProcessorConfig(
+        block_size_tokens=BLOCK, hash_seed="42", tokenizer_path=str(tokenizer_json)
+    )
+    keyer = PromptKeyer(
+        HFTokenizer.from_file(tokenizer_json), EngineBlockHasher(seed="42"), block_size=BLOCK
+    )
+    adapters = LoraAdapterNames()
+    body: dict[str, object] = {"model": "sql", "prompt": PROMPT, "max_tokens": 1}
+    count = len(keyer.keys(PROMPT))
+    stored, index = await _stored_keys(config, "/v1/completions", body, count, adapters)
+    assert "sql" in adapters
+    producer = PrecisePrefixCacheProducer(
+        TypedName(TYPE, TYPE),
+        PrecisePrefixCacheParameters(token_processor_config=tokens),
+        keyer=keyer,
+        index=index,
+        adapters=adapters,
+    )
+    cands = [candidate("s")]
+    await producer.prepare_request_data(inference_request(body), cands)
+    assert cands[0].attributes[PREFIX_CACHE_MATCH_INFO] == PrefixCacheMatchInfo(count, count, BLOCK)
+    assert stored[:count] == keyer.keys(PROMPT, lora_name="sql")
+    # the base model's request does not match the adapter's blocks
+    base = [candidate("s")]
+    await producer.prepare_request_data(
+        inference_request({**body, "model": config.model_name}), base
+    )
+    assert base[0].attributes[PREFIX_CACHE_MATCH_INFO] == PrefixCacheMatchInfo(0, count, BLOCK)
 
 
 @pytest.mark.parametrize("thinking", [None, False])

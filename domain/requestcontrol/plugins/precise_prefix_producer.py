@@ -12,6 +12,12 @@ After scheduling, the chosen endpoint is credited with the prompt's blocks for
 ``speculativeTtl`` seconds (until its events confirm them), so a burst of one prefix
 does not scatter before the first events arrive.
 
+The keys carry what the engine adds to its block hashes: a request to a LoRA adapter is
+hashed with the adapter's name on every block (an adapter is a model name the servers'
+events give as ``lora_name``, or that a candidate's metrics report running or waiting:
+``LoraAdapterNames``; any other model is the base model, hashed without), and the
+request's ``cache_salt`` goes with its first block.
+
 A chat request's messages are rendered with the model's chat template (the request's
 ``chat_template_kwargs``, ``add_generation_prompt``, default true) and tokenized without
 special tokens unless it sets ``add_special_tokens``, as vLLM does. Requests it cannot key
@@ -38,7 +44,7 @@ from domain.plugins.hooks import ConsumerPlugin, ProducerPlugin
 from domain.plugins.state import StateKey
 from domain.prefixcache.engine_hash import HASH_ALGORITHMS
 from domain.prefixcache.kv_block_index import InMemoryKVBlockIndex
-from domain.prefixcache.precise import PromptKeyer
+from domain.prefixcache.precise import LoraAdapterNames, PromptKeyer
 from domain.requestcontrol.plugins.prefix_producer import ApproxPrefixCacheProducer
 from domain.requesthandling.openai import ApiKind
 from domain.scheduling.types import Candidate, InferenceRequest, SchedulingResult
@@ -188,6 +194,7 @@ class PrecisePrefixCacheProducer(ProducerPlugin, ConsumerPlugin):
         endpoint_listener: Callable[[EndpointEvent], None] | None = None,
         start: Callable[[], None] | None = None,
         fallback: ApproxPrefixCacheProducer | None = None,
+        adapters: LoraAdapterNames | None = None,
     ) -> None:
         self._typed_name = typed_name
         self.parameters = parameters
@@ -199,6 +206,7 @@ class PrecisePrefixCacheProducer(ProducerPlugin, ConsumerPlugin):
         self._endpoint_listener = endpoint_listener
         self._start = start
         self.fallback = fallback
+        self.adapters = adapters if adapters is not None else LoraAdapterNames()
 
     def on_endpoint_event(self, event: EndpointEvent, _endpoint: object = None) -> None:
         """A datastore listener (owned by this plugin, so a config reload drops it)."""
@@ -223,7 +231,26 @@ class PrecisePrefixCacheProducer(ProducerPlugin, ConsumerPlugin):
             logger.warning("%s: a request could not be keyed: %s", self._typed_name, detail)
         return None
 
-    async def _keys(self, request: InferenceRequest) -> list[int] | None:
+    def _lora_name(self, model: str, candidates: Sequence[Candidate]) -> str | None:
+        """``model`` when the servers serve it as a LoRA adapter (their events named it, or
+        a candidate's metrics report it running or waiting), else ``None`` (the base)."""
+        adapters = self.adapters
+        if not model:
+            return None
+        if model in adapters:
+            return model
+        for candidate in candidates:
+            metrics = candidate.metrics
+            if metrics is not None and (
+                model in metrics.active_models or model in metrics.waiting_models
+            ):
+                adapters.add(model)
+                return model
+        return None
+
+    async def _keys(
+        self, request: InferenceRequest, candidates: Sequence[Candidate]
+    ) -> list[int] | None:
         """The prompt's block keys; ``None``: this request cannot be keyed (counted)."""
         body = request.body
         if body is None:
@@ -255,17 +282,22 @@ class PrecisePrefixCacheProducer(ProducerPlugin, ConsumerPlugin):
             return self._unkeyed("api")
         if not text:
             return []
+        salt = body.payload.get("cache_salt")
+        hashing = functools.partial(
+            keyer.keys_for_tokens,
+            lora_name=self._lora_name(request.target_model, candidates),
+            cache_salt=salt if isinstance(salt, str) and salt else None,
+            max_blocks=max_blocks,
+        )
         text = keyer.prefix_text(text, keyer.block_size, max_blocks)
         cached = keyer.cached(text, special=special)
         if cached is not None:
-            return keyer.keys_for_tokens(cached, max_blocks=max_blocks)
+            return hashing(cached)
         try:
             if threshold and len(text) >= threshold:
-                ids, keys = await asyncio.to_thread(
-                    self._encode_and_hash, text, special, max_blocks
-                )
+                ids, keys = await asyncio.to_thread(self._encode_and_hash, text, special, hashing)
             else:
-                ids, keys = self._encode_and_hash(text, special, max_blocks)
+                ids, keys = self._encode_and_hash(text, special, hashing)
         except TokenizerError as exc:
             return self._unkeyed("tokenizer", exc)
         keyer.remember(text, ids, special=special)
@@ -307,12 +339,12 @@ class PrecisePrefixCacheProducer(ProducerPlugin, ConsumerPlugin):
         )
 
     def _encode_and_hash(
-        self, text: str, special: bool, max_blocks: int
+        self, text: str, special: bool, hashing: Callable[[Sequence[int]], list[int]]
     ) -> tuple[tuple[int, ...], list[int]]:
         """Token ids and block keys of ``text``; touches no shared state (a worker thread
         may run it)."""
         ids = self.keyer.encode(text, special=special)
-        return ids, self.keyer.keys_for_tokens(ids, max_blocks=max_blocks)
+        return ids, hashing(ids)
 
     async def prepare_request_data(
         self, request: InferenceRequest, candidates: Sequence[Candidate]
@@ -320,7 +352,7 @@ class PrecisePrefixCacheProducer(ProducerPlugin, ConsumerPlugin):
         if self._start is not None:
             start, self._start = self._start, None
             start()
-        keys = await self._keys(request)
+        keys = await self._keys(request, candidates)
         if keys is None and self.fallback is not None:
             request.state.put(self._typed_name.name, _FALLBACK, True)
             await self.fallback.prepare_request_data(request, candidates)

@@ -1,4 +1,5 @@
-"""The engine's block-hash chain: structure, seed, extra keys, both algorithms."""
+"""The engine's block-hash chain: structure, seed, extra keys (LoRA, cache salt), the
+algorithms."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import pickle
 import pytest
 
 from domain.prefixcache.engine_hash import EngineBlockHasher, canonical_cbor, external
+from domain.prefixcache.precise import PromptKeyer
 
 
 def test_sha256_chain_is_sha256_of_the_pickled_parent_tokens_extra_triple() -> None:
@@ -52,3 +54,31 @@ def test_canonical_cbor_encodings() -> None:
 def test_unknown_algorithm() -> None:
     with pytest.raises(ValueError, match="sha256_cbor"):
         EngineBlockHasher(algorithm="md5", seed="0")
+
+
+def _vllm_sha256(value: object) -> bytes:
+    return hashlib.sha256(pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)).digest()
+
+
+@pytest.mark.parametrize(
+    ("lora", "salt"), [("sql-adapter", None), ("sql-adapter", "s1"), (None, "s1")]
+)
+def test_lora_and_cache_salt_keys_equal_a_hand_computed_engine_chain(
+    lora: str | None, salt: str | None
+) -> None:
+    """vLLM's extra keys: the adapter's name on every block, then (first block only) the
+    request's cache_salt; no extra keys is ``None``."""
+    ids = list(range(10))
+    keyer = PromptKeyer(_NoTokenizer(), EngineBlockHasher(seed="42"), block_size=4)
+    rest = (lora,) if lora else None
+    first = tuple(k for k in (lora, salt) if k) or None
+    h0 = _vllm_sha256((_vllm_sha256("42"), (0, 1, 2, 3), first))
+    h1 = _vllm_sha256((h0, (4, 5, 6, 7), rest))
+    expected = [int.from_bytes(h[-8:], "big") for h in (h0, h1)]
+    assert keyer.keys_for_tokens(ids, lora_name=lora, cache_salt=salt) == expected
+    assert set(expected).isdisjoint(keyer.keys_for_tokens(ids))  # the base model's keys
+
+
+class _NoTokenizer:
+    def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
+        raise AssertionError("not used")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 
 from domain.datalayer.attributes import PREFIX_CACHE_MATCH_INFO, PrefixCacheMatchInfo
 from domain.plugins.base import Duration, TypedName
@@ -285,3 +286,42 @@ async def test_long_prompts_are_tokenized_off_the_event_loop() -> None:
     assert threads == [True, False]  # the short one on the loop, the long one in a thread
     info = cands[0].attributes[PREFIX_CACHE_MATCH_INFO]
     assert info == PrefixCacheMatchInfo(3, threshold // BLOCK, BLOCK)
+
+
+async def test_a_lora_adapters_requests_are_keyed_with_its_name() -> None:
+    """An adapter is a name the servers' events or metrics give; its requests' keys carry
+    it (the engine's hash does), the base model's do not."""
+    plugin, index = producer()
+    prompt = "abcdefghijkl"
+    base = plugin.keyer.keys(prompt)
+    sql = plugin.keyer.keys(prompt, lora_name="sql")
+    chat = plugin.keyer.keys(prompt, lora_name="chat")
+    index.apply("a", [stored(sql)])
+    index.apply("b", [stored(base)])
+    # "chat" is known from a BlockStored event's lora_name
+    plugin.adapters.watching(index).apply("c", [replace(stored(chat), lora_name="chat")])
+
+    async def matches(model: str, **metrics: object) -> list[int]:
+        cands = [candidate(n, **metrics) for n in ("a", "b", "c")]
+        await plugin.prepare_request_data(
+            inference_request({"model": model, "prompt": prompt}), cands
+        )
+        return [_matched(c) for c in cands]
+
+    assert await matches("sql") == [0, 3, 0]  # not known as an adapter yet: the base keys
+    # a server's metrics report "sql" running: an adapter from now on
+    assert await matches("sql", active_models=frozenset({"sql"})) == [3, 0, 0]
+    assert await matches("sql") == [3, 0, 0]
+    assert await matches("chat") == [0, 0, 3]
+    assert await matches("m") == [0, 3, 0]
+
+
+async def test_the_cache_salt_goes_with_the_first_block() -> None:
+    plugin, index = producer()
+    prompt = "abcdefghijkl"
+    index.apply("a", [stored(plugin.keyer.keys(prompt, cache_salt="tenant-1"))])
+    for salt, matched in (("tenant-1", 3), ("tenant-2", 0), (None, 0)):
+        cands = [candidate("a")]
+        body = {"model": "m", "prompt": prompt, **({"cache_salt": salt} if salt else {})}
+        await plugin.prepare_request_data(inference_request(body), cands)
+        assert _matched(cands[0]) == matched, salt
