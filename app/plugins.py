@@ -24,6 +24,7 @@ from adapters.chattemplate import JinjaChatTemplate
 from adapters.hftokenizers import HFTokenizer
 from adapters.kvevents import KVEventSubscriptions, SubscriberConfig
 from adapters.prometheus.scrape import MetricsDataSource, MetricsSourceParameters
+from adapters.xxhash import xxh3_128
 from domain.plugins.base import (
     Plugin,
     PluginConfigError,
@@ -183,7 +184,9 @@ def _precise_prefix_cache_producer(
     chat = _chat_template(name, tokens.tokenizer_path, tokens.chat_template_path)
     keyer = PromptKeyer(
         tokenizer,
-        EngineBlockHasher(algorithm=tokens.hash_algorithm, seed=tokens.hash_seed),
+        EngineBlockHasher(
+            algorithm=tokens.hash_algorithm, seed=tokens.hash_seed, xxh3_128=xxh3_128
+        ),
         block_size=tokens.tokens_per_block,
         cache_chars=parameters.tokenization_cache_chars,
         chat=chat,

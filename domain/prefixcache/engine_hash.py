@@ -12,12 +12,15 @@ hashes, the request's ``cache_salt`` (the first block only); ``NONE_HASH = H(see
 outside the engine can match), and ``H`` the ``--prefix-caching-hash-algo``:
 
 - ``sha256`` (vLLM's default): SHA-256 of the object pickled with protocol 5;
-- ``sha256_cbor``: SHA-256 of its canonical CBOR encoding (language-neutral).
+- ``sha256_cbor``: SHA-256 of its canonical CBOR encoding (language-neutral);
+- ``xxhash``: XXH3-128 of the pickled object; ``xxhash_cbor``: XXH3-128 of its canonical
+  CBOR encoding (faster; not cryptographic).
 
-Hashes are 32 bytes; events carry their low 64 bits as an unsigned integer
-(``external``). Only the standard library is used: ``pickle`` and ``hashlib``, and a
-canonical CBOR encoder for the few types a key holds (None, bool, int, bytes, str,
-tuples and lists).
+SHA-256 hashes are 32 bytes, XXH3-128 ones 16; events carry their low 64 bits as an
+unsigned integer (``external``). Only the standard library is used: ``pickle`` and
+``hashlib``, a canonical CBOR encoder for the few types a key holds (None, bool, int,
+bytes, str, tuples and lists), and the XXH3-128 digest the app passes in
+(``ports.kv_events.Digest``, from ``adapters/xxhash``).
 """
 
 from __future__ import annotations
@@ -27,6 +30,8 @@ import pickle
 import struct
 from collections.abc import Callable, Sequence
 from typing import Any
+
+from ports.kv_events import Digest
 
 __all__ = [
     "HASH_ALGORITHMS",
@@ -38,18 +43,27 @@ __all__ = [
 _PICKLE_PROTOCOL = 5
 
 
-def _sha256_pickle(value: object) -> bytes:
-    return hashlib.sha256(pickle.dumps(value, protocol=_PICKLE_PROTOCOL)).digest()
+def _pickled(value: object) -> bytes:
+    return pickle.dumps(value, protocol=_PICKLE_PROTOCOL)
 
 
-def _sha256_cbor(value: object) -> bytes:
-    return hashlib.sha256(canonical_cbor(value)).digest()
+def _cbor_bytes(value: object) -> bytes:
+    return canonical_cbor(value)
 
 
-HASH_ALGORITHMS: dict[str, Callable[[object], bytes]] = {
-    "sha256": _sha256_pickle,
-    "sha256_cbor": _sha256_cbor,
+def _sha256(data: bytes) -> bytes:
+    return hashlib.sha256(data).digest()
+
+
+#: ``--prefix-caching-hash-algo`` → (how the object is serialized, which digest: ``sha256``
+#: from the standard library, ``xxh3_128`` from the app).
+_ALGORITHMS: dict[str, tuple[Callable[[object], bytes], str]] = {
+    "sha256": (_pickled, "sha256"),
+    "sha256_cbor": (_cbor_bytes, "sha256"),
+    "xxhash": (_pickled, "xxh3_128"),
+    "xxhash_cbor": (_cbor_bytes, "xxh3_128"),
 }
+HASH_ALGORITHMS: tuple[str, ...] = tuple(_ALGORITHMS)
 
 
 def external(block_hash: bytes) -> int:
@@ -62,12 +76,23 @@ class EngineBlockHasher:
 
     __slots__ = ("_fn", "_none_hash", "algorithm")
 
-    def __init__(self, *, algorithm: str = "sha256", seed: str) -> None:
-        fn = HASH_ALGORITHMS.get(algorithm)
-        if fn is None:
+    def __init__(
+        self, *, algorithm: str = "sha256", seed: str, xxh3_128: Digest | None = None
+    ) -> None:
+        """``xxh3_128``: the XXH3-128 digest, needed by the ``xxhash`` algorithms."""
+        entry = _ALGORITHMS.get(algorithm)
+        if entry is None:
             raise ValueError(
                 f"hash algorithm must be one of {sorted(HASH_ALGORITHMS)}, got {algorithm!r}"
             )
+        serialize, digest_name = entry
+        digest: Digest | None = _sha256 if digest_name == "sha256" else xxh3_128
+        if digest is None:
+            raise ValueError(f"hash algorithm {algorithm}: no XXH3-128 digest was given")
+
+        def fn(value: object) -> bytes:
+            return digest(serialize(value))
+
         self.algorithm = algorithm
         self._fn = fn
         self._none_hash = fn(seed)

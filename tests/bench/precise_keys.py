@@ -30,6 +30,7 @@ import msgspec
 from adapters.chattemplate import JinjaChatTemplate
 from adapters.hftokenizers import HFTokenizer
 from adapters.kvevents.decode import decode_batch
+from adapters.xxhash import xxh3_128
 from domain.prefixcache.engine_hash import HASH_ALGORITHMS, EngineBlockHasher
 from domain.prefixcache.kv_block_index import InMemoryKVBlockIndex
 from domain.prefixcache.precise import PromptKeyer
@@ -82,7 +83,7 @@ def main() -> None:
                 f" cached lookup {cached * 1e6:.1f} us"
             )
             for name in HASH_ALGORITHMS:
-                hasher = EngineBlockHasher(algorithm=name, seed="0")
+                hasher = EngineBlockHasher(algorithm=name, seed="0", xxh3_128=xxh3_128)
                 cost = best(functools.partial(hasher.chain, ids, args.block_size), args.repeat, 20)
                 line += f", hash {name} {cost * 1e3:.3f} ms"
             print(line)

@@ -14,6 +14,7 @@ import pytest
 from adapters.chattemplate import JinjaChatTemplate
 from adapters.hftokenizers import HFTokenizer
 from adapters.kvevents import KVEventSubscriptions
+from adapters.xxhash import xxh3_128
 from domain.datalayer.attributes import PREFIX_CACHE_MATCH_INFO, PrefixCacheMatchInfo
 from domain.plugins.base import TypedName
 from domain.prefixcache.engine_hash import EngineBlockHasher
@@ -106,12 +107,12 @@ def _sim_config(tokenizer_json: Path, algorithm: str = "sha256") -> SimulatorCon
     )
 
 
-@pytest.mark.parametrize("algorithm", ["sha256", "sha256_cbor"])
+@pytest.mark.parametrize("algorithm", ["sha256", "sha256_cbor", "xxhash", "xxhash_cbor"])
 async def test_epp_keys_equal_the_servers_event_keys(tokenizer_json: Path, algorithm: str) -> None:
     config = _sim_config(tokenizer_json, algorithm)
     keyer = PromptKeyer(
         HFTokenizer.from_file(tokenizer_json),
-        EngineBlockHasher(algorithm=algorithm, seed="42"),
+        EngineBlockHasher(algorithm=algorithm, seed="42", xxh3_128=xxh3_128),
         block_size=BLOCK,
     )
     expected = keyer.keys(PROMPT)

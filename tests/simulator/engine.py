@@ -25,6 +25,7 @@ from jinja2 import Template
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer
 
+from adapters.xxhash import xxh3_128
 from domain.prefixcache.engine_hash import EngineBlockHasher
 from tests.simulator.config import SimulatorConfig
 from tests.simulator.kvcache import KVCache, block_hashes
@@ -147,7 +148,7 @@ class SimulatedEngine:
             self._tokenizer = Tokenizer.from_file(config.tokenizer_path)
             self._chat_template = _chat_template(config.tokenizer_path)
             self._hasher = EngineBlockHasher(
-                algorithm=config.prefix_caching_hash_algo, seed=config.hash_seed
+                algorithm=config.prefix_caching_hash_algo, seed=config.hash_seed, xxh3_128=xxh3_128
             )
 
     @property

@@ -80,7 +80,8 @@ class TokenProcessorConfig:
 
     - ``blockSizeTokens`` (16): vLLM's ``--block-size``; ``blockSize`` is its older name.
     - ``hashSeed``: the engine's ``PYTHONHASHSEED`` (required: unset, vLLM seeds randomly).
-    - ``hashAlgorithm`` (``sha256``): vLLM's ``--prefix-caching-hash-algo``.
+    - ``hashAlgorithm`` (``sha256``): vLLM's ``--prefix-caching-hash-algo`` (``sha256``,
+      ``sha256_cbor``, ``xxhash``, ``xxhash_cbor``).
     - ``tokenizerPath``: the model's ``tokenizer.json`` (or a directory holding it).
     - ``chatTemplatePath``: a Jinja file with the model's chat template (vLLM's
       ``--chat-template``); unset: ``chat_template.jinja`` beside the tokenizer, else the
@@ -107,7 +108,7 @@ class TokenProcessorConfig:
                 "seeds its block hashes randomly and no one else can compute them)"
             )
         if self.hash_algorithm not in HASH_ALGORITHMS:
-            raise ValueError(f"hashAlgorithm: must be one of {', '.join(sorted(HASH_ALGORITHMS))}")
+            raise ValueError(f"hashAlgorithm: must be one of {', '.join(HASH_ALGORITHMS)}")
         if not self.tokenizer_path:
             raise ValueError("tokenizerPath: required: the model's tokenizer.json")
 

@@ -7,7 +7,9 @@ import hashlib
 import pickle
 
 import pytest
+import xxhash
 
+from adapters.xxhash import xxh3_128
 from domain.prefixcache.engine_hash import EngineBlockHasher, canonical_cbor, external
 from domain.prefixcache.precise import PromptKeyer
 
@@ -82,3 +84,24 @@ def test_lora_and_cache_salt_keys_equal_a_hand_computed_engine_chain(
 class _NoTokenizer:
     def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
         raise AssertionError("not used")
+
+
+def test_xxhash_algorithms_are_xxh3_128_of_the_pickled_or_cbor_triple() -> None:
+    """vLLM's ``xxhash`` (pickle) and ``xxhash_cbor`` (canonical CBOR) are XXH3-128 digests;
+    the digest comes from the app, the CBOR bytes here are written out by hand."""
+    seed = xxhash.xxh3_128_digest(pickle.dumps("42", protocol=5))
+    first = xxhash.xxh3_128_digest(pickle.dumps((seed, (1, 2), None), protocol=5))
+    hasher = EngineBlockHasher(algorithm="xxhash", seed="42", xxh3_128=xxh3_128)
+    assert hasher.chain([1, 2, 3], 2) == [first]
+    assert hasher.keys([1, 2], 2) == [int.from_bytes(first[8:], "big")]
+    cbor_seed = xxhash.xxh3_128_digest(b"\x62" + b"42")  # text string of 2 bytes
+    # [bytes(16), [1, 2], null]: array of 3, byte string of 16, array of 2, 1, 2, null
+    triple = b"\x83\x50" + cbor_seed + b"\x82\x01\x02\xf6"
+    cbor_first = xxhash.xxh3_128_digest(triple)
+    cbor = EngineBlockHasher(algorithm="xxhash_cbor", seed="42", xxh3_128=xxh3_128)
+    assert cbor.chain([1, 2], 2) == [cbor_first]
+
+
+def test_xxhash_algorithms_need_the_digest() -> None:
+    with pytest.raises(ValueError, match="XXH3-128"):
+        EngineBlockHasher(algorithm="xxhash", seed="0")
