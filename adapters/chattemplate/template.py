@@ -3,7 +3,8 @@
 Where the template comes from (the first that exists): the ``chatTemplatePath`` file;
 ``chat_template.jinja`` beside the ``tokenizer.json``; the ``chat_template`` of the
 ``tokenizer_config.json`` beside it (a string, or a list of named templates: ``default``).
-The special tokens (``bos_token``, ``eos_token``, ...) come from that ``tokenizer_config.json``.
+The special tokens (``bos_token``, ``eos_token``, ..., ``additional_special_tokens``) come
+from that ``tokenizer_config.json``.
 
 Rendering follows Hugging Face's ``apply_chat_template`` as vLLM calls it for
 ``/v1/chat/completions``: a sandboxed, immutable Jinja2 environment with ``trim_blocks`` and
@@ -102,7 +103,7 @@ class JinjaChatTemplate:
     fresh context each time)."""
 
     def __init__(
-        self, source: str, *, special_tokens: Mapping[str, str] | None = None, path: str = ""
+        self, source: str, *, special_tokens: Mapping[str, Any] | None = None, path: str = ""
     ) -> None:
         env = _environment()
         where = f" {path!r}" if path else ""
@@ -208,14 +209,19 @@ def _named_template(value: object) -> str | None:
     return None
 
 
-def _special_tokens(config: Mapping[str, Any]) -> dict[str, str]:
-    out: dict[str, str] = {}
+def _special_tokens(config: Mapping[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
     for key in _SPECIAL_TOKENS:
         value = config.get(key)
         if isinstance(value, dict):  # a serialized AddedToken
             value = value.get("content")
         if isinstance(value, str):
             out[key] = value
+    extra = config.get("additional_special_tokens")
+    if isinstance(extra, list):
+        out["additional_special_tokens"] = [
+            token.get("content") if isinstance(token, dict) else token for token in extra
+        ]
     return out
 
 

@@ -321,10 +321,11 @@ class PrecisePrefixCacheProducer(ProducerPlugin, ConsumerPlugin):
             or not isinstance(special, bool)
         ):
             return "chat_options"
-        # rendered differently by the server: tools (the server's own tool schema), a
-        # template of the request's own, a continued final message
+        # rendered from what only the server knows: tools and documents (its own schema of
+        # each), a template of the request's own, a continued final message
         if (
-            payload.get("tools")
+            payload.get("tools") is not None
+            or payload.get("documents") is not None
             or payload.get("chat_template")
             or payload.get("continue_final_message")
         ):

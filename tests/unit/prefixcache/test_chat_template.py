@@ -48,6 +48,15 @@ def test_it_renders_the_tokenizer_configs_template_with_its_special_tokens(
     assert no_prompt == text.removesuffix("<|im_start|>assistant\n")
 
 
+def test_additional_special_tokens_are_template_variables(tmp_path: Path) -> None:
+    extra = [{"content": "<tool>"}, "<img>"]
+    source = "{{ additional_special_tokens | join(',') }}"
+    path = _model_dir(tmp_path, {"additional_special_tokens": extra, "chat_template": source})
+    template = JinjaChatTemplate.load(path)
+    assert template is not None
+    assert template.render([], add_generation_prompt=True, options={}) == "<tool>,<img>"
+
+
 def test_content_is_given_as_parts_to_a_template_that_loops_over_them() -> None:
     template = JinjaChatTemplate(PARTS)
     messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": None}]

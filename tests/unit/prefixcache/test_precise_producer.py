@@ -199,10 +199,12 @@ async def test_chat_requests_it_cannot_render_are_counted_by_reason() -> None:
     others: tuple[dict[str, object], ...] = (
         {"messages": [user], "chat_template": "{{ x }}"},
         {"messages": [user], "continue_final_message": True},
+        {"messages": [user], "tools": []},  # the server passes an empty list on
+        {"messages": [user], "documents": [{"text": "d"}]},
     )
     for body in others:
         await plugin.prepare_request_data(inference_request({"model": "m", **body}, path=path), [])
-    assert observer.total(KV_KEYS_UNKEYED, reason="chat_options") == 3
+    assert observer.total(KV_KEYS_UNKEYED, reason="chat_options") == 5
     plugin.keyer.chat = None
     await plugin.prepare_request_data(
         inference_request({"model": "m", "messages": [user]}, path=path), []
