@@ -25,6 +25,7 @@ bytes, str, tuples and lists), and the XXH3-128 digest the app passes in
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import pickle
 import struct
@@ -173,6 +174,22 @@ def _head(major: int, length: int, out: bytearray) -> None:
         raise ValueError("integer out of CBOR's 64-bit range")
 
 
+def _uint(value: int) -> bytes:
+    out = bytearray()
+    _head(0, value, out)
+    return bytes(out)
+
+
+_TABLE_SIZE = 1 << 17
+
+
+@functools.cache
+def _uint_table() -> tuple[bytes, ...]:
+    """The encodings of 0 .. 131071 (a tokenizer's ids: Llama 3's 128,256 included), looked
+    up instead of encoded; built on first use (about 5 MB)."""
+    return tuple(_uint(i) for i in range(_TABLE_SIZE))
+
+
 def _cbor(value: object, out: bytearray) -> None:
     if value is None:
         out.append(0xF6)
@@ -194,7 +211,12 @@ def _cbor(value: object, out: bytearray) -> None:
         out += raw
     elif isinstance(value, tuple | list):
         _head(4, len(value), out)
+        table = _uint_table()
         for item in value:
-            _cbor(item, out)
+            # token ids (ints, not bools, below 2**16): their encodings from a table
+            if type(item) is int and 0 <= item < _TABLE_SIZE:
+                out += table[item]
+            else:
+                _cbor(item, out)
     else:
         raise TypeError(f"cannot encode {type(value).__name__} in a block key")

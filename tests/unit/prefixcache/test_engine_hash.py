@@ -105,3 +105,12 @@ def test_xxhash_algorithms_are_xxh3_128_of_the_pickled_or_cbor_triple() -> None:
 def test_xxhash_algorithms_need_the_digest() -> None:
     with pytest.raises(ValueError, match="XXH3-128"):
         EngineBlockHasher(algorithm="xxhash", seed="0")
+
+
+def test_canonical_cbor_of_token_ids_around_the_encoding_boundaries() -> None:
+    ids = (0, 23, 24, 255, 256, 65535, 65536, 131071, 131072, 2**32)
+    heads = ["00", "17", "1818", "18ff", "190100", "19ffff", "1a00010000", "1a0001ffff"]
+    heads += ["1a00020000", "1b0000000100000000"]
+    assert canonical_cbor(ids) == bytes.fromhex("8a" + "".join(heads))
+    # not token ids: bools and negative ints keep their own encodings
+    assert canonical_cbor([True, False, -1, 1]) == bytes.fromhex("84f5f42001")
