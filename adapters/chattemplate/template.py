@@ -18,8 +18,9 @@ The messages are first brought into the shape vLLM gives the template. Text cont
 becomes a string (parts joined by newlines) for a template that prints ``content``, or a
 list of ``{"type": "text", "text": ...}`` parts for one that loops over it (vLLM's
 ``--chat-template-content-format auto``, decided here the same way, from the template's
-syntax tree); an assistant's ``tool_calls`` get their JSON ``arguments`` decoded; ``name``
-and a tool message's ``tool_call_id`` are kept. A part that is not text (an image, audio)
+syntax tree); an assistant's ``tool_calls`` get their JSON ``arguments`` decoded and its
+``reasoning`` is given as ``reasoning`` and ``reasoning_content``; ``name`` and a tool
+message's ``tool_call_id`` are kept. A part that is not text (an image, audio)
 cannot be rendered here: ``ChatTemplateError``.
 """
 
@@ -184,8 +185,12 @@ class JinjaChatTemplate:
         name = message.get("name")
         if isinstance(name, str):
             out["name"] = name
-        if role == "assistant" and isinstance(message.get("tool_calls"), list):
-            out["tool_calls"] = [_tool_call(call) for call in message["tool_calls"]]
+        if role == "assistant":
+            if isinstance(message.get("tool_calls"), list):
+                out["tool_calls"] = [_tool_call(call) for call in message["tool_calls"]]
+            reasoning = message.get("reasoning")
+            if reasoning is not None:  # replayed thinking, under both names
+                out["reasoning"] = out["reasoning_content"] = reasoning
         elif role == "tool" and "tool_call_id" in message:
             out["tool_call_id"] = message["tool_call_id"]
         return out

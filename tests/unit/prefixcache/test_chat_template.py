@@ -104,6 +104,14 @@ def test_what_it_cannot_render_is_a_chat_template_error(
         JinjaChatTemplate(source).render(messages, add_generation_prompt=True, options={})
 
 
+def test_an_assistants_reasoning_is_given_under_both_names() -> None:
+    template = JinjaChatTemplate(
+        "{% for m in messages %}{{ m.reasoning_content }}|{{ m.reasoning }}{% endfor %}"
+    )
+    messages = [{"role": "assistant", "content": "a", "reasoning": "because"}]
+    assert template.render(messages, add_generation_prompt=False, options={}) == "because|because"
+
+
 def test_generation_blocks_pass_their_body_through() -> None:
     template = JinjaChatTemplate(
         "{% for m in messages %}{% generation %}{{ m.content }}{% endgeneration %}{% endfor %}"
