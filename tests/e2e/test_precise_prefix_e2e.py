@@ -115,22 +115,21 @@ async def test_repeated_prefix_goes_to_its_holder_until_evicted(tmp_path: Path) 
                 if _prefix_score(decision, address) == 1.0:
                     break
             home = served
+            # every repeat goes to a server holding the whole prefix (two may hold it, when
+            # requests went to both before the EPP's subscribers were connected)
             for _ in range(5):
                 served, decision = await _post(session, stack.url, SYSTEM)
-                assert served == home
-                assert _prefix_score(decision, stack.simulator_addresses[home]) == 1.0
+                assert _prefix_score(decision, stack.simulator_addresses[served]) == 1.0
 
             # A chat request is keyed through the model's chat template, as the server
             # renders it: once served, its server holds all of its blocks.
             chat_prompt = "Answer in one short paragraph. " + SYSTEM
-            served, decision = await _post(session, stack.url, chat_prompt, chat=True)
             deadline = time.monotonic() + 10
             while True:
-                again, decision = await _post(session, stack.url, chat_prompt, chat=True)
+                served, decision = await _post(session, stack.url, chat_prompt, chat=True)
                 if _prefix_score(decision, stack.simulator_addresses[served]) == 1.0:
                     break
                 assert time.monotonic() < deadline, "the chat request's blocks never matched"
-            assert again == served
             assert await _unkeyed(session, stack.epp_metrics_url) == 0  # not the fallback
 
             # Evict it on its server: other long prompts sent to that server directly.
