@@ -35,6 +35,7 @@ __all__ = [
     "KV_EVENTS_LAG",
     "KV_EVENTS_TRUSTED",
     "KV_INDEX_ENTRIES",
+    "KV_KEYS_UNKEYED",
     "MODEL_REWRITE_DECISIONS",
     "NORMALIZED_TPOT",
     "OUTPUT_TOKENS",
@@ -430,6 +431,12 @@ KV_EVENTS_TRUSTED = GaugeMetric(
     help="1 while an endpoint's KV-event stream is unbroken (its index entries are used), else 0.",
     labels=("endpoint",),
 )
+KV_KEYS_UNKEYED = CounterMetric(
+    name="inference_extension_precise_prefix_unkeyed_total",
+    help="Requests precise-prefix-cache-producer could not key as the model server does "
+    "(matched on the approximate path instead), per reason.",
+    labels=("reason",),
+)
 
 #: Every metric the EPP exports, in exposition order.
 CATALOGUE: tuple[Metric, ...] = (
@@ -477,4 +484,5 @@ CATALOGUE: tuple[Metric, ...] = (
     KV_EVENTS_GAPS,
     KV_EVENTS_ERRORS,
     KV_EVENTS_TRUSTED,
+    KV_KEYS_UNKEYED,
 )
