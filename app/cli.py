@@ -433,6 +433,15 @@ def build_parser() -> argparse.ArgumentParser:
         "the routing path's budget for the shared prefix match (past it, the local index)"
         " and for each session-binding read or write (past it, unbound)",
     )
+    _add(
+        parser,
+        "--redis-claim-deadline",
+        _duration,
+        "20ms",
+        "how long a request with a prefix nobody holds waits for its claim (past it, the "
+        "pick stands for that request); it then pays a full prefill, so the wait is small "
+        "beside it",
+    )
     _add(parser, "--redis-lease", _duration, "10s", "how long a process's published load lives")
     _add(
         parser,
@@ -476,7 +485,13 @@ def parse_settings(argv: Sequence[str] | None = None) -> Settings:
         parser.error("argument --endpoint-target-ports: required with --endpoint-selector")
     if values["prepare_data_timeout"] <= 0:
         parser.error("argument --prepare-data-timeout: must be greater than 0")
-    for flag in ("redis_deadline", "redis_lease", "redis_load_staleness", "redis_prefix_ttl"):
+    for flag in (
+        "redis_deadline",
+        "redis_claim_deadline",
+        "redis_lease",
+        "redis_load_staleness",
+        "redis_prefix_ttl",
+    ):
         if values[flag] <= 0:
             parser.error(f"argument --{flag.replace('_', '-')}: must be greater than 0")
     if values["redis_url"]:

@@ -145,6 +145,7 @@ def _prefix_index(
         observer=observer,
         degraded_gauge=degraded,
         budget=settings.redis_deadline,
+        claim_budget=settings.redis_claim_deadline,
         # The first requests find open connections (a burst of new prefixes needs a match, a
         # load refresh and a claim each) and a loaded match script.
         warm_connections=16,

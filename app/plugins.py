@@ -20,9 +20,11 @@ from dataclasses import dataclass
 from importlib.metadata import EntryPoint, entry_points
 from typing import TYPE_CHECKING, Any
 
+from adapters.chattemplate import JinjaChatTemplate
 from adapters.hftokenizers import HFTokenizer
 from adapters.kvevents import KVEventSubscriptions, SubscriberConfig
 from adapters.prometheus.scrape import MetricsDataSource, MetricsSourceParameters
+from adapters.xxhash import xxh3_128
 from domain.plugins.base import (
     Plugin,
     PluginConfigError,
@@ -34,7 +36,7 @@ from domain.plugins.handle import Handle
 from domain.plugins.intree import register_in_tree
 from domain.prefixcache.engine_hash import EngineBlockHasher
 from domain.prefixcache.kv_block_index import InMemoryKVBlockIndex
-from domain.prefixcache.precise import PromptKeyer
+from domain.prefixcache.precise import LoraAdapterNames, PromptKeyer
 from domain.requestcontrol.plugins.precise_prefix_producer import (
     TYPE as PRECISE_PREFIX_CACHE_PRODUCER,
 )
@@ -51,7 +53,7 @@ from domain.requestcontrol.plugins.prefix_producer import (
 )
 from domain.sharedstate.shared_kv_index import SharedKVBlockIndex
 from ports.endpoints import EndpointEvent, EndpointEventKind
-from ports.tokenizer import TokenizerError
+from ports.tokenizer import ChatTemplateError, TokenizerError
 
 if TYPE_CHECKING:
     from kubernetes.client import ApiClient
@@ -179,11 +181,15 @@ def _precise_prefix_cache_producer(
         raise PluginConfigError(
             f'plugin "{name}": tokenProcessorConfig.tokenizerPath: {exc}'
         ) from None
+    chat = _chat_template(name, tokens.tokenizer_path, tokens.chat_template_path)
     keyer = PromptKeyer(
         tokenizer,
-        EngineBlockHasher(algorithm=tokens.hash_algorithm, seed=tokens.hash_seed),
+        EngineBlockHasher(
+            algorithm=tokens.hash_algorithm, seed=tokens.hash_seed, xxh3_128=xxh3_128
+        ),
         block_size=tokens.tokens_per_block,
         cache_chars=parameters.tokenization_cache_chars,
+        chat=chat,
     )
     indexer = parameters.indexer_config
     local = InMemoryKVBlockIndex(
@@ -203,8 +209,9 @@ def _precise_prefix_cache_producer(
             degraded_gauge=handle.shared_degraded,
         )
     events = parameters.kv_events_config
+    adapters = LoraAdapterNames()  # learnt from the events' lora_name
     subscriptions = KVEventSubscriptions(
-        sink=index,
+        sink=adapters.watching(index),
         port=events.socket_port,
         replay_port=events.replay_port,
         config=SubscriberConfig(
@@ -255,9 +262,34 @@ def _precise_prefix_cache_producer(
             PrefixCacheParameters(),
             handle,
         ),
+        adapters=adapters,
     )
     datastore.subscribe(producer.on_endpoint_event)
     return producer
+
+
+def _chat_template(
+    name: str, tokenizer_path: str, chat_template_path: str
+) -> JinjaChatTemplate | None:
+    """The model's chat template: ``chatTemplatePath`` (unreadable or invalid: start-up stops
+    naming it), else the one beside the tokenizer (invalid: a warning, and chat requests
+    take the approximate path, as without one)."""
+    try:
+        chat = JinjaChatTemplate.load(tokenizer_path, chat_template_path)
+    except ChatTemplateError as exc:
+        if chat_template_path:
+            raise PluginConfigError(
+                f'plugin "{name}": tokenProcessorConfig.chatTemplatePath: {exc}'
+            ) from None
+        logger.warning('plugin "%s": %s; chat requests take the approximate path', name, exc)
+        return None
+    if chat is None:
+        logger.info(
+            'plugin "%s": no chat template beside %s; chat requests take the approximate path',
+            name,
+            tokenizer_path,
+        )
+    return chat
 
 
 def _no_kubernetes(name: str, parameters: Any, handle: Handle) -> Plugin:

@@ -27,6 +27,7 @@ __all__ = [
     "AllBlocksCleared",
     "BlockRemoved",
     "BlockStored",
+    "Digest",
     "KVBlockIndex",
     "KVBlockStore",
     "KVEvent",
@@ -72,6 +73,13 @@ class AllBlocksCleared:
 
 
 KVEvent = BlockStored | BlockRemoved | AllBlocksCleared
+
+
+class Digest(Protocol):
+    """A hash function over bytes, as the engine's block hashes use one (XXH3-128 for
+    vLLM's ``xxhash`` algorithms: its 16-byte digest). Pure; thread-safe."""
+
+    def __call__(self, data: bytes, /) -> bytes: ...
 
 
 class KVEventSink(Protocol):

@@ -38,6 +38,7 @@ __all__ = [
     "KV_INDEX_LOADED_BLOCKS",
     "KV_INDEX_PENDING_WRITES",
     "KV_INDEX_WRITER_LEASES",
+    "KV_KEYS_UNKEYED",
     "MODEL_REWRITE_DECISIONS",
     "NORMALIZED_TPOT",
     "OUTPUT_TOKENS",
@@ -383,7 +384,8 @@ SHARED_STATE_DEGRADED = GaugeMetric(
 SHARED_STATE_CLAIMS = CounterMetric(
     name="inference_extension_shared_state_claims_total",
     help="Claims of a new prompt prefix after the pick, by outcome: won (recorded for the "
-    "pick), lost (another process's endpoint owns it), fallback (no answer in time: the pick "
+    "pick), moved (recorded for an endpoint tied with the pick that fewer new prefixes went to "
+    "lately), lost (another process's endpoint owns it), fallback (no answer in time: the pick "
     "stands).",
     labels=("outcome",),
 )
@@ -395,7 +397,8 @@ SHARED_STATE_WRITES = CounterMetric(
 #: after recovery re-sends what the local state still knows).
 SHARED_STATE_DROPPED_WRITES = CounterMetric(
     name="inference_extension_shared_state_dropped_writes_total",
-    help="Writes to the shared store dropped (pending queue full, or store degraded).",
+    help="Writes to the shared store dropped (pending queue full, store degraded, or more refused "
+    "writes than are kept for sending again).",
 )
 
 # --- KV-cache events (precise prefix-cache routing) ---
@@ -444,6 +447,12 @@ KV_EVENTS_TRUSTED = GaugeMetric(
     name="inference_extension_kv_events_endpoint_trusted",
     help="1 while an endpoint's KV-event stream is unbroken (its index entries are used), else 0.",
     labels=("endpoint",),
+)
+KV_KEYS_UNKEYED = CounterMetric(
+    name="inference_extension_precise_prefix_unkeyed_total",
+    help="Requests precise-prefix-cache-producer could not key as the model server does "
+    "(matched on the approximate path instead), per reason.",
+    labels=("reason",),
 )
 
 #: Every metric the EPP exports, in exposition order.
@@ -495,4 +504,5 @@ CATALOGUE: tuple[Metric, ...] = (
     KV_EVENTS_GAPS,
     KV_EVENTS_ERRORS,
     KV_EVENTS_TRUSTED,
+    KV_KEYS_UNKEYED,
 )

@@ -5,7 +5,16 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Protocol, runtime_checkable
 
-__all__ = ["BlockHasher", "ClaimingPrefixIndex", "PrefixIndex", "TailAddingPrefixIndex"]
+__all__ = [
+    "CLAIM_HALF_LIFE",
+    "BlockHasher",
+    "ClaimingPrefixIndex",
+    "PrefixIndex",
+    "TailAddingPrefixIndex",
+]
+
+#: Seconds in which the count of new chains recently claimed for an endpoint halves.
+CLAIM_HALF_LIFE = 1.0
 
 
 class BlockHasher(Protocol):
@@ -57,12 +66,22 @@ class ClaimingPrefixIndex(PrefixIndex, Protocol):
     Errors: as ``PrefixIndex`` (the domain's wrapper never raises).
     """
 
-    async def claim(self, hashes: Sequence[int], endpoint: str, capacity: int) -> str:
-        """If no endpoint holds ``hashes[0]``, record ``hashes`` for ``endpoint`` (as
-        ``add``) and return ``endpoint``. Otherwise record nothing and return the endpoint
-        matching the most of ``hashes`` (as ``match`` counts). One atomic step: of two
-        callers claiming the same new chain, one records it and the other is told its
-        endpoint. ``hashes`` is non-empty."""
+    async def claim(
+        self,
+        hashes: Sequence[int],
+        endpoint: str,
+        capacity: int,
+        alternates: Sequence[str] = (),
+    ) -> str:
+        """If no endpoint holds ``hashes[0]``, record ``hashes`` (as ``add``) for the one
+        of ``endpoint`` and ``alternates`` (endpoints the caller rates as good) that the
+        fewest new chains were claimed for lately, by every caller of the index (a count
+        decaying by half every ``CLAIM_HALF_LIFE`` seconds; ``endpoint`` wins a tie), and
+        return it. Otherwise record nothing and return the endpoint matching the most of
+        ``hashes`` (as ``match`` counts). One atomic step: of two callers claiming the
+        same new chain, one records it and the other is told its endpoint; callers placing
+        different new chains at the same instant spread them over equally good endpoints
+        rather than each choosing blind. ``hashes`` is non-empty."""
         ...
 
 

@@ -31,8 +31,8 @@ class HFTokenizer:
             raise TokenizerError(f"cannot load the tokenizer {str(file)!r}: {exc}") from None
         return cls(tokenizer, str(file))
 
-    def encode(self, text: str) -> Sequence[int]:
+    def encode(self, text: str, *, add_special_tokens: bool = True) -> Sequence[int]:
         try:
-            return self._tokenizer.encode(text, add_special_tokens=True).ids
+            return self._tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
         except Exception as exc:
             raise TokenizerError(f"cannot tokenize the prompt: {exc}") from None

@@ -6,6 +6,9 @@ Keys (``P`` is the pool's key prefix; hashes are written as 16 lower-case hex di
   block. ``<root>`` is the first hash of the sequence given to ``match``/``add``: a chain's
   hashes each cover the whole prefix before them, so every block of one chain shares its
   root, and the hash tag ``{<root>}`` puts a chain in one cluster slot.
+- ``P:claims``: a hash, endpoint name -> ``"<count> <ms>"``: how many new chains were
+  claimed for it lately (decayed by half every ``CLAIM_HALF_LIFE``); it expires 20
+  half-lives after the last claim.
 - ``P:lru:{<endpoint>}``: a sorted set of ``<root>:<hash>`` members, scored by an add
   sequence number (the set's highest score plus 1, 2, ... for the hashes of one add, in
   order), so the lowest score is the least recently added. A sequence number, not a clock:
@@ -22,8 +25,10 @@ One round trip per call on a single server:
 - ``add``: one script: write the blocks, push them on the endpoint's recency set, pop what
   is beyond ``capacity`` and remove the endpoint from those blocks;
 - ``claim``: one script: the chain's owner when its first block is held (the walk of
-  ``match``, the endpoint counting the most), otherwise ``add``'s writes; atomic, so of
-  several processes claiming one new chain at once exactly one writes it;
+  ``match``, the endpoint counting the most), otherwise ``add``'s writes for the least
+  claimed lately of the endpoint and its alternates (``P:claims``); atomic, so of several
+  processes claiming one new chain at once exactly one writes it, and processes placing
+  different new chains at once spread them;
 - ``remove_endpoint``: one script (removes the endpoint from every block of its set, then
   the set).
 
@@ -32,7 +37,10 @@ two scripts at once, one to each slot's node (the blocks; the recency set, which
 the evicted members), then removes the endpoint from the evicted blocks with one pipeline
 (one request per node). ``claim`` sends the chain's node the walk-or-write script, then,
 when it wrote, the endpoint's node the recency push (two or three round trips on a cluster,
-one on a single server). ``remove_endpoint`` reads the set, then pipelines the removals.
+one on a single server). With alternates, a cluster first sends the claim counts' node
+the choice (the counts are one key, in another slot than the chain): one more round trip,
+and a claim then lost to another owner leaves its count (for about a second).
+``remove_endpoint`` reads the set, then pipelines the removals.
 Those follow-ups are not atomic with the add: an endpoint re-added to a block by another
 process between the two steps can lose that block's entry (it is then matched a little
 less until it is added again). The add runs after the reply to Envoy, off the routing path.
@@ -59,6 +67,7 @@ from redis.asyncio.cluster import RedisCluster
 
 from adapters.redis.connection import RedisClient
 from adapters.redis.script import LuaScript, guarded
+from ports.prefix_index import CLAIM_HALF_LIFE
 from ports.shared_state import SharedStateReplyError
 
 __all__ = ["DEFAULT_PREFIX_TTL", "RedisPrefixIndex"]
@@ -211,22 +220,63 @@ return lru_push(KEYS[1], tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3], split(AR
 """,
 )
 
-# Single server: KEYS = lru; ARGV = endpoint, now ms, ttl ms, capacity, key prefix P, root,
-# packed hashes, cutoff ms. The chain's owner if its first block is held, else the add.
+# Of ``ep`` and the newline-separated ``others``, the one with the lowest claim count in the
+# hash ``counts`` (endpoint -> "<count> <ms>", halving every ``half_life`` ms; ``ep`` wins a
+# tie within a thousandth); its count goes up by one.
+_LEAST_CLAIMED = """
+local function least_claimed(counts, ep, others, now, half_life)
+  local choices = {ep}
+  for name in string.gmatch(others, '[^\\n]+') do
+    if name ~= ep then choices[#choices + 1] = name end
+  end
+  local stored = redis.call('HMGET', counts, unpack(choices))
+  local pick, least = 1, nil
+  for i, name in ipairs(choices) do
+    local count = 0
+    local c, at = string.match(stored[i] or '', '^(%S+) (%S+)$')
+    if c then count = tonumber(c) * 0.5 ^ (math.max(0, now - tonumber(at)) / half_life) end
+    if least == nil or count < least - 0.001 then pick, least = i, count end
+  end
+  redis.call('HSET', counts, choices[pick], string.format('%.6f %d', least + 1, now))
+  redis.call('PEXPIRE', counts, 20 * half_life)
+  return choices[pick]
+end
+"""
+
+# Cluster, the claim counts' node: KEYS = claim counts; ARGV = endpoint, now ms, half-life
+# ms, alternates (newline-separated). The least claimed, counted as claimed.
+_CHOOSE = LuaScript(
+    "prefix-choose",
+    _LEAST_CLAIMED
+    + """
+return least_claimed(KEYS[1], ARGV[1], ARGV[4], tonumber(ARGV[2]), tonumber(ARGV[3]))
+""",
+)
+
+# Single server: KEYS = lru, claim counts; ARGV = endpoint, now ms, ttl ms, capacity, key
+# prefix P, root, packed hashes, cutoff ms, half-life ms, alternates (newline-separated).
+# The chain's owner if its first block is held, else the add for the least claimed of the
+# endpoint and its alternates (a count per endpoint, "<count> <ms>", halving every
+# half-life; the endpoint wins a tie).
 _CLAIM_ONE_NODE = LuaScript(
     "prefix-claim",
     _SPLIT
     + _WALK
     + _LRU_PUSH
     + _WRITE_BLOCKS
+    + _LEAST_CLAIMED
     + """
-local ep, now, ttl, prefix, root = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[5], ARGV[6]
+local ep, now, ttl, prefix, root = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[5], ARGV[6]
+local now_ms = ARGV[2]
 local hashes = split(ARGV[7])
 local base = prefix .. ':b:{' .. root .. '}:'
 local owner = best(chain_walk(base, hashes, tonumber(ARGV[8])))
 if owner then return owner end
-write_blocks(base, hashes, ep, now, ttl)
-local evicted = lru_push(KEYS[1], tonumber(ARGV[4]), ttl, root, hashes)
+local lru = KEYS[1]
+ep = least_claimed(KEYS[2], ep, ARGV[10], now, tonumber(ARGV[9]))
+if ep ~= ARGV[1] then lru = prefix .. ':lru:{' .. ep .. '}' end
+write_blocks(base, hashes, ep, now_ms, ttl)
+local evicted = lru_push(lru, tonumber(ARGV[4]), ttl, root, hashes)
 for _, m in ipairs(evicted) do
   local r, h = string.match(m, '^(%x+):(%x+)$')
   if r then redis.call('HDEL', prefix .. ':b:{' .. r .. '}:' .. h, ep) end
@@ -267,6 +317,7 @@ return #members
 )
 
 _PIPELINE_CHUNK = 1000
+_HALF_LIFE_MS = round(CLAIM_HALF_LIFE * 1000)
 
 
 class RedisPrefixIndex:
@@ -292,6 +343,9 @@ class RedisPrefixIndex:
 
     def lru_key(self, endpoint: str) -> str:
         return f"{self._prefix}:lru:{{{endpoint}}}"
+
+    def claims_key(self) -> str:
+        return f"{self._prefix}:claims"
 
     # PrefixIndex port
     async def match(self, hashes: Sequence[int]) -> Mapping[str, int]:
@@ -336,7 +390,13 @@ class RedisPrefixIndex:
         if evicted:
             await self._forget(endpoint, evicted)
 
-    async def claim(self, hashes: Sequence[int], endpoint: str, capacity: int) -> str:
+    async def claim(
+        self,
+        hashes: Sequence[int],
+        endpoint: str,
+        capacity: int,
+        alternates: Sequence[str] = (),
+    ) -> str:
         if not hashes:
             raise ValueError("claim needs at least one hash")
         if capacity <= 0:
@@ -346,10 +406,31 @@ class RedisPrefixIndex:
         lru = self.lru_key(endpoint)
         now = _now_ms()
         cutoff = now - self._ttl_ms
+        others = "\n".join(a for a in alternates if a != endpoint and "\n" not in a)
         if not self._cluster:
-            args = (endpoint, now, self._ttl_ms, capacity, self._prefix, root, packed, cutoff)
-            reply = await guarded("prefix claim", _CLAIM_ONE_NODE.run(self._client, [lru], args))
+            args = (
+                endpoint,
+                now,
+                self._ttl_ms,
+                capacity,
+                self._prefix,
+                root,
+                packed,
+                cutoff,
+                _HALF_LIFE_MS,
+                others,
+            )
+            keys = [lru, self.claims_key()]
+            reply = await guarded("prefix claim", _CLAIM_ONE_NODE.run(self._client, keys, args))
             return _owner(reply)
+        if others:
+            # The claim counts are one key, in another slot than the chain: chosen (and
+            # counted) first, then claimed; a claim lost to an owner leaves its count.
+            choose = _CHOOSE.run(
+                self._client, [self.claims_key()], (endpoint, now, _HALF_LIFE_MS, others)
+            )
+            endpoint = _owner(await guarded("prefix claim", choose))
+            lru = self.lru_key(endpoint)
         # The recency set is on another node: pushed once the claim is won (pushing it
         # with the claim would count blocks of a lost claim against the capacity).
         base = f"{self._prefix}:b:{{{root}}}:"

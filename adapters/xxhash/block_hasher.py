@@ -1,10 +1,18 @@
-"""``BlockHasher`` on xxh64: the chained block hashes of the approximate prefix cache."""
+"""``BlockHasher`` on xxh64: the chained block hashes of the approximate prefix cache; and
+``xxh3_128``, the ``ports.kv_events.Digest`` of vLLM's ``xxhash`` prefix-caching hashes."""
 
 from __future__ import annotations
 
-from xxhash import xxh64_intdigest
+from xxhash import xxh3_128_digest, xxh64_intdigest
 
-__all__ = ["XxhashBlockHasher"]
+__all__ = ["XxhashBlockHasher", "xxh3_128"]
+
+
+def xxh3_128(data: bytes, /) -> bytes:
+    """The 16-byte XXH3-128 digest (seed 0) of ``data``, as vLLM's ``xxhash`` and
+    ``xxhash_cbor`` algorithms take it."""
+    return xxh3_128_digest(data)
+
 
 _to_bytes = int.to_bytes
 

@@ -6,26 +6,33 @@ vLLM names a full block of ``block_size`` tokens by chaining:
     h(i)  = H((h(i-1), tokens(i), extra_keys(i)))
 
 where ``tokens(i)`` is the tuple of the block's token ids, ``extra_keys(i)`` is ``None`` or
-a tuple (LoRA name, multimodal hashes, cache salt, ...), ``NONE_HASH = H(seed)`` with
+a tuple, in this order: the LoRA adapter's name (every block of a LoRA request), multimodal
+hashes, the request's ``cache_salt`` (the first block only); ``NONE_HASH = H(seed)`` with
 ``seed`` the engine's ``PYTHONHASHSEED`` string (unset: random per process, so nothing
 outside the engine can match), and ``H`` the ``--prefix-caching-hash-algo``:
 
 - ``sha256`` (vLLM's default): SHA-256 of the object pickled with protocol 5;
-- ``sha256_cbor``: SHA-256 of its canonical CBOR encoding (language-neutral).
+- ``sha256_cbor``: SHA-256 of its canonical CBOR encoding (language-neutral);
+- ``xxhash``: XXH3-128 of the pickled object; ``xxhash_cbor``: XXH3-128 of its canonical
+  CBOR encoding (faster; not cryptographic).
 
-Hashes are 32 bytes; events carry their low 64 bits as an unsigned integer
-(``external``). Only the standard library is used: ``pickle`` and ``hashlib``, and a
-canonical CBOR encoder for the few types a key holds (None, bool, int, bytes, str,
-tuples and lists).
+SHA-256 hashes are 32 bytes, XXH3-128 ones 16; events carry their low 64 bits as an
+unsigned integer (``external``). Only the standard library is used: ``pickle`` and
+``hashlib``, a canonical CBOR encoder for the few types a key holds (None, bool, int,
+bytes, str, tuples and lists), and the XXH3-128 digest the app passes in
+(``ports.kv_events.Digest``, from ``adapters/xxhash``).
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import pickle
 import struct
 from collections.abc import Callable, Sequence
 from typing import Any
+
+from ports.kv_events import Digest
 
 __all__ = [
     "HASH_ALGORITHMS",
@@ -37,18 +44,27 @@ __all__ = [
 _PICKLE_PROTOCOL = 5
 
 
-def _sha256_pickle(value: object) -> bytes:
-    return hashlib.sha256(pickle.dumps(value, protocol=_PICKLE_PROTOCOL)).digest()
+def _pickled(value: object) -> bytes:
+    return pickle.dumps(value, protocol=_PICKLE_PROTOCOL)
 
 
-def _sha256_cbor(value: object) -> bytes:
-    return hashlib.sha256(canonical_cbor(value)).digest()
+def _cbor_bytes(value: object) -> bytes:
+    return canonical_cbor(value)
 
 
-HASH_ALGORITHMS: dict[str, Callable[[object], bytes]] = {
-    "sha256": _sha256_pickle,
-    "sha256_cbor": _sha256_cbor,
+def _sha256(data: bytes) -> bytes:
+    return hashlib.sha256(data).digest()
+
+
+#: ``--prefix-caching-hash-algo`` → (how the object is serialized, which digest: ``sha256``
+#: from the standard library, ``xxh3_128`` from the app).
+_ALGORITHMS: dict[str, tuple[Callable[[object], bytes], str]] = {
+    "sha256": (_pickled, "sha256"),
+    "sha256_cbor": (_cbor_bytes, "sha256"),
+    "xxhash": (_pickled, "xxh3_128"),
+    "xxhash_cbor": (_cbor_bytes, "xxh3_128"),
 }
+HASH_ALGORITHMS: tuple[str, ...] = tuple(_ALGORITHMS)
 
 
 def external(block_hash: bytes) -> int:
@@ -61,12 +77,23 @@ class EngineBlockHasher:
 
     __slots__ = ("_fn", "_none_hash", "algorithm")
 
-    def __init__(self, *, algorithm: str = "sha256", seed: str) -> None:
-        fn = HASH_ALGORITHMS.get(algorithm)
-        if fn is None:
+    def __init__(
+        self, *, algorithm: str = "sha256", seed: str, xxh3_128: Digest | None = None
+    ) -> None:
+        """``xxh3_128``: the XXH3-128 digest, needed by the ``xxhash`` algorithms."""
+        entry = _ALGORITHMS.get(algorithm)
+        if entry is None:
             raise ValueError(
                 f"hash algorithm must be one of {sorted(HASH_ALGORITHMS)}, got {algorithm!r}"
             )
+        serialize, digest_name = entry
+        digest: Digest | None = _sha256 if digest_name == "sha256" else xxh3_128
+        if digest is None:
+            raise ValueError(f"hash algorithm {algorithm}: no XXH3-128 digest was given")
+
+        def fn(value: object) -> bytes:
+            return digest(serialize(value))
+
         self.algorithm = algorithm
         self._fn = fn
         self._none_hash = fn(seed)
@@ -77,12 +104,15 @@ class EngineBlockHasher:
         block_size: int,
         *,
         extra_keys: tuple[Any, ...] | None = None,
+        first_extra_keys: tuple[Any, ...] | None = None,
         max_blocks: int | None = None,
         parent: bytes | None = None,
     ) -> list[bytes]:
         """The hashes of the full blocks of ``token_ids`` (a trailing partial block has none).
 
-        ``parent``: continue a chain (the hash of the block before ``token_ids[0]``).
+        ``extra_keys`` go with every block, ``first_extra_keys`` (when given) replace them
+        for the first block of ``token_ids``. ``parent``: continue a chain (the hash of the
+        block before ``token_ids[0]``).
         """
         if block_size < 1:
             raise ValueError("block_size must be >= 1")
@@ -94,7 +124,8 @@ class EngineBlockHasher:
         out: list[bytes] = []
         for index in range(count):
             block = tuple(token_ids[index * block_size : (index + 1) * block_size])
-            previous = fn((previous, block, extra_keys))
+            extra = first_extra_keys if index == 0 and first_extra_keys is not None else extra_keys
+            previous = fn((previous, block, extra))
             out.append(previous)
         return out
 
@@ -104,13 +135,18 @@ class EngineBlockHasher:
         block_size: int,
         *,
         extra_keys: tuple[Any, ...] | None = None,
+        first_extra_keys: tuple[Any, ...] | None = None,
         max_blocks: int | None = None,
     ) -> list[int]:
         """:meth:`chain` as the integers the engine's events carry."""
-        return [
-            external(h)
-            for h in self.chain(token_ids, block_size, extra_keys=extra_keys, max_blocks=max_blocks)
-        ]
+        chain = self.chain(
+            token_ids,
+            block_size,
+            extra_keys=extra_keys,
+            first_extra_keys=first_extra_keys,
+            max_blocks=max_blocks,
+        )
+        return [external(h) for h in chain]
 
 
 def canonical_cbor(value: object) -> bytes:
@@ -138,6 +174,22 @@ def _head(major: int, length: int, out: bytearray) -> None:
         raise ValueError("integer out of CBOR's 64-bit range")
 
 
+def _uint(value: int) -> bytes:
+    out = bytearray()
+    _head(0, value, out)
+    return bytes(out)
+
+
+_TABLE_SIZE = 1 << 17
+
+
+@functools.cache
+def _uint_table() -> tuple[bytes, ...]:
+    """The encodings of 0 .. 131071 (a tokenizer's ids: Llama 3's 128,256 included), looked
+    up instead of encoded; built on first use (about 5 MB)."""
+    return tuple(_uint(i) for i in range(_TABLE_SIZE))
+
+
 def _cbor(value: object, out: bytearray) -> None:
     if value is None:
         out.append(0xF6)
@@ -159,7 +211,12 @@ def _cbor(value: object, out: bytearray) -> None:
         out += raw
     elif isinstance(value, tuple | list):
         _head(4, len(value), out)
+        table = _uint_table()
         for item in value:
-            _cbor(item, out)
+            # token ids (ints, not bools, below 2**16): their encodings from a table
+            if type(item) is int and 0 <= item < _TABLE_SIZE:
+                out += table[item]
+            else:
+                _cbor(item, out)
     else:
         raise TypeError(f"cannot encode {type(value).__name__} in a block key")

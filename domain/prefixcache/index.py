@@ -24,15 +24,22 @@ operations for callers that cannot await (endpoint-deletion listeners, benchmark
 from __future__ import annotations
 
 import heapq
+import time
 from collections import Counter, deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol, runtime_checkable
+
+from ports.prefix_index import CLAIM_HALF_LIFE
 
 __all__ = ["InMemoryPrefixIndex", "SupportsSyncEndpointRemoval"]
 
 _SHARD_MASK = 0xFF
 #: Compact a deque when it holds more than twice its live entries plus this many.
 _COMPACT_SLACK = 1024
+#: Claim counts closer than this are equal (the claimer's own choice wins).
+_CLAIM_EPSILON = 1e-3
+#: Endpoints whose recent claim counts are kept before the negligible ones are dropped.
+_CLAIMED_LIMIT = 4096
 
 
 @runtime_checkable
@@ -65,9 +72,22 @@ class InMemoryPrefixIndex:
     ``size()`` is the number of (hash, endpoint) entries. Hashes are unsigned 64-bit ints.
     """
 
-    __slots__ = ("_bits", "_entries", "_free", "_ids", "_lrus", "_names", "_shards")
+    __slots__ = (
+        "_bits",
+        "_claimed",
+        "_clock",
+        "_entries",
+        "_free",
+        "_ids",
+        "_lrus",
+        "_names",
+        "_shards",
+    )
 
-    def __init__(self) -> None:
+    def __init__(self, *, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        #: endpoint -> (new chains claimed for it, decayed; when that was computed)
+        self._claimed: dict[str, tuple[float, float]] = {}
         self._ids: dict[str, int] = {}
         self._names: list[str | None] = []
         self._lrus: list[_Lru | None] = []
@@ -86,8 +106,14 @@ class InMemoryPrefixIndex:
     async def remove_endpoint(self, endpoint: str) -> None:
         self.remove_endpoint_sync(endpoint)
 
-    async def claim(self, hashes: Sequence[int], endpoint: str, capacity: int) -> str:
-        return self.claim_sync(hashes, endpoint, capacity)
+    async def claim(
+        self,
+        hashes: Sequence[int],
+        endpoint: str,
+        capacity: int,
+        alternates: Sequence[str] = (),
+    ) -> str:
+        return self.claim_sync(hashes, endpoint, capacity, alternates)
 
     async def add_tail(
         self, hashes: Sequence[int], held: int, endpoint: str, capacity: int
@@ -161,21 +187,42 @@ class InMemoryPrefixIndex:
         if len(lru.order) > 2 * lru.live + _COMPACT_SLACK:
             _compact(lru)
 
-    def claim_sync(self, hashes: Sequence[int], endpoint: str, capacity: int) -> str:
-        """``ClaimingPrefixIndex.claim``: ``endpoint`` records ``hashes`` unless some
-        endpoint holds the first one; then the endpoint matching the most is returned
-        (the lowest id among equals)."""
+    def claim_sync(
+        self,
+        hashes: Sequence[int],
+        endpoint: str,
+        capacity: int,
+        alternates: Sequence[str] = (),
+    ) -> str:
+        """``ClaimingPrefixIndex.claim``: unless some endpoint holds the first hash, the
+        least claimed lately of ``endpoint`` and ``alternates`` records ``hashes``; else
+        the endpoint matching the most is returned (the lowest id among equals)."""
         if hashes:
             first = hashes[0]
             if self._shards[first & _SHARD_MASK].get(first) is not None:
                 held = self.match_sync(hashes)
                 if held:
                     return max(held, key=held.__getitem__)
-        self.add_sync(hashes, endpoint, capacity)
-        return endpoint
+        now = self._clock()
+        claimed = self._claimed
+        choices = [endpoint, *(a for a in alternates if a != endpoint)]
+        counts = [_decayed(claimed.get(name), now) for name in choices]
+        best = 0
+        for i in range(1, len(choices)):
+            if counts[i] < counts[best] - _CLAIM_EPSILON:
+                best = i
+        chosen = choices[best]
+        claimed[chosen] = (counts[best] + 1.0, now)
+        if len(claimed) > _CLAIMED_LIMIT:
+            self._claimed = {
+                name: entry for name, entry in claimed.items() if _decayed(entry, now) > 0.01
+            }
+        self.add_sync(hashes, chosen, capacity)
+        return chosen
 
     def remove_endpoint_sync(self, endpoint: str) -> None:
         """Forget ``endpoint`` and every hash it holds; unknown names are ignored."""
+        self._claimed.pop(endpoint, None)
         ep = self._ids.pop(endpoint, None)
         if ep is None:
             return
@@ -241,6 +288,14 @@ class InMemoryPrefixIndex:
             left -= 1
         lru.live -= count
         self._entries -= count
+
+
+def _decayed(entry: tuple[float, float] | None, now: float) -> float:
+    """A claim count as of ``now``: halved every ``CLAIM_HALF_LIFE`` seconds."""
+    if entry is None:
+        return 0.0
+    count, at = entry
+    return count * float(0.5 ** (max(0.0, now - at) / CLAIM_HALF_LIFE))
 
 
 def _compact(lru: _Lru) -> None:

@@ -559,15 +559,19 @@ def _plugin_span(observer: Observer, parent: Span, name: str, plugin: str) -> Sp
 
 def _put_first(result: SchedulingResult, chosen: Candidate) -> SchedulingResult:
     """``result`` with ``chosen`` first among the primary profile's targets, the others
-    after it in their order."""
+    after it in their order, as many as the picker chose (its ``maxNumOfEndpoints``)."""
     primary = result.primary
     assert primary is not None
     targets = primary.target_endpoints
     if targets[0] is chosen:
         return result
     rest = tuple(c for c in targets if c.info.name != chosen.info.name)
+    moved = (chosen, *rest)[: len(targets)]
+    others = (*primary.alternates, *rest[len(moved) - 1 :])
     runs = dict(result.profile_results)
-    runs[result.primary_profile_name] = ProfileRunResult(target_endpoints=(chosen, *rest))
+    runs[result.primary_profile_name] = ProfileRunResult(
+        target_endpoints=moved, alternates=tuple(c for c in others if c is not chosen)
+    )
     return SchedulingResult(profile_results=runs, primary_profile_name=result.primary_profile_name)
 
 

@@ -132,6 +132,13 @@ class SchedulerProfile:
             observe("Picker", picker.typed_name, clock() - started)
             if plugin_span is not None:
                 plugin_span.end()
+        targets = result.target_endpoints
+        if len(candidates) > len(targets):
+            picked = {id(c) for c in targets}
+            result = ProfileRunResult(
+                target_endpoints=targets,
+                alternates=tuple(c for c in candidates if id(c) not in picked),
+            )
         return result
 
     def _plugin_span(self, parent: Span, extension_point: str, plugin: Plugin) -> Span:

@@ -58,9 +58,12 @@ class ScoredCandidate:
 
 @dataclass(frozen=True, slots=True)
 class ProfileRunResult:
-    """The endpoints a profile chose, best first."""
+    """The endpoints a profile chose, best first. ``alternates``: the other candidates that
+    passed the profile's filters, in no particular order (set by the profile run; a
+    ``PlacementClaimer`` may move the request to one of them)."""
 
     target_endpoints: tuple[Candidate, ...]
+    alternates: tuple[Candidate, ...] = ()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

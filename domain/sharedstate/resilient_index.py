@@ -25,9 +25,13 @@ process's own ``InMemoryPrefixIndex`` as fallback. What callers see never raises
   The request never awaits the remote. At most ``max_pending``
   writes wait; past that a write is dropped and counted.
 - ``claim`` (a new chain, after the pick: ``ClaimingPrefixIndex``) awaits the remote's
-  atomic claim within ``budget`` like ``match``, and returns the endpoint that owns the
-  chain; without an answer in time the caller's endpoint keeps it and the chain is recorded
-  as by ``add``.
+  atomic claim within ``claim_budget`` (``budget`` unless given: the request it delays
+  pays a whole prefill, so it can wait longer than a match), and returns the endpoint that owns the
+  chain. Without an answer in time the caller's endpoint keeps the request and the late
+  answer decides: won, the chain is recorded here too; another owner, nothing is written
+  and the owner is learnt (answers index), so the chain's later requests follow the owner
+  instead of splitting between two servers; an error, the chain is recorded as by ``add``.
+  Degraded for slowness, the claim is sent without waiting and its answer handled the same.
 - ``remove_endpoint`` removes locally at once, then from the remote (in the caller's task,
   under ``write_timeout``; the prefix producer calls it from a background task).
 
@@ -36,7 +40,10 @@ Health (one log line and the degraded gauge on each change):
 - *healthy → degraded* on the first remote error (``SharedStateError`` or anything else the
   remote raises, from any operation), or after ``miss_limit`` consecutive routing-path
   deadline misses (one miss can be a pause; several in a row mean every request pays the
-  budget, so stop waiting). An answered match resets the miss count.
+  budget, so stop waiting). Calls in flight together through one pause count once: a miss
+  counts only if its call started after the last counted miss fired, so a burst of
+  concurrent requests at a busy moment does not degrade by itself. An answered match or
+  claim resets the miss count.
 - *while degraded* ``match`` does not wait for the remote, ``add`` only records locally (the
   queued writes are dropped and counted), and a background probe (a one-hash ``match``
   under ``probe_timeout``, 1 s by default: not the routing budget, so a busy machine and a
@@ -61,8 +68,10 @@ Not a change of health (the store is up):
   type, a script refused while a cluster slot migrates): that call falls back, counted in
   ``..._errors_total``; one warning at once, then at most one a minute with the count since;
 - a refused write (``SharedStateWriteRefusedError``: out of memory under ``noeviction``): the write
-  is dropped and counted (errors and dropped writes), one warning when writes start being
-  refused and one info line when one is accepted again; matches keep reading the remote.
+  is counted as an error and kept (the last ``max_pending``; older ones are dropped and
+  counted), one warning when writes start being refused and one info line when one is
+  accepted again, and then the kept ones (for endpoints still known) are sent again;
+  matches keep reading the remote.
 
 ``start`` warms the remote (the EPP asks for 4): ``warm_connections`` concurrent one-hash
 matches under ``probe_timeout`` open that many connections and load the match script before
@@ -110,6 +119,7 @@ _REMOVE = {"operation": "remove_endpoint"}
 _CLAIM = {"operation": "claim"}
 _WON = {"outcome": "won"}
 _LOST = {"outcome": "lost"}
+_MOVED = {"outcome": "moved"}
 _FALLBACK = {"outcome": "fallback"}
 _PROBE = {"operation": "probe"}
 #: Seconds between two warnings about error replies (the first one is logged at once).
@@ -133,6 +143,7 @@ class ResilientPrefixIndex:
         observer: Observer | None = None,
         degraded_gauge: DegradedGauge | None = None,
         budget: float = 0.005,
+        claim_budget: float | None = None,
         miss_limit: int = 5,
         max_pending: int = 1024,
         max_late: int = 16,
@@ -149,6 +160,8 @@ class ResilientPrefixIndex:
     ) -> None:
         if not budget > 0:
             raise ValueError(f"budget must be > 0, got {budget}")
+        if claim_budget is not None and not claim_budget > 0:
+            raise ValueError(f"claim_budget must be > 0, got {claim_budget}")
         if miss_limit < 1 or max_pending < 1 or journal_hashes < 0:
             raise ValueError("miss_limit and max_pending must be >= 1, journal_hashes >= 0")
         if not 0 < probe_initial <= probe_max:
@@ -163,6 +176,7 @@ class ResilientPrefixIndex:
             degraded_gauge if degraded_gauge is not None else DegradedGauge(self._observer)
         )
         self._budget = budget
+        self._claim_budget = budget if claim_budget is None else claim_budget
         self._miss_limit = miss_limit
         self._max_pending = max_pending
         self._max_late = max_late
@@ -189,6 +203,11 @@ class ResilientPrefixIndex:
         self._reply_errors = 0
         self._reply_warned_at = -float("inf")
         self._misses = 0
+        #: When the last miss counted towards ``miss_limit`` fired.
+        self._stall_seen_at = -float("inf")
+        self._late_claims: set[asyncio.Future[str]] = set()
+        #: Writes the remote refused (out of memory), sent again once it accepts one.
+        self._refused_writes: deque[_Write] = deque()
         self._pending: deque[_Write] = deque()
         self._wake = asyncio.Event()
         self._drained = asyncio.Event()
@@ -233,7 +252,7 @@ class ResilientPrefixIndex:
         except TimeoutError:
             if not _answered(call):
                 self._let_finish(hashes, call)
-                self._missed()
+                self._missed(start)
                 return self._fallback(hashes, local)
             remote = call.result()  # answered in the loop turn the deadline fired in
         except SharedStateReplyError as exc:  # the store is up; this call fell back
@@ -247,8 +266,15 @@ class ResilientPrefixIndex:
         self._learn(hashes, remote)
         return _merged(remote, local) if local else remote
 
-    def _missed(self) -> None:
+    def _missed(self, started: float) -> None:
+        """A call started at ``started`` missed the budget. It counts towards ``miss_limit``
+        only if it started after the last counted miss fired: calls that were in flight
+        together through one pause (a burst of requests on a busy machine) are one stall,
+        not several in a row."""
         self._observer.counter(SHARED_STATE_DEADLINE_MISSES, _NO_LABELS)
+        if started < self._stall_seen_at:
+            return
+        self._stall_seen_at = self._clock()
         self._misses += 1
         if self._misses >= self._miss_limit:
             self._degrade(
@@ -286,46 +312,50 @@ class ResilientPrefixIndex:
         self._learn(hashes, call.result())
 
     async def add(self, hashes: Sequence[int], endpoint: str, capacity: int) -> None:
-        self.local.add_sync(hashes, endpoint, capacity)
-        self._answers_capacity = capacity
-        write = (tuple(hashes), endpoint, capacity)
-        self._remember(write)
-        if self._degraded and not self._slow:
-            self._observer.counter(SHARED_STATE_DROPPED_WRITES, _NO_LABELS)
-            return
-        if len(self._pending) >= self._max_pending:
-            self._observer.counter(SHARED_STATE_DROPPED_WRITES, _NO_LABELS)
-            return
-        self._pending.append(write)
-        self._wake.set()
+        self._add_now(hashes, endpoint, capacity)
 
-    async def claim(self, hashes: Sequence[int], endpoint: str, capacity: int) -> str:
-        """The remote's claim within ``budget``. Without its answer in time (degraded, a
-        miss, an error, a remote that cannot claim), ``endpoint`` keeps the request and the
-        chain is recorded as by ``add``; a claim answered late that names another owner
-        records it for ``endpoint`` then (the request went there)."""
+    async def claim(
+        self,
+        hashes: Sequence[int],
+        endpoint: str,
+        capacity: int,
+        alternates: Sequence[str] = (),
+    ) -> str:
+        """The remote's claim within ``budget``, returning the endpoint that owns the chain
+        (``endpoint``, one of ``alternates`` it placed the new chain on, or another owner).
+
+        Without its answer in time (a miss, or degraded for slowness: then it is sent
+        without waiting), ``endpoint`` keeps this request and the late answer decides what
+        is recorded: won, the chain is ``endpoint``'s here too; another owner, nothing is
+        written and this process learns the owner, so the chain's next requests follow it
+        rather than split between two servers; no answer (an error), the chain is recorded
+        as by ``add``. Degraded by failures, or a remote that cannot claim: ``add``.
+        """
         remote = self.remote
-        if self._degraded or not hashes or not isinstance(remote, ClaimingPrefixIndex):
+        can_claim = isinstance(remote, ClaimingPrefixIndex)
+        if not hashes or not can_claim or (self._degraded and not self._slow):
             if hashes:
                 self._observer.counter(SHARED_STATE_CLAIMS, _FALLBACK)
             await self.add(hashes, endpoint, capacity)
             return endpoint
+        assert isinstance(remote, ClaimingPrefixIndex)
+        if self._degraded:  # slow: too slow to wait for, but up: claim without waiting
+            self._observer.counter(SHARED_STATE_CLAIMS, _FALLBACK)
+            self._claim_late(remote, hashes, endpoint, capacity)
+            return endpoint
         start = self._clock()
-        call = asyncio.ensure_future(remote.claim(hashes, endpoint, capacity))
+        call = asyncio.ensure_future(remote.claim(hashes, endpoint, capacity, alternates))
         try:
-            async with asyncio.timeout(self._budget):
+            async with asyncio.timeout(self._claim_budget):
                 owner = await asyncio.shield(call)
         except asyncio.CancelledError:
-            call.add_done_callback(functools.partial(self._late_claim, hashes, endpoint, capacity))
+            self._watch_late_claim(call, hashes, endpoint, capacity)
             raise
         except TimeoutError:
             if not _answered(call):
-                call.add_done_callback(
-                    functools.partial(self._late_claim, hashes, endpoint, capacity)
-                )
-                self._missed()
+                self._watch_late_claim(call, hashes, endpoint, capacity)
+                self._missed(start)
                 self._observer.counter(SHARED_STATE_CLAIMS, _FALLBACK)
-                self._record_locally(hashes, endpoint, capacity)
                 return endpoint
             owner = call.result()
         except SharedStateReplyError as exc:
@@ -342,31 +372,62 @@ class ResilientPrefixIndex:
         self._misses = 0
         if owner == endpoint:
             self._observer.counter(SHARED_STATE_CLAIMS, _WON)
-            self._observer.counter(SHARED_STATE_WRITES, _NO_LABELS)
-            self._record_locally(hashes, endpoint, capacity)
-            self._note_sent(tuple(hashes), endpoint, self._clock())
+            self._claimed(hashes, endpoint, capacity)
         else:
-            self._observer.counter(SHARED_STATE_CLAIMS, _LOST)
+            self._observer.counter(SHARED_STATE_CLAIMS, _MOVED if owner in alternates else _LOST)
+            self._learn(hashes, {owner: len(hashes)})
         return owner
 
-    def _record_locally(self, hashes: Sequence[int], endpoint: str, capacity: int) -> None:
-        """An add the remote has (or will have) already: the local index and the journal."""
+    def _claimed(self, hashes: Sequence[int], endpoint: str, capacity: int) -> None:
+        """A claim the remote recorded for ``endpoint``: the local index and the journal."""
+        self._observer.counter(SHARED_STATE_WRITES, _NO_LABELS)
         self.local.add_sync(hashes, endpoint, capacity)
         self._answers_capacity = capacity
         self._remember((tuple(hashes), endpoint, capacity))
+        self._note_sent(tuple(hashes), endpoint, self._clock())
+
+    def _claim_late(
+        self, remote: ClaimingPrefixIndex, hashes: Sequence[int], endpoint: str, capacity: int
+    ) -> None:
+        """Send a claim nobody waits for (at most ``max_late`` at once; past that the chain
+        is recorded as by ``add``)."""
+        if len(self._late_claims) >= self._max_late:
+            self._add_now(hashes, endpoint, capacity)
+            return
+        call = asyncio.ensure_future(remote.claim(hashes, endpoint, capacity))
+        self._watch_late_claim(call, hashes, endpoint, capacity)
+
+    def _watch_late_claim(
+        self, call: asyncio.Future[str], hashes: Sequence[int], endpoint: str, capacity: int
+    ) -> None:
+        self._late_claims.add(call)
+        call.add_done_callback(functools.partial(self._late_claim, hashes, endpoint, capacity))
 
     def _late_claim(
         self, hashes: Sequence[int], endpoint: str, capacity: int, call: asyncio.Future[str]
     ) -> None:
-        """A claim past the budget (``endpoint`` got the request): when it recorded nothing,
-        because another endpoint owned the chain or it failed, the chain is written as an
-        add; an error is not this request's (retrieved, not raised)."""
-        if not call.cancelled() and call.exception() is None and call.result() == endpoint:
+        """A claim answered after ``endpoint`` got its request (see ``claim``); an error is
+        not this request's (retrieved, not raised)."""
+        self._late_claims.discard(call)
+        if call.cancelled() or call.exception() is not None:
+            self._add_now(hashes, endpoint, capacity)
             return
+        owner = call.result()
+        if owner == endpoint:
+            self._claimed(hashes, endpoint, capacity)
+        else:
+            self._learn(hashes, {owner: len(hashes)})
+
+    def _add_now(self, hashes: Sequence[int], endpoint: str, capacity: int) -> None:
+        """``add`` outside a coroutine: recorded locally, queued for the remote."""
+        self.local.add_sync(hashes, endpoint, capacity)
+        self._answers_capacity = capacity
+        write = (tuple(hashes), endpoint, capacity)
+        self._remember(write)
         if (self._degraded and not self._slow) or len(self._pending) >= self._max_pending:
             self._observer.counter(SHARED_STATE_DROPPED_WRITES, _NO_LABELS)
             return
-        self._pending.append((tuple(hashes), endpoint, capacity))
+        self._pending.append(write)
         self._wake.set()
 
     async def remove_endpoint(self, endpoint: str) -> None:
@@ -422,7 +483,7 @@ class ResilientPrefixIndex:
         tasks = [t for t in (self._writer, self._probe, self._rebuild) if t is not None]
         for task in tasks:
             task.cancel()
-        late = list(self._late)
+        late: list[asyncio.Future[Any]] = [*self._late, *self._late_claims]
         for call in late:
             call.cancel()
         await asyncio.gather(*tasks, *late, return_exceptions=True)
@@ -449,10 +510,16 @@ class ResilientPrefixIndex:
             self._reply_errors = 0
             self._reply_warned_at = now
 
-    def _refused(self, exc: BaseException) -> None:
-        """The remote refuses writes (out of memory): counted; logged once per change."""
+    def _refused(self, exc: BaseException, write: _Write) -> None:
+        """The remote refuses writes (out of memory): counted; logged once per change. The
+        write is kept (the last ``max_pending``; older ones are dropped and counted) and
+        sent again once a write is accepted."""
         self._observer.counter(SHARED_STATE_ERRORS, _ADD)
-        self._observer.counter(SHARED_STATE_DROPPED_WRITES, _NO_LABELS)
+        refused = self._refused_writes
+        if len(refused) >= self._max_pending:
+            refused.popleft()
+            self._observer.counter(SHARED_STATE_DROPPED_WRITES, _NO_LABELS)
+        refused.append(write)
         if not self._writes_refused:
             self._writes_refused = True
             logger.warning(
@@ -597,7 +664,7 @@ class ResilientPrefixIndex:
                 else:
                     await remote.add(hashes, endpoint, capacity)
         except SharedStateWriteRefusedError as exc:
-            self._refused(exc)
+            self._refused(exc, write)
             return False
         except SharedStateReplyError as exc:
             self._reply_error(_ADD, exc)
@@ -611,7 +678,19 @@ class ResilientPrefixIndex:
         self._observer.counter(SHARED_STATE_WRITES, _NO_LABELS)
         if self._writes_refused:
             self._writes_refused = False
-            logger.info("shared prefix index: redis accepts writes again")
+            again = [w for w in self._refused_writes if self.local.holds(w[1])]
+            self._refused_writes.clear()
+            room = self._max_pending - len(self._pending)
+            if len(again) > room:
+                self._observer.counter(SHARED_STATE_DROPPED_WRITES, _NO_LABELS, len(again) - room)
+                again = again[len(again) - room :] if room > 0 else []
+            self._pending.extend(again)
+            if again:
+                self._wake.set()
+            logger.info(
+                "shared prefix index: redis accepts writes again; re-sending %d refused writes",
+                len(again),
+            )
         return True
 
     async def _remote_remove(self, endpoint: str) -> bool:

@@ -7,7 +7,10 @@ Without ``--tokenizer`` it trains the tests' small byte-level BPE (400 tokens; a
 model's 128k-token vocabulary costs more per character: pass its tokenizer.json). For 4 KB
 and 32 KB prompts it prints the CPU time (process time, best of ``--repeat`` rounds) of:
 tokenizing (cache miss), the cached lookup, hashing the block chain with each algorithm,
-and decoding + indexing a stream of 1,000 BlockStored/BlockRemoved events.
+and decoding + indexing a stream of 1,000 BlockStored/BlockRemoved events. For chat
+conversations of the same sizes (16 messages) it prints the cost of rendering them with the
+chat template (the tests' ChatML-style one, or ``--chat-template`` / the one beside
+``--tokenizer``) and of tokenizing the rendered text.
 """
 
 from __future__ import annotations
@@ -24,8 +27,10 @@ from pathlib import Path
 
 import msgspec
 
+from adapters.chattemplate import JinjaChatTemplate
 from adapters.hftokenizers import HFTokenizer
 from adapters.kvevents.decode import decode_batch
+from adapters.xxhash import xxh3_128
 from domain.prefixcache.engine_hash import HASH_ALGORITHMS, EngineBlockHasher
 from domain.prefixcache.kv_block_index import InMemoryKVBlockIndex
 from domain.prefixcache.precise import PromptKeyer
@@ -57,6 +62,7 @@ def words(size: int, rng: random.Random) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokenizer", help="a tokenizer.json (default: the tests' small BPE)")
+    parser.add_argument("--chat-template", default="", help="a Jinja chat template file")
     parser.add_argument("--block-size", type=int, default=16)
     parser.add_argument("--repeat", type=int, default=5)
     args = parser.parse_args()
@@ -77,10 +83,29 @@ def main() -> None:
                 f" cached lookup {cached * 1e6:.1f} us"
             )
             for name in HASH_ALGORITHMS:
-                hasher = EngineBlockHasher(algorithm=name, seed="0")
+                hasher = EngineBlockHasher(algorithm=name, seed="0", xxh3_128=xxh3_128)
                 cost = best(functools.partial(hasher.chain, ids, args.block_size), args.repeat, 20)
                 line += f", hash {name} {cost * 1e3:.3f} ms"
             print(line)
+        template = JinjaChatTemplate.load(path, args.chat_template)
+        for size in (4096, 32768) if template is not None else ():
+            assert template is not None
+            messages = [
+                {"role": "user" if i % 2 else "assistant", "content": words(size // 16, rng)}
+                for i in range(16)
+            ]
+            messages[0]["role"] = "system"
+            render = functools.partial(
+                template.render, messages, add_generation_prompt=True, options={}
+            )
+            text = render()
+            rendering = best(render, args.repeat, 20)
+            encode = functools.partial(tokenizer.encode, text, add_special_tokens=False)
+            tok = best(encode, args.repeat, 20)
+            print(
+                f"{size // 1024:>2} KB chat (16 messages, {len(text)} characters rendered):"
+                f" render {rendering * 1e3:.3f} ms, tokenize {tok * 1e3:.3f} ms"
+            )
         # event ingestion: 1,000 events as 100 batches of 10 (stored runs of 4 blocks, removals)
         payloads: list[bytes] = []
         encoder = msgspec.msgpack.Encoder()

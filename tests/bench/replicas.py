@@ -297,9 +297,10 @@ def extra_rows(columns: Sequence[Column]) -> list[tuple[str, list[str]]]:
         ("redis add round trip p50 (ms)", shared(trip(0.5, "add"))),
         ("shared matches answered", shared(lambda m: f"{total(m, MATCHES, operation='match'):.0f}")),  # noqa: E501
         ("deadline misses (local fallback)", shared(lambda m: f"{total(m, MISSES):.0f}")),
-        ("new-prefix claims won / lost / fallback", shared(
+        ("new-prefix claims won / moved / lost / fallback", shared(
             lambda m: " / ".join(
-                f"{total(m, CLAIMS, outcome=o):.0f}" for o in ("won", "lost", "fallback")))),
+                f"{total(m, CLAIMS, outcome=o):.0f}"
+                for o in ("won", "moved", "lost", "fallback")))),
         ("redis claim round trip p50 (ms)", shared(trip(0.5, "claim"))),
         ("shared-state errors", shared(lambda m: f"{total(m, ERRORS):.0f}")),
         ("writes acknowledged / dropped", shared(

@@ -310,6 +310,31 @@ async def test_processes_claiming_one_new_chain_at_once_agree_on_one_owner(
         assert await indexes[0].match(hashes) == {owners[0]: 12}
 
 
+async def test_new_chains_claimed_at_once_spread_over_equally_good_endpoints(
+    backend: _Backend,
+) -> None:
+    """Processes placing different new chains, each with the same pick and the other
+    endpoints as alternates, spread them: each goes to the endpoint the fewest new chains
+    went to lately (the pick among equals), also when they claim at the same instant."""
+    indexes = [claiming(backend.make()) for _ in range(3)]
+    await indexes[0].match(D)  # a cluster client's first call learns the slots, alone
+    chains = [chain(600 + i, 6) for i in range(8)]
+    owners = [
+        await indexes[i % 3].claim(hashes, "a", 100, ["b", "c", "d"])
+        for i, hashes in enumerate(chains)
+    ]
+    assert owners == ["a", "b", "c", "d"] * 2
+    for hashes, owner in zip(chains, owners, strict=True):
+        assert await indexes[0].match(hashes) == {owner: 6}
+    more = [chain(700 + i, 6) for i in range(4)]
+    at_once = await asyncio.gather(
+        *(indexes[i % 3].claim(h, "a", 100, ["b", "c", "d"]) for i, h in enumerate(more))
+    )
+    assert sorted(at_once) == ["a", "b", "c", "d"]
+    # A held chain names its owner, whatever the alternates.
+    assert await indexes[1].claim(chains[1], "c", 100, ["a", "d"]) == "b"
+
+
 async def test_random_operations_agree_with_the_model(index: PrefixIndex) -> None:
     rng = random.Random(42)
     chains = [chain(200 + i, 12) for i in range(5)]

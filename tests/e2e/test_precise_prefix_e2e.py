@@ -46,9 +46,16 @@ schedulingProfiles:
 """
 
 
-async def _post(session: aiohttp.ClientSession, url: str, prompt: str) -> tuple[str, str]:
-    body = orjson.dumps({"model": DEFAULT_MODEL, "prompt": prompt, "max_tokens": 1})
-    async with session.post(f"{url}/v1/completions", data=body) as response:
+async def _post(
+    session: aiohttp.ClientSession, url: str, prompt: str, *, chat: bool = False
+) -> tuple[str, str]:
+    if chat:
+        messages = [{"role": "system", "content": prompt}, {"role": "user", "content": "Go."}]
+        body = orjson.dumps({"model": DEFAULT_MODEL, "messages": messages, "max_tokens": 1})
+    else:
+        body = orjson.dumps({"model": DEFAULT_MODEL, "prompt": prompt, "max_tokens": 1})
+    path = "/v1/chat/completions" if chat else "/v1/completions"
+    async with session.post(f"{url}{path}", data=body) as response:
         assert response.status == 200, await response.text()
         return response.headers[INSTANCE_HEADER], response.headers.get(DECISION_HEADER, "")
 
@@ -57,6 +64,17 @@ def _prefix_score(decision: str, endpoint: str) -> float:
     match = re.search(re.escape(endpoint) + r"=[^(]*\([^)]*prefix-cache-scorer=([0-9.]+)", decision)
     assert match is not None, decision
     return float(match.group(1))
+
+
+async def _unkeyed(session: aiohttp.ClientSession, url: str) -> float:
+    """Requests the producer could not key (matched on the approximate path instead)."""
+    async with session.get(url) as response:
+        text = await response.text()
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("inference_extension_precise_prefix_unkeyed_total{")
+    )
 
 
 async def _removed(session: aiohttp.ClientSession, url: str) -> float:
@@ -97,10 +115,22 @@ async def test_repeated_prefix_goes_to_its_holder_until_evicted(tmp_path: Path) 
                 if _prefix_score(decision, address) == 1.0:
                     break
             home = served
+            # every repeat goes to a server holding the whole prefix (two may hold it, when
+            # requests went to both before the EPP's subscribers were connected)
             for _ in range(5):
                 served, decision = await _post(session, stack.url, SYSTEM)
-                assert served == home
-                assert _prefix_score(decision, stack.simulator_addresses[home]) == 1.0
+                assert _prefix_score(decision, stack.simulator_addresses[served]) == 1.0
+
+            # A chat request is keyed through the model's chat template, as the server
+            # renders it: once served, its server holds all of its blocks.
+            chat_prompt = "Answer in one short paragraph. " + SYSTEM
+            deadline = time.monotonic() + 10
+            while True:
+                served, decision = await _post(session, stack.url, chat_prompt, chat=True)
+                if _prefix_score(decision, stack.simulator_addresses[served]) == 1.0:
+                    break
+                assert time.monotonic() < deadline, "the chat request's blocks never matched"
+            assert await _unkeyed(session, stack.epp_metrics_url) == 0  # not the fallback
 
             # Evict it on its server: other long prompts sent to that server directly.
             before = await _removed(session, stack.epp_metrics_url)

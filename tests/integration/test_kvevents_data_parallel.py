@@ -42,7 +42,7 @@ PROMPT = "abcdefghijklmn"  # 3 full blocks
 
 
 class CharTokenizer:
-    def encode(self, text: str) -> Sequence[int]:
+    def encode(self, text: str, *, add_special_tokens: bool = True) -> Sequence[int]:
         return [ord(c) for c in text]
 
 

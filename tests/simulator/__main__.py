@@ -114,7 +114,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--tokenizer", help="a tokenizer.json: tokenize and hash as vLLM does")
     parser.add_argument("--hash-seed", help="vLLM's PYTHONHASHSEED for block hashes")
     parser.add_argument(
-        "--prefix-caching-hash-algo", choices=("sha256", "sha256_cbor"), help="default sha256"
+        "--prefix-caching-hash-algo",
+        choices=("sha256", "sha256_cbor", "xxhash", "xxhash_cbor"),
+        help="default sha256",
     )
     # earlier spellings, in seconds
     parser.add_argument("--ttft", type=float, help=argparse.SUPPRESS)

@@ -16,10 +16,16 @@ unloaded request therefore records exactly its formula TTFT, whatever the time s
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncGenerator, Iterable
+from pathlib import Path
+from typing import Any
 
+from jinja2 import Template
+from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer
 
+from adapters.xxhash import xxh3_128
 from domain.prefixcache.engine_hash import EngineBlockHasher
 from tests.simulator.config import SimulatorConfig
 from tests.simulator.kvcache import KVCache, block_hashes
@@ -31,7 +37,7 @@ from tests.simulator.stats import (
     EngineStats,
     Histogram,
 )
-from tests.simulator.tokens import PromptTokens
+from tests.simulator.tokens import ChatInput, PromptTokens
 
 FINISH_REASONS: tuple[str, ...] = ("stop", "length", "abort")
 """Finish reasons counted by ``vllm:request_success_total``."""
@@ -68,6 +74,41 @@ def _distinct_adapters(states: Iterable[RequestState]) -> tuple[str, ...]:
     return tuple(dict.fromkeys(adapters))
 
 
+def _chat_template(tokenizer_path: str) -> tuple[Template, dict[str, Any]] | None:
+    """The ``chat_template`` of the ``tokenizer_config.json`` beside the tokenizer, and its
+    special tokens; ``None`` without one."""
+    config_file = Path(tokenizer_path).with_name("tokenizer_config.json")
+    if not config_file.is_file():
+        return None
+    config = json.loads(config_file.read_text())
+    source = config.get("chat_template")
+    if not isinstance(source, str):
+        return None
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    special = {k: v for k, v in config.items() if k.endswith("_token") and isinstance(v, str)}
+    return env.from_string(source), special
+
+
+def _render(template: tuple[Template, dict[str, Any]], chat: ChatInput) -> str:
+    """The prompt text of a chat request, as vLLM renders it for string-content templates."""
+    compiled, special = template
+    messages = [{**message, "content": _text(message.get("content"))} for message in chat.messages]
+    return compiled.render(
+        {
+            **special,
+            **chat.kwargs,
+            "messages": messages,
+            "add_generation_prompt": chat.add_generation_prompt,
+        }
+    )
+
+
+def _text(content: object) -> str:
+    if isinstance(content, list):
+        return "\n".join(part["text"] for part in content if part.get("type") == "text")
+    return content if isinstance(content, str) else ""
+
+
 def _resolve(future: asyncio.Future[bool], value: bool) -> None:
     if not future.done():
         future.set_result(value)
@@ -102,10 +143,12 @@ class SimulatedEngine:
         self._queue_time = Histogram(REQUEST_LATENCY_BUCKETS)
         self._tokenizer: Tokenizer | None = None
         self._hasher: EngineBlockHasher | None = None
+        self._chat_template: tuple[Template, dict[str, Any]] | None = None
         if config.tokenizer_path is not None:
             self._tokenizer = Tokenizer.from_file(config.tokenizer_path)
+            self._chat_template = _chat_template(config.tokenizer_path)
             self._hasher = EngineBlockHasher(
-                algorithm=config.prefix_caching_hash_algo, seed=config.hash_seed
+                algorithm=config.prefix_caching_hash_algo, seed=config.hash_seed, xxh3_128=xxh3_128
             )
 
     @property
@@ -125,7 +168,12 @@ class SimulatedEngine:
         """
         config = self._config
         if self._tokenizer is not None and prompt.ids is None:
-            ids = tuple(self._tokenizer.encode(prompt.text).ids)
+            if prompt.chat is not None and self._chat_template is not None:
+                # vLLM: the rendered template, tokenized without adding special tokens
+                text = _render(self._chat_template, prompt.chat)
+                ids = tuple(self._tokenizer.encode(text, add_special_tokens=False).ids)
+            else:
+                ids = tuple(self._tokenizer.encode(prompt.text).ids)
             if ids:
                 prompt = PromptTokens.from_ids(ids)
         total = prompt.num_tokens + max_tokens

@@ -55,9 +55,14 @@ class KVCacheListener(Protocol):
     """Hears changes of a :class:`KVCache`'s cached content (synchronously, in order)."""
 
     def stored(
-        self, block_hash: bytes, parent_hash: bytes | None, token_ids: Sequence[int]
+        self,
+        block_hash: bytes,
+        parent_hash: bytes | None,
+        token_ids: Sequence[int],
+        lora_name: str | None = None,
     ) -> None:
-        """A block became findable under ``block_hash`` (``parent_hash``: ``None`` first)."""
+        """A block became findable under ``block_hash`` (``parent_hash``: ``None`` first;
+        ``lora_name``: the LoRA adapter whose request computed it)."""
 
     def removed(self, block_hash: bytes) -> None:
         """The cached block ``block_hash`` was evicted."""
@@ -179,18 +184,20 @@ class KVCache:
         *,
         parent_hash: bytes | None = None,
         token_ids: Sequence[int] = (),
+        lora_name: str | None = None,
     ) -> bool:
         """Make ``block`` findable under ``block_hash``; ``False`` if that content is cached.
 
         ``parent_hash`` (the previous block's hash, ``None`` for a first block) and
-        ``token_ids`` (the block's tokens) are only passed on to the listener.
+        ``token_ids`` (the block's tokens) and ``lora_name`` are only passed on to the
+        listener.
         """
         if block_hash in self._by_hash or block.block_hash is not None:
             return False
         block.block_hash = block_hash
         self._by_hash[block_hash] = block
         if self.listener is not None:
-            self.listener.stored(block_hash, parent_hash, token_ids)
+            self.listener.stored(block_hash, parent_hash, token_ids, lora_name)
         return True
 
     def reset(self) -> bool:

@@ -152,8 +152,13 @@ class KVEventPublisher:
     # KVCacheListener
 
     def stored(
-        self, block_hash: bytes, parent_hash: bytes | None, token_ids: Sequence[int]
+        self,
+        block_hash: bytes,
+        parent_hash: bytes | None,
+        token_ids: Sequence[int],
+        lora_name: str | None = None,
     ) -> None:
+        lora_name = lora_name if lora_name is not None else self.lora_name
         parent = external_hash(parent_hash) if parent_hash is not None else None
         wire = external_hash(block_hash)
         last = self._pending[-1] if self._pending else None
@@ -161,7 +166,7 @@ class KVEventPublisher:
             isinstance(last, BlockStored)
             and last.block_hashes
             and parent == last.block_hashes[-1]
-            and last.lora_name == self.lora_name
+            and last.lora_name == lora_name
         ):
             # a chain continues the previous event: one event per stored run, as vLLM does
             last.block_hashes.append(wire)
@@ -175,7 +180,7 @@ class KVEventPublisher:
                     block_size=self._block_size,
                     lora_id=None,
                     medium=MEDIUM_GPU,
-                    lora_name=self.lora_name,
+                    lora_name=lora_name,
                 )
             )
 

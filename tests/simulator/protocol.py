@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
-from tests.simulator.tokens import PromptTokens
+from tests.simulator.tokens import ChatInput, PromptTokens
 
 
 class ApiError(Exception):
@@ -145,11 +145,21 @@ def _message_text(message: Any) -> str:
     raise ApiError("Message 'content' must be a string or a list of content parts")
 
 
-def _chat_prompt(messages: Any) -> PromptTokens:
-    """The text of the messages, one per line."""
+def _chat_prompt(payload: dict[str, Any]) -> PromptTokens:
+    """The text of the messages, one per line (and the messages, for a chat template)."""
+    messages = payload.get("messages")
     if not isinstance(messages, list) or not messages:
         raise ApiError("Field 'messages' must be a non-empty list")
-    return PromptTokens.from_text("\n".join(_message_text(message) for message in messages))
+    text = "\n".join(_message_text(message) for message in messages)
+    kwargs = payload.get("chat_template_kwargs") or {}
+    if not isinstance(kwargs, dict):
+        raise ApiError("Field 'chat_template_kwargs' must be an object")
+    chat = ChatInput(
+        messages=messages,
+        add_generation_prompt=payload.get("add_generation_prompt", True) is not False,
+        kwargs=kwargs,
+    )
+    return PromptTokens(text=text, chat=chat)
 
 
 def parse_request(endpoint: Endpoint, body: bytes, default_max_tokens: int) -> GenerationRequest:
@@ -162,7 +172,7 @@ def parse_request(endpoint: Endpoint, body: bytes, default_max_tokens: int) -> G
         prompt = _completion_prompt(payload["prompt"])
         max_tokens = _positive_int(payload, "max_tokens")
     else:
-        prompt = _chat_prompt(payload.get("messages"))
+        prompt = _chat_prompt(payload)
         max_tokens = _positive_int(payload, "max_completion_tokens") or _positive_int(
             payload, "max_tokens"
         )

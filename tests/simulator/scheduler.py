@@ -196,6 +196,7 @@ class Scheduler:
                 hashes[index],
                 parent_hash=hashes[index - 1] if index else None,
                 token_ids=tokens[index] if tokens else (),
+                lora_name=state.lora_adapter,
             )
         state.blocks = hits + fresh
         state.cached_tokens = len(hits) * kv.block_size

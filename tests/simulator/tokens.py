@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import math
 import zlib
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
 
 CHARS_PER_TOKEN = 4
 """Characters per pseudo-token of a text prompt."""
@@ -25,6 +26,16 @@ def estimate_tokens(text: str) -> int:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class ChatInput:
+    """What a chat template renders: the messages, ``add_generation_prompt`` and the
+    request's ``chat_template_kwargs``."""
+
+    messages: Sequence[Any]
+    add_generation_prompt: bool = True
+    kwargs: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class PromptTokens:
     """A prompt as the engine sees it: either text (pseudo-tokens) or token ids.
 
@@ -33,6 +44,9 @@ class PromptTokens:
 
     text: str = ""
     ids: tuple[int, ...] | None = None
+    chat: ChatInput | None = field(default=None, compare=False)
+    """A chat request's messages: with a tokenizer that has a chat template, the engine
+    renders them with it instead of using ``text``."""
 
     @classmethod
     def from_text(cls, text: str) -> PromptTokens:

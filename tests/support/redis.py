@@ -42,7 +42,8 @@ ACL_PASSWORD = "epp-secret"
 #: Every command the Redis adapters send on a single server, the scripts' own included.
 ACL_COMMANDS = (
     "+ping +evalsha +eval +hdel +zrange +del +zrem "  # sent by the client
-    "+hgetall +hget +hset +hlen +pexpire +zadd +zcard +zpopmin +zremrangebyscore +time"  # scripts
+    # sent by the scripts
+    "+hgetall +hget +hmget +hset +hlen +pexpire +zadd +zcard +zpopmin +zremrangebyscore +time"
 )
 #: What the cluster client sends besides: the slot map, ``ASKING`` while a slot moves, and
 #: ``COMMAND`` (the command table it routes by, read when it starts).

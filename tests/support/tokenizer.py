@@ -1,8 +1,11 @@
 """A small tokenizer.json made by the tests themselves (no download): byte-level BPE with a
-BOS token, like a Llama-style tokenizer, trained on a fixed corpus."""
+BOS token, like a Llama-style tokenizer, trained on a fixed corpus; beside it a
+``tokenizer_config.json`` with a ChatML-style chat template (BOS first, a ``/no_think``
+switch from ``chat_template_kwargs``), as a model directory has."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -16,11 +19,25 @@ _CORPUS = [
     "Routing decisions depend on which server already holds the prompt's blocks.",
 ] * 20
 
+#: ChatML-like, with the special token and a template variable the request can set.
+CHAT_TEMPLATE = (
+    "{{ bos_token }}"
+    "{% for message in messages %}"
+    "<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
+    "{% endfor %}"
+    "{% if enable_thinking is defined and not enable_thinking %}/no_think\n{% endif %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
 
 def write_tokenizer_json(
-    path: Path, vocab_size: int = 400, corpus: Sequence[str] | None = None
+    path: Path,
+    vocab_size: int = 400,
+    corpus: Sequence[str] | None = None,
+    chat_template: str | None = CHAT_TEMPLATE,
 ) -> Path:
-    """Train and save the tokenizer (on ``corpus``, default a fixed one); returns ``path``."""
+    """Train and save the tokenizer (on ``corpus``, default a fixed one) and, unless
+    ``chat_template`` is ``None``, a ``tokenizer_config.json`` beside it; returns ``path``."""
     tokenizer = Tokenizer(models.BPE(unk_token="<unk>"))
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
@@ -36,4 +53,7 @@ def write_tokenizer_json(
         single="<s> $A", pair="<s> $A $B", special_tokens=[("<s>", bos)]
     )
     tokenizer.save(str(path))
+    if chat_template is not None:
+        config = {"bos_token": "<s>", "eos_token": "<s>", "chat_template": chat_template}
+        path.with_name("tokenizer_config.json").write_text(json.dumps(config))
     return path

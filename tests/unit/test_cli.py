@@ -198,6 +198,7 @@ def test_shared_state_flags_default_to_in_process() -> None:
     settings = parse_settings(STATIC)
     assert settings.redis_url == ""
     assert settings.redis_deadline == pytest.approx(0.005)
+    assert settings.redis_claim_deadline == pytest.approx(0.02)
     assert settings.redis_lease == pytest.approx(10.0)
     assert settings.redis_load_staleness == pytest.approx(0.02)
     assert settings.redis_prefix_ttl == pytest.approx(3600.0)
@@ -215,6 +216,8 @@ def test_shared_state_flags() -> None:
             "redis+cluster://10.0.0.1:6379,10.0.0.2",
             "--redis-deadline",
             "2ms",
+            "--redis-claim-deadline",
+            "40ms",
             "--redis-lease",
             "5s",
             "--redis-load-staleness=50ms",
@@ -224,6 +227,7 @@ def test_shared_state_flags() -> None:
     )
     assert settings.redis_url == "redis+cluster://10.0.0.1:6379,10.0.0.2"
     assert settings.redis_deadline == pytest.approx(0.002)
+    assert settings.redis_claim_deadline == pytest.approx(0.04)
     assert settings.redis_lease == pytest.approx(5.0)
     assert settings.redis_load_staleness == pytest.approx(0.05)
     assert settings.redis_prefix_ttl == pytest.approx(1800.0)
@@ -240,6 +244,7 @@ def test_shared_state_flags() -> None:
         (["--redis-url", "127.0.0.1:6379"], "--redis-url"),
         (["--redis-deadline", "5"], "--redis-deadline"),
         (["--redis-deadline", "0"], "--redis-deadline"),
+        (["--redis-claim-deadline", "0ms"], "--redis-claim-deadline"),
         (["--redis-lease", "soon"], "--redis-lease"),
         (["--redis-load-staleness", "-1s"], "--redis-load-staleness"),
         (["--redis-lease", "1s", "--redis-load-staleness", "2s"], "--redis-load-staleness"),

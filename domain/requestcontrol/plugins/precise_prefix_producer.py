@@ -12,18 +12,30 @@ After scheduling, the chosen endpoint is credited with the prompt's blocks for
 ``speculativeTtl`` seconds (until its events confirm them), so a burst of one prefix
 does not scatter before the first events arrive.
 
-Requests whose prompt is not a completions text (chat messages: no chat template yet,
-token ids, other APIs) or that the tokenizer cannot encode fall back to the approximate
-path for that request when the app gives a ``fallback`` (an ``approx-prefix-cache-producer``
-of its own: where such requests were sent, by the prompt's characters); without one they
-get no match (score 0).
+The keys carry what the engine adds to its block hashes: a request to a LoRA adapter is
+hashed with the adapter's name on every block (an adapter is a model name the servers'
+events give as ``lora_name``, or that a candidate's metrics report running or waiting:
+``LoraAdapterNames``; any other model is the base model, hashed without), and the
+request's ``cache_salt`` goes with its first block.
+
+A chat request's messages are rendered with the model's chat template (the request's
+``chat_template_kwargs``, ``add_generation_prompt``, default true) and tokenized without
+special tokens unless it sets ``add_special_tokens``, as vLLM does. Requests it cannot key
+this way (other APIs, token-id prompts, no chat template, a template that fails on the
+conversation, non-text content, ``tools``, a request's own ``chat_template``,
+``continue_final_message``, a prompt the tokenizer refuses) are counted
+(``inference_extension_precise_prefix_unkeyed_total{reason}``) and fall back to the
+approximate path for that request when the app gives a ``fallback`` (an
+``approx-prefix-cache-producer`` of its own: where such requests were sent, by the
+prompt's characters); without one they get no match (score 0).
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from domain.datalayer.attributes import PREFIX_CACHE_MATCH_INFO, PrefixCacheMatchInfo
@@ -32,16 +44,16 @@ from domain.plugins.hooks import BackgroundPlugin, ConsumerPlugin, ProducerPlugi
 from domain.plugins.state import StateKey
 from domain.prefixcache.engine_hash import HASH_ALGORITHMS
 from domain.prefixcache.kv_block_index import InMemoryKVBlockIndex
-from domain.prefixcache.precise import PromptKeyer
+from domain.prefixcache.precise import LoraAdapterNames, PromptKeyer
 from domain.requestcontrol.plugins.prefix_producer import ApproxPrefixCacheProducer
 from domain.requesthandling.openai import ApiKind
 from domain.scheduling.types import Candidate, InferenceRequest, SchedulingResult
 from domain.sharedstate.shared_kv_index import SharedKVBlockIndex
 from ports.endpoints import EndpointEvent
 from ports.kv_events import DATA_PARALLEL_RANK_HEADER, rank_key
-from ports.metric_catalogue import PREFIX_INDEXER_HIT_RATIO
+from ports.metric_catalogue import KV_KEYS_UNKEYED, PREFIX_INDEXER_HIT_RATIO
 from ports.observer import NoopObserver, Observer
-from ports.tokenizer import TokenizerError
+from ports.tokenizer import ChatTemplateError, TokenizerError
 
 __all__ = [
     "TYPE",
@@ -71,8 +83,12 @@ class TokenProcessorConfig:
 
     - ``blockSizeTokens`` (16): vLLM's ``--block-size``; ``blockSize`` is its older name.
     - ``hashSeed``: the engine's ``PYTHONHASHSEED`` (required: unset, vLLM seeds randomly).
-    - ``hashAlgorithm`` (``sha256``): vLLM's ``--prefix-caching-hash-algo``.
+    - ``hashAlgorithm`` (``sha256``): vLLM's ``--prefix-caching-hash-algo`` (``sha256``,
+      ``sha256_cbor``, ``xxhash``, ``xxhash_cbor``).
     - ``tokenizerPath``: the model's ``tokenizer.json`` (or a directory holding it).
+    - ``chatTemplatePath``: a Jinja file with the model's chat template (vLLM's
+      ``--chat-template``); unset: ``chat_template.jinja`` beside the tokenizer, else the
+      ``chat_template`` of the ``tokenizer_config.json`` beside it.
     """
 
     block_size_tokens: int | None = None
@@ -80,6 +96,7 @@ class TokenProcessorConfig:
     hash_seed: str = ""
     hash_algorithm: str = "sha256"
     tokenizer_path: str = ""
+    chat_template_path: str = ""
 
     def __post_init__(self) -> None:
         for key, value in (
@@ -94,7 +111,7 @@ class TokenProcessorConfig:
                 "seeds its block hashes randomly and no one else can compute them)"
             )
         if self.hash_algorithm not in HASH_ALGORITHMS:
-            raise ValueError(f"hashAlgorithm: must be one of {', '.join(sorted(HASH_ALGORITHMS))}")
+            raise ValueError(f"hashAlgorithm: must be one of {', '.join(HASH_ALGORITHMS)}")
         if not self.tokenizer_path:
             raise ValueError("tokenizerPath: required: the model's tokenizer.json")
 
@@ -158,7 +175,8 @@ class PrecisePrefixCacheParameters:
     (8192), ``tokenizationCacheChars`` (32 Mi characters of recent prompts) and
     ``tokenizeInThreadChars`` (4096: a prompt at least this long that is not cached is
     tokenized and hashed in a worker thread, so the event loop serves other requests
-    meanwhile; 0: always on the event loop)."""
+    meanwhile; a chat request whose body is at least this many bytes is also rendered
+    there; 0: always on the event loop)."""
 
     token_processor_config: TokenProcessorConfig
     kv_events_config: KVEventsConfig = field(default_factory=KVEventsConfig)
@@ -197,6 +215,7 @@ class PrecisePrefixCacheProducer(ProducerPlugin, ConsumerPlugin, BackgroundPlugi
         start: Callable[[], None] | None = None,
         stop: Callable[[], Awaitable[None]] | None = None,
         fallback: ApproxPrefixCacheProducer | None = None,
+        adapters: LoraAdapterNames | None = None,
     ) -> None:
         self._typed_name = typed_name
         self.parameters = parameters
@@ -204,11 +223,12 @@ class PrecisePrefixCacheProducer(ProducerPlugin, ConsumerPlugin, BackgroundPlugi
         self.index = index
         self._observer = observer if observer is not None else NoopObserver()
         self._block = keyer.block_size
-        self._warned = False
+        self._warned: set[str] = set()
         self._endpoint_listener = endpoint_listener
         self._start = start
         self._stop = stop
         self.fallback = fallback
+        self.adapters = adapters if adapters is not None else LoraAdapterNames()
 
     def on_endpoint_event(self, event: EndpointEvent, _endpoint: object = None) -> None:
         """A datastore listener (owned by this plugin, so a config reload drops it)."""
@@ -225,46 +245,129 @@ class PrecisePrefixCacheProducer(ProducerPlugin, ConsumerPlugin, BackgroundPlugi
     def consumes(self) -> Sequence[str]:
         return []
 
-    async def _keys(self, request: InferenceRequest) -> list[int] | None:
-        """The prompt's block keys; ``None``: this request cannot be keyed (not a
-        completions text, or the tokenizer refused it)."""
+    def _unkeyed(self, reason: str, detail: object = None) -> list[int] | None:
+        """Count a request that cannot be keyed (it falls back); log each reason once."""
+        self._observer.counter(KV_KEYS_UNKEYED, {"reason": reason})
+        if detail is not None and reason not in self._warned:
+            self._warned.add(reason)
+            logger.warning("%s: a request could not be keyed: %s", self._typed_name, detail)
+        return None
+
+    def _lora_name(self, model: str, candidates: Sequence[Candidate]) -> str | None:
+        """``model`` when the servers serve it as a LoRA adapter (their events named it, or
+        a candidate's metrics report it running or waiting), else ``None`` (the base)."""
+        adapters = self.adapters
+        if not model:
+            return None
+        if model in adapters:
+            return model
+        for candidate in candidates:
+            metrics = candidate.metrics
+            if metrics is not None and (
+                model in metrics.active_models or model in metrics.waiting_models
+            ):
+                adapters.add(model)
+                return model
+        return None
+
+    async def _keys(
+        self, request: InferenceRequest, candidates: Sequence[Candidate]
+    ) -> list[int] | None:
+        """The prompt's block keys; ``None``: this request cannot be keyed (counted)."""
         body = request.body
         if body is None:
             return []
-        if body.opaque or body.api is not ApiKind.COMPLETIONS:
-            return None
-        prompt = body.payload.get("prompt")
-        if not isinstance(prompt, str):
-            return None
-        if not prompt:
-            return []
-        # the engine's hash of a LoRA adapter's blocks carries the adapter's name; which
-        # model names are adapters is not known here yet, so base-model keys are used
+        if body.opaque:
+            return self._unkeyed("api")
         keyer = self.keyer
         max_blocks = self.parameters.max_prefix_blocks_to_match
-        text = keyer.prefix_text(prompt, keyer.block_size, max_blocks)
-        cached = keyer.cached(text)
-        if cached is not None:
-            return keyer.keys_for_tokens(cached, max_blocks=max_blocks)
         threshold = self.parameters.tokenize_in_thread_chars
+        special = True
+        if body.api is ApiKind.COMPLETIONS:
+            prompt = body.payload.get("prompt")
+            if not isinstance(prompt, str):
+                return self._unkeyed("prompt")
+            text = prompt
+        elif body.api is ApiKind.CHAT_COMPLETIONS:
+            chat = self._chat(body.payload)
+            if isinstance(chat, str):
+                return self._unkeyed(chat)
+            render, special = chat
+            try:
+                if threshold and request.request_size_bytes >= threshold:
+                    text = await asyncio.to_thread(render)
+                else:
+                    text = render()
+            except ChatTemplateError as exc:
+                return self._unkeyed("chat_template", exc)
+        else:
+            return self._unkeyed("api")
+        if not text:
+            return []
+        salt = body.payload.get("cache_salt")
+        hashing = functools.partial(
+            keyer.keys_for_tokens,
+            lora_name=self._lora_name(request.target_model, candidates),
+            cache_salt=salt if isinstance(salt, str) and salt else None,
+            max_blocks=max_blocks,
+        )
+        text = keyer.prefix_text(text, keyer.block_size, max_blocks)
+        cached = keyer.cached(text, special=special)
+        if cached is not None:
+            return hashing(cached)
         try:
             if threshold and len(text) >= threshold:
-                ids, keys = await asyncio.to_thread(self._encode_and_hash, text, max_blocks)
+                ids, keys = await asyncio.to_thread(self._encode_and_hash, text, special, hashing)
             else:
-                ids, keys = self._encode_and_hash(text, max_blocks)
+                ids, keys = self._encode_and_hash(text, special, hashing)
         except TokenizerError as exc:
-            if not self._warned:
-                self._warned = True
-                logger.warning("%s: a prompt could not be tokenized: %s", self._typed_name, exc)
-            return None
-        keyer.remember(text, ids)
+            return self._unkeyed("tokenizer", exc)
+        keyer.remember(text, ids, special=special)
         return keys
 
-    def _encode_and_hash(self, text: str, max_blocks: int) -> tuple[tuple[int, ...], list[int]]:
+    def _chat(self, payload: Mapping[str, object]) -> tuple[Callable[[], str], bool] | str:
+        """How to render a chat request's prompt text (a thread may call it), and whether
+        special tokens are added when tokenizing it; or why it cannot be keyed."""
+        template = self.keyer.chat
+        if template is None:
+            return "no_chat_template"
+        messages = payload.get("messages")
+        options = payload.get("chat_template_kwargs") or {}
+        add_generation_prompt = payload.get("add_generation_prompt", True)
+        special = payload.get("add_special_tokens", False)
+        if (
+            not isinstance(messages, list)
+            or not isinstance(options, dict)
+            or not isinstance(add_generation_prompt, bool)
+            or not isinstance(special, bool)
+        ):
+            return "chat_options"
+        # rendered from what only the server knows: tools and documents (its own schema of
+        # each), a template of the request's own, a continued final message
+        if (
+            payload.get("tools") is not None
+            or payload.get("documents") is not None
+            or payload.get("chat_template")
+            or payload.get("continue_final_message")
+        ):
+            return "chat_options"
+        return (
+            functools.partial(
+                template.render,
+                messages,
+                add_generation_prompt=add_generation_prompt,
+                options=options,
+            ),
+            special,
+        )
+
+    def _encode_and_hash(
+        self, text: str, special: bool, hashing: Callable[[Sequence[int]], list[int]]
+    ) -> tuple[tuple[int, ...], list[int]]:
         """Token ids and block keys of ``text``; touches no shared state (a worker thread
         may run it)."""
-        ids = self.keyer.encode(text)
-        return ids, self.keyer.keys_for_tokens(ids, max_blocks=max_blocks)
+        ids = self.keyer.encode(text, special=special)
+        return ids, hashing(ids)
 
     async def start(self) -> None:
         if self._start is not None:
@@ -286,7 +389,7 @@ class PrecisePrefixCacheProducer(ProducerPlugin, ConsumerPlugin, BackgroundPlugi
     ) -> None:
         if self._start is not None:  # not started by the app (a test, a reload race)
             await self.start()
-        keys = await self._keys(request)
+        keys = await self._keys(request, candidates)
         if keys is None and self.fallback is not None:
             request.state.put(self._typed_name.name, _FALLBACK, True)
             await self.fallback.prepare_request_data(request, candidates)

@@ -18,7 +18,12 @@ import asyncio
 import logging
 from collections.abc import Sequence
 
-from domain.datalayer.attributes import PREFIX_CACHE_MATCH_INFO, PrefixCacheMatchInfo
+from domain.datalayer.attributes import (
+    IN_FLIGHT_LOAD,
+    PREFIX_CACHE_MATCH_INFO,
+    InFlightLoad,
+    PrefixCacheMatchInfo,
+)
 from domain.datastore.endpoint import Endpoint
 from domain.plugins.base import Plugin, PluginRegistry, TypedName
 from domain.plugins.handle import Handle
@@ -170,7 +175,8 @@ class ApproxPrefixCacheProducer(ProducerPlugin, ConsumerPlugin):
         picked = primary.target_endpoints[0]
         if self._datastore.get(picked.info.name) is None:
             return None
-        owner = await index.claim(hashes, picked.info.name, self._capacity(picked))
+        alternates = self._alternates(picked, primary.alternates, candidates, len(hashes))
+        owner = await index.claim(hashes, picked.info.name, self._capacity(picked), alternates)
         if owner == picked.info.name:
             state.put(name, CLAIMED_FOR, owner)
             return None
@@ -183,6 +189,31 @@ class ApproxPrefixCacheProducer(ProducerPlugin, ConsumerPlugin):
                 picked.info.name,
             )
         return chosen
+
+    def _alternates(
+        self,
+        picked: Candidate,
+        passed: Sequence[Candidate],
+        candidates: dict[str, Candidate],
+        blocks: int,
+    ) -> list[str]:
+        """The endpoints as good as ``picked`` for a new prefix of ``blocks`` blocks: those
+        that passed the filters with an in-flight load (the pool's, as this process last
+        read it) at most one such prompt above the pick's. Other processes' decisions of
+        the last moments are missing from that load, so within that margin the claim
+        prefers the endpoint the fewest new prefixes went to lately, pool-wide. Without
+        the ``InFlightLoad`` attribute (no ``inflight-load-producer``): none."""
+        load = picked.attributes.get(IN_FLIGHT_LOAD)
+        if not passed or not isinstance(load, InFlightLoad):
+            return []
+        limit = load.tokens + blocks * self.parameters.tokens_per_block
+        near: list[str] = []
+        for other in passed:
+            name = other.info.name
+            theirs = other.attributes.get(IN_FLIGHT_LOAD)
+            if isinstance(theirs, InFlightLoad) and theirs.tokens <= limit and name in candidates:
+                near.append(name)
+        return near
 
     async def pre_request(self, request: InferenceRequest, result: SchedulingResult) -> None:
         name = self._typed_name.name

@@ -7,8 +7,10 @@ from pathlib import Path
 
 import pytest
 
+from adapters.xxhash import xxh3_128
 from app.config import ConfigError, load_config
 from app.plugins import build_registry
+from domain.prefixcache.engine_hash import EngineBlockHasher
 from domain.prefixcache.kv_block_index import InMemoryKVBlockIndex
 from domain.requestcontrol.plugins.precise_prefix_producer import PrecisePrefixCacheProducer
 from domain.sharedstate.kv_blocks import InMemoryKVBlockStore
@@ -70,6 +72,37 @@ def test_parameters_and_the_scorer_reads_its_matches(tokenizer: Path) -> None:
     # only its own fallback for requests it cannot key (chat)
     assert "approx-prefix-cache-producer" not in plugins
     assert producer.fallback is not None
+    # the chat template beside the tokenizer
+    assert producer.keyer.chat is not None
+
+
+@pytest.mark.parametrize("algorithm", ["xxhash", "xxhash_cbor"])
+def test_the_xxhash_algorithms_are_wired(tokenizer: Path, algorithm: str) -> None:
+    line = f'tokenProcessorConfig: {{hashSeed: "1", tokenizerPath: {tokenizer}, '
+    loaded = load(config(line + f"hashAlgorithm: {algorithm}}}\n"))
+    producer = loaded.plugins["precise-prefix-cache-producer"]  # type: ignore[attr-defined]
+    assert producer.keyer.keys_for_tokens(list(range(32))) == EngineBlockHasher(
+        algorithm=algorithm, seed="1", xxh3_128=xxh3_128
+    ).keys(list(range(32)), 16)
+
+
+def test_a_chat_template_file_and_its_errors(tokenizer: Path, tmp_path: Path) -> None:
+    own = tmp_path / "chat.jinja"
+    own.write_text("{{ messages[0].content }}!")
+    line = f'tokenProcessorConfig: {{hashSeed: "1", tokenizerPath: {tokenizer}, '
+    loaded = load(config(line + f"chatTemplatePath: {own}}}\n"))
+    producer = loaded.plugins["precise-prefix-cache-producer"]  # type: ignore[attr-defined]
+    assert (
+        producer.keyer.chat.render(
+            [{"role": "user", "content": "hi"}], add_generation_prompt=True, options={}
+        )
+        == "hi!"
+    )
+    broken = tmp_path / "broken.jinja"
+    broken.write_text("{% if %}")
+    for path in (tmp_path / "missing.jinja", broken):
+        with pytest.raises(ConfigError, match=f"chatTemplatePath: .*{path}"):
+            load(config(line + f"chatTemplatePath: {path}}}\n"))
 
 
 @pytest.mark.parametrize(
@@ -79,7 +112,7 @@ def test_parameters_and_the_scorer_reads_its_matches(tokenizer: Path) -> None:
         ('tokenProcessorConfig: {hashSeed: "1"}\n', "tokenizerPath: required"),
         (
             'tokenProcessorConfig: {hashSeed: "1", tokenizerPath: /x, hashAlgorithm: md5}\n',
-            "hashAlgorithm",
+            "hashAlgorithm: must be one of sha256, sha256_cbor, xxhash, xxhash_cbor",
         ),
         (
             'tokenProcessorConfig: {hashSeed: "1", tokenizerPath: /nowhere/tokenizer.json}\n',

@@ -87,6 +87,7 @@ EXPECTED: dict[str, tuple[str, set[str]]] = {
     "inference_extension_kv_events_gaps_total": ("counter", {"endpoint"}),
     "inference_extension_kv_events_errors_total": ("counter", {"endpoint", "reason"}),
     "inference_extension_kv_events_endpoint_trusted": ("gauge", {"endpoint"}),
+    "inference_extension_precise_prefix_unkeyed_total": ("counter", {"reason"}),
 }
 
 

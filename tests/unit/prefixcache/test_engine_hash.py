@@ -1,4 +1,5 @@
-"""The engine's block-hash chain: structure, seed, extra keys, both algorithms."""
+"""The engine's block-hash chain: structure, seed, extra keys (LoRA, cache salt), the
+algorithms."""
 
 from __future__ import annotations
 
@@ -6,8 +7,11 @@ import hashlib
 import pickle
 
 import pytest
+import xxhash
 
+from adapters.xxhash import xxh3_128
 from domain.prefixcache.engine_hash import EngineBlockHasher, canonical_cbor, external
+from domain.prefixcache.precise import PromptKeyer
 
 
 def test_sha256_chain_is_sha256_of_the_pickled_parent_tokens_extra_triple() -> None:
@@ -52,3 +56,61 @@ def test_canonical_cbor_encodings() -> None:
 def test_unknown_algorithm() -> None:
     with pytest.raises(ValueError, match="sha256_cbor"):
         EngineBlockHasher(algorithm="md5", seed="0")
+
+
+def _vllm_sha256(value: object) -> bytes:
+    return hashlib.sha256(pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)).digest()
+
+
+@pytest.mark.parametrize(
+    ("lora", "salt"), [("sql-adapter", None), ("sql-adapter", "s1"), (None, "s1")]
+)
+def test_lora_and_cache_salt_keys_equal_a_hand_computed_engine_chain(
+    lora: str | None, salt: str | None
+) -> None:
+    """vLLM's extra keys: the adapter's name on every block, then (first block only) the
+    request's cache_salt; no extra keys is ``None``."""
+    ids = list(range(10))
+    keyer = PromptKeyer(_NoTokenizer(), EngineBlockHasher(seed="42"), block_size=4)
+    rest = (lora,) if lora else None
+    first = tuple(k for k in (lora, salt) if k) or None
+    h0 = _vllm_sha256((_vllm_sha256("42"), (0, 1, 2, 3), first))
+    h1 = _vllm_sha256((h0, (4, 5, 6, 7), rest))
+    expected = [int.from_bytes(h[-8:], "big") for h in (h0, h1)]
+    assert keyer.keys_for_tokens(ids, lora_name=lora, cache_salt=salt) == expected
+    assert set(expected).isdisjoint(keyer.keys_for_tokens(ids))  # the base model's keys
+
+
+class _NoTokenizer:
+    def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
+        raise AssertionError("not used")
+
+
+def test_xxhash_algorithms_are_xxh3_128_of_the_pickled_or_cbor_triple() -> None:
+    """vLLM's ``xxhash`` (pickle) and ``xxhash_cbor`` (canonical CBOR) are XXH3-128 digests;
+    the digest comes from the app, the CBOR bytes here are written out by hand."""
+    seed = xxhash.xxh3_128_digest(pickle.dumps("42", protocol=5))
+    first = xxhash.xxh3_128_digest(pickle.dumps((seed, (1, 2), None), protocol=5))
+    hasher = EngineBlockHasher(algorithm="xxhash", seed="42", xxh3_128=xxh3_128)
+    assert hasher.chain([1, 2, 3], 2) == [first]
+    assert hasher.keys([1, 2], 2) == [int.from_bytes(first[8:], "big")]
+    cbor_seed = xxhash.xxh3_128_digest(b"\x62" + b"42")  # text string of 2 bytes
+    # [bytes(16), [1, 2], null]: array of 3, byte string of 16, array of 2, 1, 2, null
+    triple = b"\x83\x50" + cbor_seed + b"\x82\x01\x02\xf6"
+    cbor_first = xxhash.xxh3_128_digest(triple)
+    cbor = EngineBlockHasher(algorithm="xxhash_cbor", seed="42", xxh3_128=xxh3_128)
+    assert cbor.chain([1, 2], 2) == [cbor_first]
+
+
+def test_xxhash_algorithms_need_the_digest() -> None:
+    with pytest.raises(ValueError, match="XXH3-128"):
+        EngineBlockHasher(algorithm="xxhash", seed="0")
+
+
+def test_canonical_cbor_of_token_ids_around_the_encoding_boundaries() -> None:
+    ids = (0, 23, 24, 255, 256, 65535, 65536, 131071, 131072, 2**32)
+    heads = ["00", "17", "1818", "18ff", "190100", "19ffff", "1a00010000", "1a0001ffff"]
+    heads += ["1a00020000", "1b0000000100000000"]
+    assert canonical_cbor(ids) == bytes.fromhex("8a" + "".join(heads))
+    # not token ids: bools and negative ints keep their own encodings
+    assert canonical_cbor([True, False, -1, 1]) == bytes.fromhex("84f5f42001")

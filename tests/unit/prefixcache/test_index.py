@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from domain.prefixcache import InMemoryPrefixIndex
 from domain.prefixcache import index as index_module
 from domain.sharedstate import ResilientPrefixIndex
-from ports.prefix_index import PrefixIndex
+from ports.prefix_index import CLAIM_HALF_LIFE, PrefixIndex
 from tests.support.prefix_model import PrefixIndexModel
 
 _rng = random.Random(7)
@@ -266,3 +266,21 @@ def test_holds_names_the_endpoints_known() -> None:
     assert not index.holds("b")
     index.remove_endpoint_sync("a")
     assert not index.holds("a")
+
+
+def test_claim_counts_halve_every_half_life_and_forget_removed_endpoints() -> None:
+    now = [100.0]
+    index = InMemoryPrefixIndex(clock=lambda: now[0])
+    chains = iter([[0x9000 + i, 0x9100 + i] for i in range(10)])
+    assert index.claim_sync(next(chains), "a", 10, ["b"]) == "a"
+    assert index.claim_sync(next(chains), "a", 10, ["b"]) == "b"
+    assert index.claim_sync(next(chains), "a", 10, ["b"]) == "a"  # 1 each: the pick
+    # "a" has 2 claims, "b" 1; after one half-life 1 and 0.5: "b" still fewer.
+    now[0] += CLAIM_HALF_LIFE
+    assert index.claim_sync(next(chains), "a", 10, ["b"]) == "b"
+    # Now 1 and 1.5; long after, both are about 0: a tie, the pick.
+    now[0] += 30 * CLAIM_HALF_LIFE
+    assert index.claim_sync(next(chains), "b", 10, ["a"]) == "b"
+    assert index.claim_sync(next(chains), "a", 10, ["b"]) == "a"  # 0 vs 1
+    index.remove_endpoint_sync("b")  # its count goes with it: 1 vs 0
+    assert index.claim_sync(next(chains), "a", 10, ["b"]) == "b"

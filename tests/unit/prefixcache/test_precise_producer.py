@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
 
 from domain.datalayer.attributes import PREFIX_CACHE_MATCH_INFO, PrefixCacheMatchInfo
 from domain.plugins.base import Duration, TypedName
@@ -25,7 +26,9 @@ from domain.requestcontrol.plugins.prefix_producer import (
 from domain.scheduling.types import Candidate, ProfileRunResult, SchedulingResult
 from ports.endpoints import EndpointEvent, EndpointEventKind
 from ports.kv_events import BlockStored
-from ports.tokenizer import TokenizerError
+from ports.metric_catalogue import KV_KEYS_UNKEYED
+from ports.tokenizer import ChatTemplateError, TokenizerError
+from tests.fakes.observer import RecordingObserver
 from tests.support.scheduling import candidate, inference_request, plugin_handle
 
 BLOCK = 4
@@ -34,7 +37,7 @@ BLOCK = 4
 class CharTokenizer:
     """One token per character (its code point); ``!`` cannot be encoded."""
 
-    def encode(self, text: str) -> Sequence[int]:
+    def encode(self, text: str, *, add_special_tokens: bool = True) -> Sequence[int]:
         if "!" in text:
             raise TokenizerError("cannot encode '!'")
         return [ord(c) for c in text]
@@ -96,10 +99,11 @@ async def test_the_chosen_endpoint_is_credited_until_events_arrive() -> None:
 
 async def test_unkeyable_requests_match_nothing_without_a_fallback() -> None:
     plugin, _ = producer()
+    plugin.keyer.chat = None
     chat = {"model": "m", "messages": [{"role": "user", "content": "abcdefgh"}]}
     for request in (
         inference_request({"model": "m", "prompt": "abcdefgh!"}),  # the tokenizer fails
-        inference_request(chat, path="/v1/chat/completions"),  # no chat template yet
+        inference_request(chat, path="/v1/chat/completions"),  # no chat template
         inference_request({"model": "m", "prompt": "abc"}),  # shorter than a block
     ):
         cands = [candidate("a")]
@@ -107,11 +111,114 @@ async def test_unkeyable_requests_match_nothing_without_a_fallback() -> None:
         assert cands[0].attributes[PREFIX_CACHE_MATCH_INFO] == PrefixCacheMatchInfo(0, 0, BLOCK)
 
 
+class JoinTemplate:
+    """Renders ``>`` for the generation prompt, the options' names, then ``role:content``
+    lines; a message saying ``boom`` fails."""
+
+    def render(
+        self,
+        messages: Sequence[object],
+        *,
+        add_generation_prompt: bool,
+        options: Mapping[str, object],
+    ) -> str:
+        lines = []
+        for message in messages:
+            assert isinstance(message, dict)
+            if message["content"] == "boom":
+                raise ChatTemplateError("boom")
+            lines.append(f"{message['role']}:{message['content']}")
+        return (">" if add_generation_prompt else "") + "".join(options) + "\n".join(lines)
+
+
+class FlagTokenizer(CharTokenizer):
+    """Records whether special tokens were asked for; adds a BOS (0) when they are."""
+
+    def __init__(self) -> None:
+        self.flags: list[bool] = []
+
+    def encode(self, text: str, *, add_special_tokens: bool = True) -> Sequence[int]:
+        self.flags.append(add_special_tokens)
+        ids = list(super().encode(text))
+        return [0, *ids] if add_special_tokens else ids
+
+
+async def test_chat_requests_are_keyed_from_the_rendered_template() -> None:
+    plugin, index = producer()
+    tokenizer = FlagTokenizer()
+    plugin.keyer = PromptKeyer(
+        tokenizer, EngineBlockHasher(seed="1"), block_size=BLOCK, chat=JoinTemplate()
+    )
+    rendered = ">system:be brief\nuser:abcdefgh"
+    keys = plugin.keyer.keys_for_tokens([ord(c) for c in rendered])
+    index.apply("a", [stored(keys)])
+    messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "abcdefgh"}]
+    cands = [candidate("a"), candidate("b")]
+    body = {"model": "m", "messages": messages}
+    await plugin.prepare_request_data(inference_request(body, path="/v1/chat/completions"), cands)
+    assert tokenizer.flags == [False]  # the template wrote the special tokens
+    total = len(rendered) // BLOCK
+    assert [c.attributes[PREFIX_CACHE_MATCH_INFO] for c in cands] == [
+        PrefixCacheMatchInfo(total, total, BLOCK),
+        PrefixCacheMatchInfo(0, total, BLOCK),
+    ]
+    # the request's own options change the text, hence the keys
+    for extra in (
+        {"add_generation_prompt": False},
+        {"chat_template_kwargs": {"enable_thinking": False}},
+        {"add_special_tokens": True},
+    ):
+        cands = [candidate("a")]
+        request = inference_request({**body, **extra}, path="/v1/chat/completions")
+        await plugin.prepare_request_data(request, cands)
+        info = cands[0].attributes[PREFIX_CACHE_MATCH_INFO]
+        assert isinstance(info, PrefixCacheMatchInfo)
+        assert info.total_blocks > 0
+        assert info.match_blocks == 0, extra
+    assert tokenizer.flags[-1] is True
+
+
+async def test_chat_requests_it_cannot_render_are_counted_by_reason() -> None:
+    plugin, _ = producer()
+    observer = RecordingObserver()
+    plugin._observer = observer
+    plugin.keyer.chat = JoinTemplate()
+    user = {"role": "user", "content": "abcdefgh"}
+    path = "/v1/chat/completions"
+    cases: dict[str, dict[str, object]] = {
+        "chat_template": {"messages": [{"role": "user", "content": "boom"}]},
+        "chat_options": {"messages": [user], "tools": [{"type": "function"}]},
+    }
+    for reason, body in cases.items():
+        cands = [candidate("a")]
+        await plugin.prepare_request_data(
+            inference_request({"model": "m", **body}, path=path), cands
+        )
+        assert cands[0].attributes[PREFIX_CACHE_MATCH_INFO] == PrefixCacheMatchInfo(0, 0, BLOCK)
+        assert observer.total(KV_KEYS_UNKEYED, reason=reason) == 1
+    others: tuple[dict[str, object], ...] = (
+        {"messages": [user], "chat_template": "{{ x }}"},
+        {"messages": [user], "continue_final_message": True},
+        {"messages": [user], "tools": []},  # the server passes an empty list on
+        {"messages": [user], "documents": [{"text": "d"}]},
+    )
+    for body in others:
+        await plugin.prepare_request_data(inference_request({"model": "m", **body}, path=path), [])
+    assert observer.total(KV_KEYS_UNKEYED, reason="chat_options") == 5
+    plugin.keyer.chat = None
+    await plugin.prepare_request_data(
+        inference_request({"model": "m", "messages": [user]}, path=path), []
+    )
+    await plugin.prepare_request_data(inference_request({"model": "m", "prompt": [1, 2]}), [])
+    assert observer.total(KV_KEYS_UNKEYED, reason="no_chat_template") == 1
+    assert observer.total(KV_KEYS_UNKEYED, reason="prompt") == 1
+
+
 def test_only_the_text_the_matched_blocks_can_span_is_tokenized() -> None:
     seen: list[int] = []
 
     class Counting(CharTokenizer):
-        def encode(self, text: str) -> Sequence[int]:
+        def encode(self, text: str, *, add_special_tokens: bool = True) -> Sequence[int]:
             seen.append(len(text))
             return super().encode(text)
 
@@ -163,7 +270,7 @@ async def test_long_prompts_are_tokenized_off_the_event_loop() -> None:
     threads: list[bool] = []
 
     class Recording(CharTokenizer):
-        def encode(self, text: str) -> Sequence[int]:
+        def encode(self, text: str, *, add_special_tokens: bool = True) -> Sequence[int]:
             threads.append(threading.current_thread() is threading.main_thread())
             return super().encode(text)
 
@@ -181,3 +288,42 @@ async def test_long_prompts_are_tokenized_off_the_event_loop() -> None:
     assert threads == [True, False]  # the short one on the loop, the long one in a thread
     info = cands[0].attributes[PREFIX_CACHE_MATCH_INFO]
     assert info == PrefixCacheMatchInfo(3, threshold // BLOCK, BLOCK)
+
+
+async def test_a_lora_adapters_requests_are_keyed_with_its_name() -> None:
+    """An adapter is a name the servers' events or metrics give; its requests' keys carry
+    it (the engine's hash does), the base model's do not."""
+    plugin, index = producer()
+    prompt = "abcdefghijkl"
+    base = plugin.keyer.keys(prompt)
+    sql = plugin.keyer.keys(prompt, lora_name="sql")
+    chat = plugin.keyer.keys(prompt, lora_name="chat")
+    index.apply("a", [stored(sql)])
+    index.apply("b", [stored(base)])
+    # "chat" is known from a BlockStored event's lora_name
+    plugin.adapters.watching(index).apply("c", [replace(stored(chat), lora_name="chat")])
+
+    async def matches(model: str, **metrics: object) -> list[int]:
+        cands = [candidate(n, **metrics) for n in ("a", "b", "c")]
+        await plugin.prepare_request_data(
+            inference_request({"model": model, "prompt": prompt}), cands
+        )
+        return [_matched(c) for c in cands]
+
+    assert await matches("sql") == [0, 3, 0]  # not known as an adapter yet: the base keys
+    # a server's metrics report "sql" running: an adapter from now on
+    assert await matches("sql", active_models=frozenset({"sql"})) == [3, 0, 0]
+    assert await matches("sql") == [3, 0, 0]
+    assert await matches("chat") == [0, 0, 3]
+    assert await matches("m") == [0, 3, 0]
+
+
+async def test_the_cache_salt_goes_with_the_first_block() -> None:
+    plugin, index = producer()
+    prompt = "abcdefghijkl"
+    index.apply("a", [stored(plugin.keyer.keys(prompt, cache_salt="tenant-1"))])
+    for salt, matched in (("tenant-1", 3), ("tenant-2", 0), (None, 0)):
+        cands = [candidate("a")]
+        body = {"model": "m", "prompt": prompt, **({"cache_salt": salt} if salt else {})}
+        await plugin.prepare_request_data(inference_request(body), cands)
+        assert _matched(cands[0]) == matched, salt

@@ -14,6 +14,7 @@ from app.plugins import build_registry
 from domain.datalayer.attributes import (
     IN_FLIGHT_LOAD,
     PREFIX_CACHE_MATCH_INFO,
+    InFlightLoad,
     PrefixCacheMatchInfo,
 )
 from domain.datastore.store import Datastore
@@ -607,3 +608,34 @@ def test_filter_explores_with_the_configured_probability() -> None:
         assert got == expected
         outcomes.append(len(got) == len(MIXED))
     assert 30 < sum(outcomes) < 90  # about 30% of 200
+
+
+async def test_new_prefixes_placed_at_once_by_two_processes_spread_over_near_endpoints() -> None:
+    """Each process picked "a" for its new prefix, "b" passing the filters with an in-flight
+    load less than one such prompt above: the second claim goes to "b", the endpoint fewer
+    new prefixes went to lately. "c", a prompt and more above, is never chosen."""
+    shared = InMemoryPrefixIndex()
+    first_handle, second_handle = _handle(shared), _handle(shared, seed=1)
+    first, second = _producer(first_handle), _producer(second_handle)
+    prompt_tokens = 10 * 16
+
+    def scheduled(pods: Sequence[Candidate], *loads: int) -> SchedulingResult:
+        for pod, tokens in zip(pods, loads, strict=True):
+            pod.attributes[IN_FLIGHT_LOAD] = InFlightLoad(requests=1, tokens=tokens)
+        run = ProfileRunResult((pods[0],), alternates=tuple(pods[1:]))
+        return SchedulingResult(profile_results={"decode": run}, primary_profile_name="decode")
+
+    requests = [_request(), _request("z" + PROMPT[1:]), _request("y" + PROMPT[1:])]
+    handles = [first_handle, second_handle, second_handle]
+    producers = [first, second, second]
+    pods = [_fresh(_endpoints(h, "a", "b", "c")) for h in handles]
+    for producer, request, snapshot in zip(producers, requests, pods, strict=True):
+        await producer.prepare_request_data(request, snapshot)  # all new prefixes
+    near, far = 100, 100 + prompt_tokens + 1
+    assert await first.claim_placement(requests[0], scheduled(pods[0], 100, near, far)) is None
+    moved = await second.claim_placement(requests[1], scheduled(pods[1], 100, near, far))
+    assert moved is pods[1][1]
+    assert shared.match_sync(shared_chain(second, requests[1])) == {"b": 10}
+    # "c" had no new prefix lately but is too far above the pick: the pick stands.
+    result = scheduled(pods[2], 100, far, far)
+    assert await second.claim_placement(requests[2], result) is None

@@ -176,6 +176,13 @@ def test_result_is_exactly_the_pickers_choice() -> None:
     assert _run(profile, _candidates("a", "b", "c")) == ["b"]
 
 
+def test_the_result_names_the_other_candidates_that_passed_the_filters() -> None:
+    profile = SchedulerProfile("p", filters=[_Keep("k", "a", "b", "c")], picker=_Recorder("b"))
+    result = profile.run(inference_request(), _candidates("a", "b", "c", "d"))
+    assert [c.name for c in result.target_endpoints] == ["b"]
+    assert sorted(c.name for c in result.alternates) == ["a", "c"]  # not "d": filtered out
+
+
 def test_profile_with_max_score_picker_follows_the_weighted_sum() -> None:
     queue = _Fixed("queue", {"a": 1.0, "b": 0.0})
     prefix = _Fixed("prefix", {"a": 0.0, "b": 1.0})

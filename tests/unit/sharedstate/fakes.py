@@ -63,10 +63,16 @@ class FakeRemoteIndex:
         self.tails.append(held)
         self.index.add_sync(hashes[held:], endpoint, capacity)
 
-    async def claim(self, hashes: Sequence[int], endpoint: str, capacity: int) -> str:
+    async def claim(
+        self,
+        hashes: Sequence[int],
+        endpoint: str,
+        capacity: int,
+        alternates: Sequence[str] = (),
+    ) -> str:
         await self._enter("claim")
         self.answered.append("claim")
-        return self.index.claim_sync(hashes, endpoint, capacity)
+        return self.index.claim_sync(hashes, endpoint, capacity, alternates)
 
     async def remove_endpoint(self, endpoint: str) -> None:
         await self._enter("remove_endpoint")

@@ -306,17 +306,19 @@ async def test_refused_writes_keep_matching_the_remote_and_log_each_change_once(
     assert rig.index.writes_refused
     assert not rig.index.degraded
     assert rig.count(SHARED_STATE_ERRORS, operation="add") == 3
-    assert rig.count(SHARED_STATE_DROPPED_WRITES) == 3
+    assert rig.count(SHARED_STATE_DROPPED_WRITES) == 0  # kept, to be sent again
     rig.remote.index.add_sync(H[:5], "other", 10)
     assert (await rig.index.match(H[:5]))["other"] == 5
     rig.remote.full = False
     await rig.index.add(H[:3], "d", 10)
     await rig.index.flush()
     assert not rig.index.writes_refused
+    # The refused writes were sent again once the store had room.
+    assert rig.remote.index.match_sync(H[:3]) == {"a": 3, "b": 3, "c": 3, "d": 3, "other": 3}
     lines = _lines(caplog)
     assert len(lines) == 2, lines
     assert "refuses writes" in lines[0]
-    assert "accepts writes again" in lines[1]
+    assert "accepts writes again; re-sending 3 refused writes" in lines[1]
 
 
 async def test_a_failed_write_degrades_and_is_counted(rig: Rig) -> None:
@@ -540,6 +542,15 @@ async def test_a_won_claim_is_recorded_once_and_not_written_again(rig: Rig) -> N
     assert rig.count(SHARED_STATE_CLAIMS, outcome="won") == 1
 
 
+async def test_a_claim_moved_to_a_tied_alternate_is_counted_and_learnt(rig: Rig) -> None:
+    assert await rig.index.claim(H[:4], "a", 10, ["b"]) == "a"
+    assert await rig.index.claim(H[4:], "a", 10, ["b"]) == "b"  # fewer new chains lately
+    assert rig.count(SHARED_STATE_CLAIMS, outcome="won") == 1
+    assert rig.count(SHARED_STATE_CLAIMS, outcome="moved") == 1
+    rig.remote.slow.add("match")
+    assert await rig.index.match(H[4:]) == {"b": 4}  # a miss, answered from what it learnt
+
+
 async def test_a_lost_claim_names_the_owner_and_records_nothing(rig: Rig) -> None:
     rig.remote.index.add_sync(H[:4], "other-process-pod", 10)
     assert await rig.index.claim(H[:4], "a", 10) == "other-process-pod"
@@ -549,7 +560,7 @@ async def test_a_lost_claim_names_the_owner_and_records_nothing(rig: Rig) -> Non
     assert rig.count(SHARED_STATE_CLAIMS, outcome="lost") == 1
 
 
-async def test_a_slow_claim_keeps_the_pick_and_writes_it_when_another_owner_answers() -> None:
+async def test_a_slow_claim_keeps_the_pick_and_follows_the_owner_the_late_answer_names() -> None:
     rig = Rig(budget=0.01)
     await rig.index.start()
     rig.remote.index.add_sync(H[:4], "other-process-pod", 10)
@@ -557,11 +568,93 @@ async def test_a_slow_claim_keeps_the_pick_and_writes_it_when_another_owner_answ
     assert await rig.index.claim(H[:4], "a", 10) == "a"
     assert rig.count(SHARED_STATE_DEADLINE_MISSES) == 1
     assert rig.count(SHARED_STATE_CLAIMS, outcome="fallback") == 1
-    assert rig.index.local.match_sync(H[:4]) == {"a": 4}
-    # The late answer names another owner: the request went to "a", so "a" is written.
-    await until(lambda: "a" in rig.remote.index.match_sync(H[:4]))
-    assert rig.remote.index.match_sync(H[:4]) == {"other-process-pod": 4, "a": 4}
+    # The late answer names another owner: the request went to "a", but the chain's next
+    # requests follow the owner; nothing is written for "a" here or in the remote.
+    rig.remote.slow.add("match")
+    await until(lambda: not rig.index._late_claims)
+    assert await rig.index.match(H[:4]) == {"other-process-pod": 4}  # a miss: learnt
+    await rig.index.flush()
+    assert rig.remote.index.match_sync(H[:4]) == {"other-process-pod": 4}
+    assert rig.index.local.match_sync(H[:4]) == {}
     await rig.index.stop()
+
+
+async def test_a_claim_waits_for_its_own_budget_not_the_matchs() -> None:
+    rig = Rig(budget=0.005, claim_budget=1.0)
+    await rig.index.start()
+    rig.remote.latency = 0.05  # past the match budget, within the claim's
+    rig.remote.index.add_sync(H[:4], "other-process-pod", 10)
+    assert await rig.index.claim(H[:4], "a", 10) == "other-process-pod"
+    assert rig.count(SHARED_STATE_DEADLINE_MISSES) == 0
+    assert await rig.index.match(H[:4]) == {"other-process-pod": 4}
+    assert rig.count(SHARED_STATE_DEADLINE_MISSES) == 1  # the match's budget is 5 ms
+    await rig.index.stop()
+    with pytest.raises(ValueError, match="claim_budget"):
+        ResilientPrefixIndex(rig.remote, claim_budget=0)
+
+
+async def test_a_slow_claim_won_late_is_recorded_then() -> None:
+    rig = Rig(budget=0.01)
+    await rig.index.start()
+    rig.remote.latency = 0.05
+    assert await rig.index.claim(H[:4], "a", 10) == "a"
+    assert rig.index.local.match_sync(H[:4]) == {}  # not known yet
+    await until(lambda: rig.index.local.match_sync(H[:4]) == {"a": 4})
+    assert rig.remote.index.match_sync(H[:4]) == {"a": 4}
+    assert "add" not in rig.remote.calls  # the claim wrote it
+    assert rig.count(SHARED_STATE_WRITES) == 1
+    await rig.index.stop()
+
+
+async def test_a_slow_claim_that_fails_late_records_the_pick_as_an_add() -> None:
+    rig = Rig(budget=0.01)
+    await rig.index.start()
+    rig.remote.slow.add("claim")  # never answers; the test's stop cancels it
+    assert await rig.index.claim(H[:4], "a", 10) == "a"
+    (call,) = rig.index._late_claims
+    call.cancel()
+    await until(lambda: rig.index.local.match_sync(H[:4]) == {"a": 4})
+    await until(lambda: rig.remote.index.match_sync(H[:4]) == {"a": 4})  # queued as an add
+    await rig.index.stop()
+
+
+async def test_degraded_for_slowness_a_claim_is_sent_without_waiting() -> None:
+    rig = Rig(miss_limit=1)
+    await rig.index.start()
+    try:
+        rig.remote.slow.add("match")
+        await rig.index.match(H)
+        assert rig.index.degraded
+        rig.remote.index.add_sync(H[:4], "other-process-pod", 10)
+        started = time.perf_counter()
+        assert await rig.index.claim(H[:4], "a", 10) == "a"
+        assert time.perf_counter() - started < 0.004  # less than the 5 ms budget
+        assert rig.count(SHARED_STATE_CLAIMS, outcome="fallback") == 1
+        await until(lambda: rig.remote.calls.count("claim") == 1 and not rig.index._late_claims)
+        assert rig.index.local.match_sync(H[:4]) == {}
+        assert await rig.index.match(H[:4]) == {"other-process-pod": 4}  # learnt from it
+    finally:
+        await rig.index.stop()
+
+
+async def test_misses_of_calls_in_flight_together_count_as_one_stall(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    rig = Rig(miss_limit=3)
+    await rig.index.start()
+    try:
+        rig.remote.slow.add("match")
+        rig.remote.slow.add("claim")
+        burst = [rig.index.match(H) for _ in range(8)] + [rig.index.claim(H, "a", 10)]
+        await asyncio.gather(*burst)
+        assert rig.count(SHARED_STATE_DEADLINE_MISSES) == 9
+        assert not rig.index.degraded  # one pause, not nine in a row
+        for _ in range(2):  # then two more, each started after the last one missed
+            await rig.index.match(H)
+        assert rig.index.degraded
+        assert "3 consecutive deadline misses" in _lines(caplog)[-1]
+    finally:
+        await rig.index.stop()
 
 
 async def test_a_failing_claim_keeps_the_pick_records_locally_and_degrades(rig: Rig) -> None:
