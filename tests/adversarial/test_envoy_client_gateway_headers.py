@@ -18,6 +18,7 @@ import orjson
 import pytest
 
 from tests.simulator import BODY_SHA256_HEADER, DEFAULT_MODEL
+from tests.simulator.server import RANK_SEEN_HEADER
 from tests.support.stack import Stack, StackOptions, trusted_header
 
 pytestmark = pytest.mark.e2e
@@ -74,6 +75,19 @@ async def test_a_clients_gateway_headers_change_nothing(stack: Stack) -> None:
     assert received_sha == hashlib.sha256(sent).hexdigest()
     # before: counted at priority 100 (the objective the client named); after: at 0
     assert await _priorities(stack) == {"0": 1.0}
+
+
+async def test_a_clients_data_parallel_rank_never_reaches_the_model_server(stack: Stack) -> None:
+    body = orjson.dumps({"model": DEFAULT_MODEL, "prompt": "hello", "max_tokens": 2})
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(
+            f"{stack.url}/v1/completions", data=body, headers={"x-data-parallel-rank": "3"}
+        ) as response,
+    ):
+        await response.read()
+        assert response.status == 200
+        assert RANK_SEEN_HEADER not in response.headers  # the EPP pinned no rank here
 
 
 async def test_a_trusted_filter_may_still_set_them(stack: Stack) -> None:

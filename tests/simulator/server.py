@@ -45,6 +45,8 @@ DESTINATION_SEEN_HEADER = "x-simulator-destination-endpoint"
 PREFILLER_SEEN_HEADER = "x-simulator-prefiller-host-port"
 #: Response header echoing the W3C ``traceparent`` the request arrived with.
 TRACEPARENT_SEEN_HEADER = "x-simulator-traceparent"
+#: The ``x-data-parallel-rank`` the request arrived with (the engine it was pinned to).
+RANK_SEEN_HEADER = "x-simulator-data-parallel-rank"
 
 
 @dataclass(frozen=True, slots=True)
@@ -251,6 +253,9 @@ class ModelServerSimulator:
         traceparent = request.headers.get("traceparent")
         if traceparent is not None:
             response.headers[TRACEPARENT_SEEN_HEADER] = traceparent
+        rank = request.headers.get("x-data-parallel-rank")
+        if rank is not None:
+            response.headers[RANK_SEEN_HEADER] = rank
         cached_on_arrival = request.get(_CACHED_ON_ARRIVAL)
         if cached_on_arrival is not None:
             response.headers[CACHED_ON_ARRIVAL_HEADER] = str(cached_on_arrival)
