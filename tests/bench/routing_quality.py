@@ -210,6 +210,8 @@ class ClientRecord:
     errors: Counter[str] = field(default_factory=Counter)
     # how many distinct instances served each group (affinity)
     group_instances: dict[int, set[str]] = field(default_factory=dict)
+    # how many of each group's requests each instance served (placement)
+    group_requests: dict[int, Counter[str]] = field(default_factory=dict)
 
 
 async def stream_completion(
@@ -250,6 +252,7 @@ async def stream_completion(
     rec.latency_ms.append((time.perf_counter() - start) * 1e3)
     rec.instances[instance] += 1
     rec.group_instances.setdefault(group, set()).add(instance)
+    rec.group_requests.setdefault(group, Counter())[instance] += 1
     return text, headers
 
 
@@ -330,6 +333,8 @@ class Outcome:
     preemptions: int
     errors: dict[str, int]
     instances_per_group: float
+    #: per instance (sorted by name), the groups most of whose requests it served
+    groups_per_instance: tuple[int, ...] = ()
 
 
 def simulator_args(args: argparse.Namespace) -> list[str]:
@@ -382,7 +387,14 @@ def summarise(
             if rec.group_instances
             else math.nan
         ),
+        groups_per_instance=_groups_per_instance(rec, sorted(stats)),
     )
+
+
+def _groups_per_instance(rec: ClientRecord, instances: Sequence[str]) -> tuple[int, ...]:
+    """Per instance, how many groups it served most of (a group's home)."""
+    homes = Counter(c.most_common(1)[0][0] for c in rec.group_requests.values() if c)
+    return tuple(homes.get(name, 0) for name in instances)
 
 
 def run_mode(mode: str, args: argparse.Namespace, sessions: Sessions) -> Outcome:
@@ -490,6 +502,10 @@ def print_table(
         (
             "requests per instance",
             [" ".join(str(v) for v in o.per_instance.values()) for o in outcomes],
+        ),
+        (
+            "groups per instance (their home)",
+            ["-".join(str(v) for v in o.groups_per_instance) for o in outcomes],
         ),
         (
             "instances per group/session (mean)",
