@@ -14,7 +14,7 @@ __all__ = [
 ]
 
 #: Seconds in which the count of new chains recently claimed for an endpoint halves.
-CLAIM_HALF_LIFE = 1.0
+CLAIM_HALF_LIFE = 10.0
 
 
 class BlockHasher(Protocol):

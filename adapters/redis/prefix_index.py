@@ -39,7 +39,7 @@ the evicted members), then removes the endpoint from the evicted blocks with one
 when it wrote, the endpoint's node the recency push (two or three round trips on a cluster,
 one on a single server). With alternates, a cluster first sends the claim counts' node
 the choice (the counts are one key, in another slot than the chain): one more round trip,
-and a claim then lost to another owner leaves its count (for about a second).
+and a claim then lost to another owner leaves its count (decaying).
 ``remove_endpoint`` reads the set, then pipelines the removals.
 Those follow-ups are not atomic with the add: an endpoint re-added to a block by another
 process between the two steps can lose that block's entry (it is then matched a little

@@ -612,12 +612,12 @@ def test_filter_explores_with_the_configured_probability() -> None:
 
 async def test_new_prefixes_placed_at_once_by_two_processes_spread_over_near_endpoints() -> None:
     """Each process picked "a" for its new prefix, "b" passing the filters with an in-flight
-    load less than one such prompt above: the second claim goes to "b", the endpoint fewer
-    new prefixes went to lately. "c", a prompt and more above, is never chosen."""
+    load at most ``NEAR_PROMPTS`` such prompts above: the second claim goes to "b", the
+    endpoint fewer new prefixes went to lately. "c", above that, is never chosen."""
     shared = InMemoryPrefixIndex()
     first_handle, second_handle = _handle(shared), _handle(shared, seed=1)
     first, second = _producer(first_handle), _producer(second_handle)
-    prompt_tokens = 10 * 16
+    margin = prefix_producer.NEAR_PROMPTS * 10 * 16  # prompts of 10 blocks of 16 tokens
 
     def scheduled(pods: Sequence[Candidate], *loads: int) -> SchedulingResult:
         for pod, tokens in zip(pods, loads, strict=True):
@@ -631,7 +631,7 @@ async def test_new_prefixes_placed_at_once_by_two_processes_spread_over_near_end
     pods = [_fresh(_endpoints(h, "a", "b", "c")) for h in handles]
     for producer, request, snapshot in zip(producers, requests, pods, strict=True):
         await producer.prepare_request_data(request, snapshot)  # all new prefixes
-    near, far = 100, 100 + prompt_tokens + 1
+    near, far = 100 + margin, 100 + margin + 1
     assert await first.claim_placement(requests[0], scheduled(pods[0], 100, near, far)) is None
     moved = await second.claim_placement(requests[1], scheduled(pods[1], 100, near, far))
     assert moved is pods[1][1]
