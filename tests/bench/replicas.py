@@ -30,6 +30,11 @@ Percentiles from the EPPs' histograms are interpolated within buckets (as Promet
 ``histogram_quantile`` does), over all replicas' buckets summed. Timing figures are noisy
 on a shared machine: compare the columns of one run.
 
+``--repeat N`` runs the columns N times, interleaved, prints each run's table, then each
+column's hit rate, simulated TTFT p90 and groups per server in every run and its medians
+against the first column's: one run's p90 moves by about 10% between runs of one column
+whose groups landed the same way.
+
 ``--fail-open`` runs another scenario instead: 3 replicas on one ``redis-server`` under the
 same traffic; the server is SIGKILLed when a third of the requests have been sent and
 restarted empty on the same port at two thirds. Prints, per phase (before, Redis down,
@@ -39,6 +44,7 @@ shared-state metrics' deltas, and when the replicas switched to degraded and bac
 
     .venv/bin/python -m tests.bench.replicas [--quick] [--columns 1,local,redis,cluster]
         [--columns 1,redis,redis@50ms]  # a column with another --redis-deadline
+        [--repeat 3]  # medians of 3 interleaved runs
     .venv/bin/python -m tests.bench.replicas --fail-open [--quick]
 """
 
@@ -49,6 +55,7 @@ import asyncio
 import contextlib
 import math
 import os
+import statistics
 import time
 import urllib.request
 import uuid
@@ -313,14 +320,49 @@ def extra_rows(columns: Sequence[Column]) -> list[tuple[str, list[str]]]:
 
 
 def side_by_side(args: argparse.Namespace, workload: Sequence[tuple[int, str]]) -> None:
-    columns = []
-    for key in args.columns.split(","):
+    keys = args.columns.split(",")
+    for key in keys:
         name, at, deadline = key.partition("@")
         if name not in COLUMNS or (at and (COLUMNS[name][2] is None or not deadline)):
             raise SystemExit(
                 f"--columns: unknown column {key!r} (known: {', '.join(COLUMNS)};"
                 " redis@<deadline>, cluster@<deadline> set --redis-deadline)"
             )
+    runs = [one_run(args, workload, keys) for _ in range(args.repeat)]
+    if len(runs) > 1:
+        repeated(runs)
+
+
+def repeated(runs: Sequence[Sequence[Column]]) -> None:
+    """The runs' figures side by side, and each column's median against the first's: one
+    run's simulated TTFT p90 moves by about 10% between runs with the same placement."""
+    print(f"\n{len(runs)} runs, columns interleaved:")
+    modes = [c.outcome.mode for c in runs[0]]
+    for i, mode in enumerate(modes):
+        hits = [run[i].outcome.hit_rate for run in runs]
+        p90s = [run[i].outcome.sim_ttft_ms[1] for run in runs]
+        homes = ["-".join(str(v) for v in run[i].outcome.groups_per_instance) for run in runs]
+        print(
+            f"  {mode}: hit rate {' '.join(f'{h:.1%}' for h in hits)};"
+            f" sim TTFT p90 {' '.join(f'{p:.0f}' for p in p90s)} ms; groups {' '.join(homes)}"
+        )
+    base_hit = statistics.median(run[0].outcome.hit_rate for run in runs)
+    base_p90 = statistics.median(run[0].outcome.sim_ttft_ms[1] for run in runs)
+    for i, mode in enumerate(modes[1:], start=1):
+        hit = statistics.median(run[i].outcome.hit_rate for run in runs)
+        p90 = statistics.median(run[i].outcome.sim_ttft_ms[1] for run in runs)
+        print(
+            f"{mode} vs {modes[0]}, medians: hit rate {hit / base_hit:.1%} of it"
+            f" (target >= 95%), sim TTFT p90 {p90 / base_p90 - 1:+.1%} (target within 5%)"
+        )
+
+
+def one_run(
+    args: argparse.Namespace, workload: Sequence[tuple[int, str]], keys: Sequence[str]
+) -> list[Column]:
+    """Every column once, in order, on fresh stacks; its table and comparisons printed."""
+    columns = []
+    for key in keys:
         started = time.perf_counter()
         column = run_column(key, args, workload)
         print(f"  {column.outcome.mode}: done in {time.perf_counter() - started:.0f} s", flush=True)
@@ -340,6 +382,7 @@ def side_by_side(args: argparse.Namespace, workload: Sequence[tuple[int, str]]) 
             f" (target >= 95%), sim TTFT p90 {o.sim_ttft_ms[1] / base.sim_ttft_ms[1] - 1:+.1%}"
             " (target within 5%)"
         )
+    return columns
 
 
 # --- fail-open ---
@@ -554,6 +597,12 @@ def main() -> None:
         "--redis-args",
         default="",
         help="more EPP flags for the Redis columns, e.g. '--redis-deadline 20ms'",
+    )
+    parser.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="run the columns this many times, interleaved, and compare their medians",
     )
     parser.add_argument(
         "--fail-open",
