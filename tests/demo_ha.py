@@ -12,8 +12,9 @@ prefix index. Stops everything it started (also on Ctrl-C).
 Before each request the demo waits until the previous request's prefix reached Redis (the
 replicas' acknowledged-writes counters): the write is sent after the reply to Envoy, so a
 request arriving within that write's round trip would not see it yet (docs/shared-state.md).
-The replicas run with ``--redis-deadline 100ms`` so that a loaded laptop's pauses do not
-turn the demo's shared reads into local ones (the default, 5 ms, is for a server).
+The replicas run with ``--redis-deadline 100ms`` (and ``--redis-claim-deadline``) so that a
+loaded laptop's pauses do not turn the demo's shared reads into local ones (the defaults, 5
+and 20 ms, are for a server).
 
     .venv/bin/python -m tests.demo_ha [--rounds 4]
 """
@@ -182,6 +183,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "--redis-key-prefix",
                 f"epp:demo-ha-{uuid.uuid4().hex[:8]}",
                 "--redis-deadline",
+                "100ms",
+                "--redis-claim-deadline",
                 "100ms",
             ],
         )

@@ -328,14 +328,20 @@ class RequestExchangeState:
                     "request %s denied by %s: %s", request.request_id, admitter.typed_name, reason
                 )
                 raise InternalError("request cannot be admitted")
-        result = control.scheduler.schedule(request, candidates, span=span)
+        scheduler = control.scheduler
+        started = time.perf_counter()
+        result = scheduler.schedule(request, candidates, span=span, record=False)
+        took = time.perf_counter() - started
         primary = result.primary
         if primary is None or not primary.target_endpoints:
+            scheduler.record_attempt(request, took, result)
             raise ResourceExhaustedError("failed to find target endpoint")
         for claimer in control.placement_claimers:
             chosen = await _guarded(claimer.typed_name, claimer.claim_placement(request, result))
             if chosen is not None:
                 result = _put_first(result, chosen)
+        # The attempt counts where the request goes, after any claim moved it.
+        scheduler.record_attempt(request, took, result)
         request.scheduling_result = result
         return result
 

@@ -63,7 +63,11 @@ class Scheduler:
         candidates: Sequence[Candidate],
         *,
         span: Span | None = None,
+        record: bool = True,
     ) -> SchedulingResult:
+        """Run the profiles. A failure is recorded as an attempt at once; a success too
+        unless ``record`` is false: then the caller calls ``record_attempt`` with the
+        result the request is routed on (a placement claim may move its first target)."""
         observer = self._observer
         started = time.perf_counter()
         scheduling_span = None
@@ -77,10 +81,17 @@ class Scheduler:
                 scheduling_span.record_error(exc.message)
                 scheduling_span.end()
             raise
-        observer.attempt(time.perf_counter() - started, request.target_model, result)
+        if record:
+            observer.attempt(time.perf_counter() - started, request.target_model, result)
         if scheduling_span is not None:
             scheduling_span.end()
         return result
+
+    def record_attempt(
+        self, request: InferenceRequest, seconds: float, result: SchedulingResult
+    ) -> None:
+        """A successful attempt that took ``seconds``, routed on ``result``."""
+        self._observer.attempt(seconds, request.target_model, result)
 
     def _schedule(
         self,

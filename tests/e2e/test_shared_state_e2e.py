@@ -89,6 +89,8 @@ async def test_replicas_sharing_redis_send_one_prefix_to_one_server(redis: Redis
             # claim) and make the test flaky.
             "--redis-deadline",
             "1s",
+            "--redis-claim-deadline",
+            "1s",
         ],
     )
     with Stack.run(options) as stack:
@@ -165,6 +167,8 @@ async def test_replicas_sharing_redis_share_session_bindings(redis: RedisServer)
             f"epp:e2e-{uuid.uuid4().hex[:8]}",
             "--redis-deadline",
             "500ms",  # a loaded test machine can pause a process longer than 5 ms
+            "--redis-claim-deadline",
+            "500ms",
         ],
     )
     body = orjson.dumps({"model": DEFAULT_MODEL, "prompt": "hi", "max_tokens": 1})

@@ -56,6 +56,8 @@ def _options(url: str, base_ip: str) -> StackOptions:
             # deadline misses would add their own degrade lines and make the test flaky.
             "--redis-deadline",
             "200ms",
+            "--redis-claim-deadline",
+            "200ms",
         ],
     )
 
