@@ -235,7 +235,9 @@ async def test_a_burst_of_new_prompts_through_three_replicas_lands_on_one_server
             "--config-text", _config(tokenizer, port, speculative_ttl="2s"),
             "--redis-url", redis.url,
             "--redis-key-prefix", f"epp:e2e-{uuid.uuid4().hex[:8]}",
-            "--redis-deadline", "500ms",  # a loaded test machine can pause a process
+            # a loaded test machine can pause a process longer than the defaults
+            "--redis-deadline", "500ms",
+            "--redis-claim-deadline", "500ms",
         ],
     )  # fmt: skip
     prompts = {p: f"Burst {p} asks: {SYSTEM}" for p in range(4)}
