@@ -15,9 +15,11 @@ from domain.prefixcache.kv_block_index import InMemoryKVBlockIndex
 from domain.prefixcache.precise import PromptKeyer
 from domain.requestcontrol.plugins.precise_prefix_producer import (
     TYPE,
+    KVEventsConfig,
     PrecisePrefixCacheParameters,
     PrecisePrefixCacheProducer,
     TokenProcessorConfig,
+    _shared_keys,
 )
 from domain.requestcontrol.plugins.prefix_producer import (
     ApproxPrefixCacheProducer,
@@ -25,7 +27,7 @@ from domain.requestcontrol.plugins.prefix_producer import (
 )
 from domain.scheduling.types import Candidate, ProfileRunResult, SchedulingResult
 from ports.endpoints import EndpointEvent, EndpointEventKind
-from ports.kv_events import BlockStored
+from ports.kv_events import DATA_PARALLEL_RANK_HEADER, BlockStored, rank_key
 from ports.metric_catalogue import KV_KEYS_UNKEYED
 from ports.tokenizer import ChatTemplateError, TokenizerError
 from tests.fakes.observer import RecordingObserver
@@ -440,3 +442,31 @@ async def test_requests_on_the_approximate_path_are_claimed_once_by_the_fallback
     await other.prepare_request_data(inference_request(chat, path="/v1/chat/completions"), again)
     assert _matched(again[0]) == 0
     assert _matched(again[1]) > 0
+
+
+async def test_data_parallel_endpoints_are_claimed_whole_and_pinned_once_an_engine_holds() -> None:
+    shared, now = InMemoryPrefixIndex(), [100.0]
+    plugin = sharing(shared, now)
+    plugin.parameters = replace(
+        plugin.parameters, kv_events_config=KVEventsConfig(data_parallel_size=2)
+    )
+    first, cands = inference_request(PROMPT), [candidate("a"), candidate("b")]
+    await plugin.prepare_request_data(first, cands)
+    assert await plugin.claim_placement(first, picked(cands[1])) is None
+    await plugin.pre_request(first, picked(cands[1]))
+    assert not first.upstream_headers  # no engine holds it: the server balances them
+    assert await shared.match(plugin_keys(plugin, now[0])) == {"b": 4}  # the endpoint
+    index = plugin.index
+    assert isinstance(index, InMemoryKVBlockIndex)
+    index.apply(rank_key("b", 1), [stored(plugin.keyer.keys(PROMPT["prompt"]))])
+    second, again = inference_request(PROMPT), [candidate("a"), candidate("b")]
+    await plugin.prepare_request_data(second, again)
+    assert await plugin.claim_placement(second, picked(again[1])) is None
+    await plugin.pre_request(second, picked(again[1]))
+    assert second.upstream_headers == [(DATA_PARALLEL_RANK_HEADER, "1")]
+
+
+def plugin_keys(plugin: PrecisePrefixCacheProducer, now: float) -> list[int]:
+    """The prompt's keys as the shared prefix index holds them now."""
+    window = int(now // (plugin.parameters.speculative_ttl / 2))
+    return _shared_keys(plugin.keyer.keys(PROMPT["prompt"]), window)
