@@ -263,6 +263,9 @@ def _precise_prefix_cache_producer(
             handle,
         ),
         adapters=adapters,
+        # speculative entries shared by the pool's processes (Redis with --redis-url)
+        shared=handle.prefix_index,
+        datastore=datastore,
     )
     datastore.subscribe(producer.on_endpoint_event)
     return producer

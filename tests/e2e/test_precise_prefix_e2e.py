@@ -30,14 +30,14 @@ SYSTEM = (
 ) * 3
 
 
-def _config(tokenizer: Path, port: int) -> str:
+def _config(tokenizer: Path, port: int, *, speculative_ttl: str = "0s") -> str:
     return f"""
 plugins:
 - type: precise-prefix-cache-producer
   parameters:
     tokenProcessorConfig: {{blockSizeTokens: 16, hashSeed: "{SEED}", tokenizerPath: "{tokenizer}"}}
     kvEventsConfig: {{socketPort: {port}, replayPort: {port + 1}}}
-    speculativeTtl: 0s
+    speculativeTtl: {speculative_ttl}
 - type: prefix-cache-scorer
 - type: max-score-picker
 schedulingProfiles:

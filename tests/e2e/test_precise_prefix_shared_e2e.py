@@ -5,7 +5,8 @@ Two replicas behind one Envoy (round robin) run ``precise-prefix-cache-producer`
 server holding it; the pool's copy of the index lands in Redis, written once per event by
 the one replica holding each endpoint's writer lease, not by both. A replica that starts
 later routes warm from that copy on its first request, and a replica that stops hands its
-writer leases over at once.
+writer leases over at once. With speculative entries on, a burst of new prompts sent
+through three replicas at once puts each prompt on one server (the shared claim).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import aiohttp
 import pytest
 
 from tests.e2e.test_precise_prefix_e2e import SEED, SYSTEM, _config, _post, _prefix_score
-from tests.simulator import DEFAULT_MODEL
+from tests.simulator import DEFAULT_MODEL, INSTANCE_HEADER
 from tests.support.redis import RedisServer
 from tests.support.stack import (
     Stack,
@@ -37,6 +38,16 @@ pytestmark = pytest.mark.e2e
 BASE_IP = "127.0.0.56"
 
 
+def _simulator_args(tokenizer: Path, port: int) -> list[str]:
+    """Simulators publishing KV events on ``port``, hashing as the EPP's config says."""
+    return [
+        "--kv-events-port", str(port),
+        "--tokenizer", str(tokenizer),
+        "--hash-seed", SEED,
+        "--block-size", "16",
+    ]  # fmt: skip
+
+
 async def test_replicas_share_the_kv_block_index_on_redis(
     tmp_path: Path, redis: RedisServer
 ) -> None:
@@ -46,12 +57,7 @@ async def test_replicas_share_the_kv_block_index_on_redis(
     options = StackOptions(
         simulators=3,
         simulator_base_ip=BASE_IP,
-        simulator_args=[
-            "--kv-events-port", str(port),
-            "--tokenizer", str(tokenizer),
-            "--hash-seed", SEED,
-            "--block-size", "16",
-        ],
+        simulator_args=_simulator_args(tokenizer, port),
         epp_replicas=2,
         epp_args=[
             "--config-text", _config(tokenizer, port),
@@ -152,12 +158,7 @@ async def test_a_new_replica_routes_warm_at_once_and_a_stopped_one_hands_over(
     first_options = StackOptions(
         simulators=3,
         simulator_base_ip=BASE_IP,
-        simulator_args=[
-            "--kv-events-port", str(port),
-            "--tokenizer", str(tokenizer),
-            "--hash-seed", SEED,
-            "--block-size", "16",
-        ],
+        simulator_args=_simulator_args(tokenizer, port),
         epp_args=epp_args,
     )  # fmt: skip
     with Stack.run(first_options) as first:
@@ -214,3 +215,47 @@ async def test_a_new_replica_routes_warm_at_once_and_a_stopped_one_hands_over(
 
             wait_for(taken_over, timeout=10, what="the second replica to take the leases")
             assert time.monotonic() - stopped < 6.0
+
+
+async def test_a_burst_of_new_prompts_through_three_replicas_lands_on_one_server_each(
+    tmp_path: Path, redis: RedisServer
+) -> None:
+    """Each new prompt is sent six times at once, round robin over three replicas: every
+    replica matches it before any server has prefilled it (no events yet), and without
+    the shared claim each replica's pick of equal scores is its own (a prompt stays on one
+    server with a chance of 1 in 9; for all four, about 1 in 6,500)."""
+    tokenizer = write_tokenizer_json(tmp_path / "tokenizer.json")
+    port = free_port("127.0.0.136")
+    options = StackOptions(
+        simulators=3,
+        simulator_base_ip="127.0.0.136",
+        simulator_args=_simulator_args(tokenizer, port),
+        epp_replicas=3,
+        epp_args=[
+            "--config-text", _config(tokenizer, port, speculative_ttl="2s"),
+            "--redis-url", redis.url,
+            "--redis-key-prefix", f"epp:e2e-{uuid.uuid4().hex[:8]}",
+            # a loaded test machine can pause a process longer than the defaults
+            "--redis-deadline", "500ms",
+            "--redis-claim-deadline", "500ms",
+        ],
+    )  # fmt: skip
+    prompts = {p: f"Burst {p} asks: {SYSTEM}" for p in range(4)}
+    served: dict[int, list[str]] = {p: [] for p in prompts}
+    with Stack.run(options) as stack:
+        async with aiohttp.ClientSession() as session:
+
+            async def send(prompt: int) -> None:
+                body = {"model": DEFAULT_MODEL, "prompt": prompts[prompt], "max_tokens": 1}
+                async with session.post(f"{stack.url}/v1/completions", json=body) as response:
+                    assert response.status == 200, await response.text()
+                    served[prompt].append(response.headers[INSTANCE_HEADER])
+
+            await asyncio.gather(*(send(p) for _ in range(6) for p in prompts))
+        per_replica = [
+            metric_sum(url, "inference_objective_request_total")
+            for url in replica_metrics_urls(stack)
+        ]
+    assert all(count > 0 for count in per_replica), per_replica  # every replica routed
+    for prompt, servers in served.items():
+        assert len(set(servers)) == 1, (prompt, servers)

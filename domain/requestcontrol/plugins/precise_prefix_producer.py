@@ -10,7 +10,17 @@ which ``prefix-cache-scorer`` turns into a score.
 
 After scheduling, the chosen endpoint is credited with the prompt's blocks for
 ``speculativeTtl`` seconds (until its events confirm them), so a burst of one prefix
-does not scatter before the first events arrive.
+does not scatter before the first events arrive. Those speculative entries are shared
+by the EPP processes of a pool through the Handle's ``PrefixIndex`` (on Redis with
+``--redis-url``; in memory otherwise): a request whose prompt no candidate holds a block
+of (cold everywhere) looks its keys up there too (``match``: where another process just
+sent it), and when nobody did, claims them for the endpoint it picked
+(``claim_placement``, as ``approx-prefix-cache-producer`` does; the first claim wins and
+the others follow its endpoint). The keys are mixed there with a constant of this
+producer and a window of ``speculativeTtl / 2`` seconds of wall-clock time (the current
+window is claimed; the current and previous ones are matched), so they never meet the
+approximate producer's keys in the same index and are forgotten after at most
+``speculativeTtl``, as the local speculative entries are.
 
 The keys carry what the engine adds to its block hashes: a request to a LoRA adapter is
 hashed with the adapter's name on every block (an adapter is a model name the servers'
@@ -35,17 +45,23 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from domain.datalayer.attributes import PREFIX_CACHE_MATCH_INFO, PrefixCacheMatchInfo
+from domain.datastore.store import Datastore
 from domain.plugins.base import Duration, TypedName
 from domain.plugins.hooks import BackgroundPlugin, ConsumerPlugin, ProducerPlugin
 from domain.plugins.state import StateKey
 from domain.prefixcache.engine_hash import HASH_ALGORITHMS
 from domain.prefixcache.kv_block_index import InMemoryKVBlockIndex
 from domain.prefixcache.precise import LoraAdapterNames, PromptKeyer
-from domain.requestcontrol.plugins.prefix_producer import ApproxPrefixCacheProducer
+from domain.requestcontrol.plugins.prefix_producer import (
+    ApproxPrefixCacheProducer,
+    PrefixCacheParameters,
+    claim_new_prefix,
+)
 from domain.requesthandling.openai import ApiKind
 from domain.scheduling.types import Candidate, InferenceRequest, SchedulingResult
 from domain.sharedstate.shared_kv_index import SharedKVBlockIndex
@@ -53,6 +69,7 @@ from ports.endpoints import EndpointEvent
 from ports.kv_events import DATA_PARALLEL_RANK_HEADER, rank_key
 from ports.metric_catalogue import KV_KEYS_UNKEYED, PREFIX_INDEXER_HIT_RATIO
 from ports.observer import NoopObserver, Observer
+from ports.prefix_index import ClaimingPrefixIndex, PrefixIndex
 from ports.tokenizer import ChatTemplateError, TokenizerError
 
 __all__ = [
@@ -71,6 +88,16 @@ _KEYS: StateKey[list[int]] = StateKey("precise-prefix-keys")
 _FALLBACK: StateKey[bool] = StateKey("precise-prefix-fallback")
 # endpoint -> the engine (data-parallel rank) holding the longest prefix
 _RANKS: StateKey[dict[str, int]] = StateKey("precise-prefix-ranks")
+# cold everywhere: the keys as the shared prefix index holds them (the current window)
+_SHARED_KEYS: StateKey[list[int]] = StateKey("precise-prefix-shared-keys")
+# cold everywhere and nobody claimed them: the candidates by name, for claim_placement
+_NEW_CHAIN: StateKey[dict[str, Candidate]] = StateKey("precise-prefix-new-chain")
+# the endpoint the shared prefix index has the keys for (pre_request does not add them)
+_CLAIMED_FOR: StateKey[str] = StateKey("precise-prefix-claimed-for")
+# mixed into the engine keys in the shared prefix index (see _shared_keys)
+_NAMESPACE = 0x5EC0_1A7E_9E37_79B9
+_MASK64 = (1 << 64) - 1
+_LRU_CAPACITY = PrefixCacheParameters().lru_capacity_per_server
 _NO_LABELS: dict[str, str] = {}
 INDEX_BACKENDS = ("in-memory", "redis")
 _REPLAY_TIMEOUT = Duration(1.0)
@@ -196,7 +223,9 @@ class PrecisePrefixCacheParameters:
 
 
 class PrecisePrefixCacheProducer(ProducerPlugin, ConsumerPlugin, BackgroundPlugin):
-    """DataProducer + PreRequest writing ``PrefixCacheMatchInfo`` from the events' index.
+    """DataProducer + PlacementClaimer + PreRequest writing ``PrefixCacheMatchInfo`` from
+    the events' index (and, for a prompt cold everywhere, the pool's shared speculative
+    entries: ``shared``, the Handle's prefix index; ``None`` or ``speculativeTtl`` 0: none).
 
     Background work (the app's ``start``/``stop``): ``start`` subscribes to the endpoints'
     events and starts the shared index (its warm load from the store); ``stop`` ends them
@@ -216,6 +245,9 @@ class PrecisePrefixCacheProducer(ProducerPlugin, ConsumerPlugin, BackgroundPlugi
         stop: Callable[[], Awaitable[None]] | None = None,
         fallback: ApproxPrefixCacheProducer | None = None,
         adapters: LoraAdapterNames | None = None,
+        shared: PrefixIndex | None = None,
+        datastore: Datastore | None = None,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self._typed_name = typed_name
         self.parameters = parameters
@@ -229,6 +261,11 @@ class PrecisePrefixCacheProducer(ProducerPlugin, ConsumerPlugin, BackgroundPlugi
         self._stop = stop
         self.fallback = fallback
         self.adapters = adapters if adapters is not None else LoraAdapterNames()
+        # speculative entries shared by the pool's processes (None: this process only)
+        self.shared = shared if parameters.speculative_ttl > 0 else None
+        self._datastore = datastore
+        self._clock = clock  # wall-clock time: the windows are the same in every process
+        self._window = parameters.speculative_ttl / 2
 
     def on_endpoint_event(self, event: EndpointEvent, _endpoint: object = None) -> None:
         """A datastore listener (owned by this plugin, so a config reload drops it)."""
@@ -408,6 +445,8 @@ class PrecisePrefixCacheProducer(ProducerPlugin, ConsumerPlugin, BackgroundPlugi
         else:
             matches, winners = self._match_engines(keys, names, ranks)
             request.state.put(self._typed_name.name, _RANKS, winners)
+        if self.shared is not None and not any(matches.get(name) for name in names):
+            matches = await self._speculated(request, keys, candidates)
         best = 0
         for candidate in candidates:
             matched = matches.get(candidate.info.name, 0)
@@ -416,6 +455,58 @@ class PrecisePrefixCacheProducer(ProducerPlugin, ConsumerPlugin, BackgroundPlugi
                 matched, total, self._block
             )
         self._observer.histogram(PREFIX_INDEXER_HIT_RATIO, _NO_LABELS, best / total)
+
+    async def _speculated(
+        self, request: InferenceRequest, keys: list[int], candidates: Sequence[Candidate]
+    ) -> Mapping[str, int]:
+        """A prompt no candidate holds a block of: where the pool's processes sent it in
+        the last ``speculativeTtl`` (the shared prefix index's current and previous
+        windows, matched at once). Nowhere: the request claims it after the pick."""
+        shared = self.shared
+        assert shared is not None
+        window = int(self._clock() // self._window)
+        current = _shared_keys(keys, window)
+        now, before = await asyncio.gather(
+            shared.match(current), shared.match(_shared_keys(keys, window - 1))
+        )
+        if now or before:
+            found = dict(before)
+            for name, matched in now.items():
+                found[name] = max(matched, found.get(name, 0))
+            return found
+        state = request.state
+        state.put(self._typed_name.name, _SHARED_KEYS, current)
+        if isinstance(shared, ClaimingPrefixIndex):
+            state.put(self._typed_name.name, _NEW_CHAIN, {c.info.name: c for c in candidates})
+        return now
+
+    async def claim_placement(
+        self, request: InferenceRequest, result: SchedulingResult
+    ) -> Candidate | None:
+        """``PlacementClaimer``: a prompt cold everywhere is claimed in the shared prefix
+        index for the pick; if another process claimed it first, the request follows that
+        process's endpoint when it is one of its candidates. A request on the approximate
+        path is claimed by the fallback (its own keys), never twice."""
+        name = self._typed_name.name
+        state = request.state
+        if state.get(name, _FALLBACK):
+            if self.fallback is None:
+                return None
+            return await self.fallback.claim_placement(request, result)
+        claim = await claim_new_prefix(
+            self.shared,
+            state.get(name, _SHARED_KEYS),
+            state.get(name, _NEW_CHAIN),
+            result,
+            datastore=self._datastore,
+            capacity=_capacity,
+            tokens_per_block=self._block,
+            request_id=request.request_id,
+        )
+        if claim is None:
+            return None
+        state.put(name, _CLAIMED_FOR, claim.owner)
+        return claim.follow
 
     def _match_engines(
         self, keys: list[int], names: list[str], ranks: int
@@ -441,7 +532,9 @@ class PrecisePrefixCacheProducer(ProducerPlugin, ConsumerPlugin, BackgroundPlugi
         primary = result.primary
         if primary is None or not primary.target_endpoints:
             return
-        chosen = primary.target_endpoints[0].info.name
+        target = primary.target_endpoints[0]
+        chosen = target.info.name
+        await self._share(request, target)
         engine = chosen
         if self.parameters.kv_events_config.data_parallel_size > 1:
             winners = request.state.get(self._typed_name.name, _RANKS) or {}
@@ -454,3 +547,41 @@ class PrecisePrefixCacheProducer(ProducerPlugin, ConsumerPlugin, BackgroundPlugi
         keys = request.state.get(self._typed_name.name, _KEYS)
         if ttl > 0 and keys:
             self.index.speculate(engine, keys, ttl)
+
+    async def _share(self, request: InferenceRequest, target: Candidate) -> None:
+        """A prompt cold everywhere that the claim did not record for ``target`` (an owner
+        not among the candidates, an index that cannot claim): recorded for it in the shared
+        prefix index, for the other processes."""
+        state = request.state
+        name = self._typed_name.name
+        keys = state.get(name, _SHARED_KEYS)
+        shared = self.shared
+        endpoint = target.info.name
+        if not keys or shared is None or state.get(name, _CLAIMED_FOR) == endpoint:
+            return
+        if self._datastore is not None and self._datastore.get(endpoint) is None:
+            return  # deleted since scheduling: not resurrected in the index
+        await shared.add(keys, endpoint, _capacity(target))
+
+
+def _capacity(target: Candidate) -> int:
+    """The most entries the shared prefix index keeps for ``target``: its KV-cache blocks
+    when its metrics report them (one entry per block), else the approximate default."""
+    metrics = target.metrics
+    if metrics is not None and metrics.cache_num_blocks > 0:
+        return metrics.cache_num_blocks
+    return _LRU_CAPACITY
+
+
+def _shared_keys(keys: Sequence[int], window: int) -> list[int]:
+    """``keys`` as the shared prefix index holds them in time window ``window``: each XORed
+    with a 64-bit mask derived (SplitMix64) from this producer's constant and the window.
+    A bijection within a window (distinct keys stay distinct, a chain stays a chain);
+    another window's keys, and the approximate producer's character hashes in the same
+    index, are other 64-bit values (meeting one is a 1-in-2**64 coincidence, as for any
+    two prompts)."""
+    z = (_NAMESPACE + window * 0x9E3779B97F4A7C15) & _MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    mask = z ^ (z >> 31)
+    return [key ^ mask for key in keys]

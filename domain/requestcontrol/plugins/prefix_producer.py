@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 
 from domain.datalayer.attributes import (
     IN_FLIGHT_LOAD,
@@ -25,6 +26,7 @@ from domain.datalayer.attributes import (
     PrefixCacheMatchInfo,
 )
 from domain.datastore.endpoint import Endpoint
+from domain.datastore.store import Datastore
 from domain.plugins.base import Plugin, PluginRegistry, TypedName
 from domain.plugins.handle import Handle
 from domain.plugins.hooks import ConsumerPlugin, ProducerPlugin
@@ -38,7 +40,7 @@ from domain.prefixcache.parameters import (
 from domain.scheduling.types import Candidate, InferenceRequest, SchedulingResult
 from ports.endpoints import EndpointEvent, EndpointEventKind
 from ports.metric_catalogue import PREFIX_INDEXER_HIT_BYTES, PREFIX_INDEXER_HIT_RATIO
-from ports.prefix_index import ClaimingPrefixIndex
+from ports.prefix_index import ClaimingPrefixIndex, PrefixIndex
 
 __all__ = [
     "BLOCK_HASHES",
@@ -47,7 +49,10 @@ __all__ = [
     "PREFILL_PROFILE",
     "TYPE",
     "ApproxPrefixCacheProducer",
+    "Claim",
     "PrefixCacheParameters",
+    "claim_new_prefix",
+    "new_prefix_alternates",
     "register",
 ]
 
@@ -165,61 +170,21 @@ class ApproxPrefixCacheProducer(ProducerPlugin, ConsumerPlugin):
     ) -> Candidate | None:
         name = self._typed_name.name
         state = request.state
-        candidates = state.get(name, NEW_CHAIN)
-        hashes = state.get(name, BLOCK_HASHES)
-        primary = result.primary
-        index = self._index
-        if (
-            candidates is None
-            or not hashes
-            or primary is None
-            or not primary.target_endpoints
-            or not isinstance(index, ClaimingPrefixIndex)
-        ):
+        claim = await claim_new_prefix(
+            self._index,
+            state.get(name, BLOCK_HASHES),
+            state.get(name, NEW_CHAIN),
+            result,
+            datastore=self._datastore,
+            capacity=self._capacity,
+            tokens_per_block=self.parameters.tokens_per_block,
+            request_id=request.request_id,
+        )
+        if claim is None:
             return None
-        picked = primary.target_endpoints[0]
-        if self._datastore.get(picked.info.name) is None:
-            return None
-        alternates = self._alternates(picked, primary.alternates, candidates, len(hashes))
-        owner = await index.claim(hashes, picked.info.name, self._capacity(picked), alternates)
-        if owner == picked.info.name:
-            state.put(name, CLAIMED_FOR, owner)
-            return None
-        chosen = candidates.get(owner)
-        if chosen is not None:
-            logger.debug(
-                "request %s: new prefix already placed on %s, not %s",
-                request.request_id,
-                owner,
-                picked.info.name,
-            )
-        return chosen
-
-    def _alternates(
-        self,
-        picked: Candidate,
-        passed: Sequence[Candidate],
-        candidates: dict[str, Candidate],
-        blocks: int,
-    ) -> list[str]:
-        """The endpoints as good as ``picked`` for a new prefix of ``blocks`` blocks: those
-        that passed the filters with an in-flight load (the pool's, as this process last
-        read it) at most ``NEAR_PROMPTS`` such prompts above the pick's. The decisions of
-        the last moments, other processes' and this one's still awaiting their claim, are
-        missing from that load, so within that margin the claim prefers the endpoint the
-        fewest new prefixes went to lately, pool-wide. Without the ``InFlightLoad``
-        attribute (no ``inflight-load-producer``): none."""
-        load = picked.attributes.get(IN_FLIGHT_LOAD)
-        if not passed or not isinstance(load, InFlightLoad):
-            return []
-        limit = load.tokens + NEAR_PROMPTS * blocks * self.parameters.tokens_per_block
-        near: list[str] = []
-        for other in passed:
-            name = other.info.name
-            theirs = other.attributes.get(IN_FLIGHT_LOAD)
-            if isinstance(theirs, InFlightLoad) and theirs.tokens <= limit and name in candidates:
-                near.append(name)
-        return near
+        if claim.owner == claim.picked:
+            state.put(name, CLAIMED_FOR, claim.owner)
+        return claim.follow
 
     async def pre_request(self, request: InferenceRequest, result: SchedulingResult) -> None:
         name = self._typed_name.name
@@ -272,6 +237,86 @@ class ApproxPrefixCacheProducer(ProducerPlugin, ConsumerPlugin):
             await self._index.remove_endpoint(name)
         except Exception:
             logger.exception("removing deleted endpoint %s from the prefix index failed", name)
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """What ``claim_new_prefix`` learnt: the endpoint that owns the new chain now, the
+    endpoint this process picked, and the candidate to move the request to (``None``: keep
+    the pick; the owner is the pick, or not one of this request's candidates)."""
+
+    owner: str
+    picked: str
+    follow: Candidate | None
+
+
+async def claim_new_prefix(
+    index: PrefixIndex | None,
+    hashes: Sequence[int] | None,
+    candidates: Mapping[str, Candidate] | None,
+    result: SchedulingResult,
+    *,
+    datastore: Datastore | None,
+    capacity: Callable[[Candidate], int],
+    tokens_per_block: int,
+    request_id: str,
+) -> Claim | None:
+    """Claim the new chain ``hashes`` (no endpoint held any of it when the request was
+    matched) for the primary profile's pick, with its alternates (``new_prefix_alternates``);
+    ``None`` when nothing was claimed: no ``hashes`` or ``candidates`` (the request's
+    candidates by name, as they were matched; ``None``: its prefix was not new), an
+    ``index`` that cannot claim, no pick, or a pick no longer in ``datastore``. Shared by
+    the prefix producers (``PlacementClaimer``)."""
+    primary = result.primary
+    if (
+        not hashes
+        or candidates is None
+        or not isinstance(index, ClaimingPrefixIndex)
+        or primary is None
+        or not primary.target_endpoints
+    ):
+        return None
+    picked = primary.target_endpoints[0]
+    name = picked.info.name
+    if datastore is not None and datastore.get(name) is None:
+        return None
+    alternates = new_prefix_alternates(
+        picked, primary.alternates, candidates, len(hashes), tokens_per_block
+    )
+    owner = await index.claim(hashes, name, capacity(picked), alternates)
+    if owner == name:
+        return Claim(owner, name, None)
+    chosen = candidates.get(owner)
+    if chosen is not None:
+        logger.debug("request %s: new prefix already placed on %s, not %s", request_id, owner, name)
+    return Claim(owner, name, chosen)
+
+
+def new_prefix_alternates(
+    picked: Candidate,
+    passed: Sequence[Candidate],
+    candidates: Mapping[str, Candidate],
+    blocks: int,
+    tokens_per_block: int,
+) -> list[str]:
+    """The endpoints as good as ``picked`` for a new prefix of ``blocks`` blocks: those
+    that passed the filters with an in-flight load (the pool's, as this process last
+    read it) at most ``NEAR_PROMPTS`` such prompts above the pick's. The decisions of the
+    last moments, other processes' and this one's still awaiting their claim, are missing
+    from that load, so within that margin the claim prefers the endpoint the fewest new
+    prefixes went to lately, pool-wide. Without the ``InFlightLoad`` attribute (no
+    ``inflight-load-producer``): none."""
+    load = picked.attributes.get(IN_FLIGHT_LOAD)
+    if not passed or not isinstance(load, InFlightLoad):
+        return []
+    limit = load.tokens + NEAR_PROMPTS * blocks * tokens_per_block
+    near: list[str] = []
+    for other in passed:
+        name = other.info.name
+        theirs = other.attributes.get(IN_FLIGHT_LOAD)
+        if isinstance(theirs, InFlightLoad) and theirs.tokens <= limit and name in candidates:
+            near.append(name)
+    return near
 
 
 def _factory(name: str, parameters: PrefixCacheParameters, handle: Handle) -> Plugin:

@@ -15,9 +15,11 @@ from domain.prefixcache.kv_block_index import InMemoryKVBlockIndex
 from domain.prefixcache.precise import PromptKeyer
 from domain.requestcontrol.plugins.precise_prefix_producer import (
     TYPE,
+    KVEventsConfig,
     PrecisePrefixCacheParameters,
     PrecisePrefixCacheProducer,
     TokenProcessorConfig,
+    _shared_keys,
 )
 from domain.requestcontrol.plugins.prefix_producer import (
     ApproxPrefixCacheProducer,
@@ -25,7 +27,7 @@ from domain.requestcontrol.plugins.prefix_producer import (
 )
 from domain.scheduling.types import Candidate, ProfileRunResult, SchedulingResult
 from ports.endpoints import EndpointEvent, EndpointEventKind
-from ports.kv_events import BlockStored
+from ports.kv_events import DATA_PARALLEL_RANK_HEADER, BlockStored, rank_key
 from ports.metric_catalogue import KV_KEYS_UNKEYED
 from ports.tokenizer import ChatTemplateError, TokenizerError
 from tests.fakes.observer import RecordingObserver
@@ -327,3 +329,144 @@ async def test_the_cache_salt_goes_with_the_first_block() -> None:
         body = {"model": "m", "prompt": prompt, **({"cache_salt": salt} if salt else {})}
         await plugin.prepare_request_data(inference_request(body), cands)
         assert _matched(cands[0]) == matched, salt
+
+
+def sharing(
+    shared: InMemoryPrefixIndex, now: list[float], ttl: float = 2.0
+) -> PrecisePrefixCacheProducer:
+    """A producer of one EPP process whose speculative entries go to ``shared`` (the pool's
+    prefix index), with its own events' index (no events: every prompt is cold)."""
+    plugin, _ = producer(ttl)
+    plugin.shared = shared
+    plugin._clock = lambda: now[0]
+    return plugin
+
+
+def picked(*targets: Candidate) -> SchedulingResult:
+    return SchedulingResult(
+        profile_results={"default": ProfileRunResult(targets)}, primary_profile_name="default"
+    )
+
+
+PROMPT = {"model": "m", "prompt": "abcdefghijklmnop"}
+
+
+async def test_a_new_prompt_routed_by_two_processes_at_once_follows_the_first_claim() -> None:
+    shared, now = InMemoryPrefixIndex(), [100.0]
+    first, second = sharing(shared, now), sharing(shared, now)
+    one, two = inference_request(PROMPT), inference_request(PROMPT)
+    mine, theirs = [candidate("a"), candidate("b")], [candidate("a"), candidate("b")]
+    await first.prepare_request_data(one, mine)
+    await second.prepare_request_data(two, theirs)  # both matched before any claim
+    assert await first.claim_placement(one, picked(mine[0])) is None  # recorded for a
+    moved = await second.claim_placement(two, picked(theirs[1]))  # b, told a owns it
+    assert moved is theirs[0]
+    # a third request through the second process sees where the prompt went
+    again = [candidate("a"), candidate("b")]
+    await second.prepare_request_data(inference_request(PROMPT), again)
+    assert [_matched(c) for c in again] == [4, 0]
+    # until speculativeTtl has passed (the windows are half of it): then it is forgotten
+    now[0] += 2.0
+    later = [candidate("a"), candidate("b")]
+    await second.prepare_request_data(inference_request(PROMPT), later)
+    assert [_matched(c) for c in later] == [0, 0]
+
+
+async def test_the_pick_of_an_unclaimed_new_prompt_is_shared_after_routing() -> None:
+    shared, now = InMemoryPrefixIndex(), [100.0]
+    first, second = sharing(shared, now), sharing(shared, now)
+    request, cands = inference_request(PROMPT), [candidate("a"), candidate("b")]
+    await first.prepare_request_data(request, cands)
+    await first.pre_request(request, picked(cands[1]))  # no claim ran (as without claimers)
+    seen = [candidate("a"), candidate("b")]
+    await second.prepare_request_data(inference_request(PROMPT), seen)
+    assert [_matched(c) for c in seen] == [0, 4]
+
+
+async def test_a_prompt_a_server_holds_claims_nothing() -> None:
+    shared, now = InMemoryPrefixIndex(), [100.0]
+    plugin = sharing(shared, now)
+    index = plugin.index
+    assert isinstance(index, InMemoryKVBlockIndex)
+    index.apply("b", [stored(plugin.keyer.keys("abcdefgh"))])  # its first two blocks
+    request, cands = inference_request(PROMPT), [candidate("a"), candidate("b")]
+    await plugin.prepare_request_data(request, cands)
+    assert [_matched(c) for c in cands] == [0, 2]
+    assert await plugin.claim_placement(request, picked(cands[0])) is None
+    await plugin.pre_request(request, picked(cands[0]))
+    assert shared.size() == 0
+
+
+async def test_speculative_entries_off_share_nothing() -> None:
+    shared, now = InMemoryPrefixIndex(), [100.0]
+    plugin, _ = producer(ttl=0)
+    plugin = PrecisePrefixCacheProducer(
+        plugin.typed_name, plugin.parameters, keyer=plugin.keyer, index=plugin.index,
+        shared=shared, clock=lambda: now[0],
+    )  # fmt: skip
+    request, cands = inference_request(PROMPT), [candidate("a"), candidate("b")]
+    await plugin.prepare_request_data(request, cands)
+    assert await plugin.claim_placement(request, picked(cands[0])) is None
+    await plugin.pre_request(request, picked(cands[0]))
+    assert shared.size() == 0
+
+
+async def test_requests_on_the_approximate_path_are_claimed_once_by_the_fallback() -> None:
+    shared, now = InMemoryPrefixIndex(), [100.0]
+    plugin = sharing(shared, now)
+    plugin.keyer.chat = None  # chat requests take the approximate path
+    handle = plugin_handle(hasher=StdlibBlockHasher(), prefix_index=shared)
+    plugin.fallback = ApproxPrefixCacheProducer(
+        TypedName("approx-prefix-cache-producer", "fallback"),
+        PrefixCacheParameters(block_size_tokens=BLOCK, auto_tune=False),
+        handle,
+    )
+    for name in ("a", "b"):
+        handle.datastore.apply(
+            EndpointEvent(kind=EndpointEventKind.ADD_OR_UPDATE, endpoint=candidate(name).info)
+        )
+    chat = {"model": "m", "messages": [{"role": "user", "content": "abcdefgh" * 20}]}
+    request = inference_request(chat, path="/v1/chat/completions")
+    cands = [candidate("a"), candidate("b")]
+    await plugin.prepare_request_data(request, cands)
+    assert await plugin.claim_placement(request, picked(cands[1])) is None
+    blocks = shared.size()
+    assert blocks > 0  # the fallback's claim: its character hashes, for b
+    await plugin.pre_request(request, picked(cands[1]))
+    assert shared.size() == blocks  # recorded once, by the claim
+    # another process routing the same chat request follows b
+    other = sharing(shared, now)
+    other.keyer.chat = None
+    other.fallback = plugin.fallback
+    again = [candidate("a"), candidate("b")]
+    await other.prepare_request_data(inference_request(chat, path="/v1/chat/completions"), again)
+    assert _matched(again[0]) == 0
+    assert _matched(again[1]) > 0
+
+
+async def test_data_parallel_endpoints_are_claimed_whole_and_pinned_once_an_engine_holds() -> None:
+    shared, now = InMemoryPrefixIndex(), [100.0]
+    plugin = sharing(shared, now)
+    plugin.parameters = replace(
+        plugin.parameters, kv_events_config=KVEventsConfig(data_parallel_size=2)
+    )
+    first, cands = inference_request(PROMPT), [candidate("a"), candidate("b")]
+    await plugin.prepare_request_data(first, cands)
+    assert await plugin.claim_placement(first, picked(cands[1])) is None
+    await plugin.pre_request(first, picked(cands[1]))
+    assert not first.upstream_headers  # no engine holds it: the server balances them
+    assert await shared.match(plugin_keys(plugin, now[0])) == {"b": 4}  # the endpoint
+    index = plugin.index
+    assert isinstance(index, InMemoryKVBlockIndex)
+    index.apply(rank_key("b", 1), [stored(plugin.keyer.keys(PROMPT["prompt"]))])
+    second, again = inference_request(PROMPT), [candidate("a"), candidate("b")]
+    await plugin.prepare_request_data(second, again)
+    assert await plugin.claim_placement(second, picked(again[1])) is None
+    await plugin.pre_request(second, picked(again[1]))
+    assert second.upstream_headers == [(DATA_PARALLEL_RANK_HEADER, "1")]
+
+
+def plugin_keys(plugin: PrecisePrefixCacheProducer, now: float) -> list[int]:
+    """The prompt's keys as the shared prefix index holds them now."""
+    window = int(now // (plugin.parameters.speculative_ttl / 2))
+    return _shared_keys(plugin.keyer.keys(PROMPT["prompt"]), window)
