@@ -12,7 +12,11 @@ leave a block the server no longer holds. So:
 - a lower number means the publisher restarted (its engine's cache is empty): the
   endpoint's entries are dropped and the stream followed from there;
 - a lost connection (ZMQ's socket monitor) reports ``lost`` at once; ZMQ reconnects by
-  itself, and the first message after that decides as above;
+  itself, and the first message after that drops the endpoint's entries and follows the
+  stream from there, whatever its number: the publisher may have restarted (its engine's
+  cache empty), and its first batches, sent while this socket reconnected, may be lost, so
+  its numbering can happen to continue the old one's (a replay would answer with the new
+  stream's batches too);
 - the first message ever is trusted as is: nothing was known before it.
 
 Hostile or broken publishers: messages larger than ``max_message_bytes`` make ZMQ drop
@@ -86,6 +90,7 @@ class KVEventSubscriber:
         self._observer = observer if observer is not None else NoopObserver()
         self._expected: int | None = None
         self._lost = False
+        self._disconnected = False
         self._logged: set[str] = set()
         self.batches = 0
         self.gaps = 0
@@ -122,6 +127,7 @@ class KVEventSubscriber:
         while True:
             message = parse_monitor_message(await monitor.recv_multipart())
             if message["event"] == zmq.EVENT_DISCONNECTED:
+                self._disconnected = self._expected is not None
                 self._mark_lost("disconnected")
 
     async def _receive(self, sub: zmq.asyncio.Socket) -> None:
@@ -139,7 +145,13 @@ class KVEventSubscriber:
             return
         seq = int.from_bytes(frames[1], "big")
         expected = self._expected
-        if expected is None or seq == expected:
+        if self._disconnected:
+            # The first message after a lost connection: the same stream or a restarted one
+            # cannot be told apart, so what was known goes.
+            self._disconnected = False
+            self._reset()
+            self._apply(frames[2])
+        elif expected is None or seq == expected:
             self._apply(frames[2])
             if self._lost:
                 self._set_trusted()

@@ -169,6 +169,58 @@ async def test_lost_publisher_is_distrusted_then_followed_after_restart() -> Non
         await publisher.stop()
 
 
+async def test_a_restarted_publisher_whose_numbering_continues_ours_is_not_trusted_blindly() -> (
+    None
+):
+    """The restarted engine's first batch is lost while the subscriber reconnects, so the
+    first one it receives carries the number the old stream would have sent next."""
+    index = InMemoryKVBlockIndex()
+    publisher = KVEventPublisher(endpoint="tcp://127.0.0.7:*", block_size=BLOCK)
+    publisher.start()
+    address = publisher.endpoint
+    subscriptions = KVEventSubscriptions(
+        sink=index, config=SubscriberConfig(reconnect_interval=0.02)
+    )
+    subscriptions.add_address(ENDPOINT, address, None)
+    old, new = b"\x01" * 32, b"\x02" * 32
+    old_key, new_key = external_hash(old), external_hash(new)
+    try:
+
+        def old_arrived() -> bool:
+            if index.match([old_key], [ENDPOINT]):
+                return True
+            publisher.stored(old, None, [1] * BLOCK)  # resend until the SUB is connected
+            return False
+
+        await until(old_arrived, "the stored block")
+        subscriber = subscriptions.subscriber(ENDPOINT)
+        assert subscriber is not None
+        received = subscriber.batches
+        publisher.stored(old, None, [1] * BLOCK)  # connected now: the last one it receives
+        await until(lambda: subscriber.batches == received + 1, "the last old batch")
+        expected = publisher.next_sequence  # the number the old stream would send next
+        await publisher.stop()
+        await until(lambda: not index.trusted(ENDPOINT), "the lost connection")
+        publisher = KVEventPublisher(endpoint=address, block_size=BLOCK)
+        publisher.start()
+        publisher.drop_next(expected, replayable=False)  # its first batches never arrive
+        for _ in range(expected):
+            publisher.stored(b"\x03" * 32, None, [1] * BLOCK)
+
+        def new_arrived() -> bool:
+            if index.match([new_key], [ENDPOINT]):
+                return True
+            publisher.stored(new, None, [1] * BLOCK)
+            return False
+
+        await until(new_arrived, "the restarted publisher's block")
+        assert index.match([old_key], [ENDPOINT]) == {}  # before: the old block, trusted
+        assert index.trusted(ENDPOINT)
+    finally:
+        await subscriptions.close()
+        await publisher.stop()
+
+
 async def test_garbage_from_a_publisher_is_counted_and_never_trusted() -> None:
     index = InMemoryKVBlockIndex()
     observer = RecordingObserver()
