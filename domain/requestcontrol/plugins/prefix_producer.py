@@ -31,7 +31,7 @@ from domain.plugins.base import Plugin, PluginRegistry, TypedName
 from domain.plugins.handle import Handle
 from domain.plugins.hooks import ConsumerPlugin, ProducerPlugin
 from domain.plugins.state import StateKey
-from domain.prefixcache.index import SupportsSyncEndpointRemoval
+from domain.prefixcache.index import InMemoryPrefixIndex, SupportsSyncEndpointRemoval
 from domain.prefixcache.parameters import (
     CHARS_PER_TOKEN,
     DEFAULT_BLOCK_SIZE_TOKENS,
@@ -280,8 +280,14 @@ async def claim_new_prefix(
     name = picked.info.name
     if datastore is not None and datastore.get(name) is None:
         return None
-    alternates = new_prefix_alternates(
-        picked, primary.alternates, candidates, len(hashes), tokens_per_block
+    # One process's own index: its load is exact and nothing decides beside it, so the
+    # pick stands (measured: spreading there made a Zipf workload's p90 worse).
+    alternates = (
+        []
+        if isinstance(index, InMemoryPrefixIndex)
+        else new_prefix_alternates(
+            picked, primary.alternates, candidates, len(hashes), tokens_per_block
+        )
     )
     owner = await index.claim(hashes, name, capacity(picked), alternates)
     if owner == name:

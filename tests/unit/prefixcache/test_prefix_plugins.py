@@ -31,6 +31,7 @@ from domain.scheduling.interfaces import AFFINITY, Filter, Scorer
 from domain.scheduling.plugins import prefix_affinity_filter, prefix_cache_scorer
 from domain.scheduling.plugins.prefix_affinity_filter import PrefixAffinityFilterParameters
 from domain.scheduling.types import Candidate, InferenceRequest, ProfileRunResult, SchedulingResult
+from domain.sharedstate import ResilientPrefixIndex
 from ports.endpoints import EndpointEvent, EndpointEventKind
 from ports.metric_catalogue import PREFIX_INDEXER_HIT_BYTES, PREFIX_INDEXER_HIT_RATIO
 from ports.prefix_index import PrefixIndex
@@ -614,7 +615,8 @@ async def test_new_prefixes_placed_at_once_by_two_processes_spread_over_near_end
     """Each process picked "a" for its new prefix, "b" passing the filters with an in-flight
     load at most ``NEAR_PROMPTS`` such prompts above: the second claim goes to "b", the
     endpoint fewer new prefixes went to lately. "c", above that, is never chosen."""
-    shared = InMemoryPrefixIndex()
+    store = InMemoryPrefixIndex()  # the store both processes share, behind its domain wrapper
+    shared = ResilientPrefixIndex(store)
     first_handle, second_handle = _handle(shared), _handle(shared, seed=1)
     first, second = _producer(first_handle), _producer(second_handle)
     margin = prefix_producer.NEAR_PROMPTS * 10 * 16  # prompts of 10 blocks of 16 tokens
@@ -635,7 +637,22 @@ async def test_new_prefixes_placed_at_once_by_two_processes_spread_over_near_end
     assert await first.claim_placement(requests[0], scheduled(pods[0], 100, near, far)) is None
     moved = await second.claim_placement(requests[1], scheduled(pods[1], 100, near, far))
     assert moved is pods[1][1]
-    assert shared.match_sync(shared_chain(second, requests[1])) == {"b": 10}
+    assert store.match_sync(shared_chain(second, requests[1])) == {"b": 10}
     # "c" had no new prefix lately but is too far above the pick: the pick stands.
     result = scheduled(pods[2], 100, far, far)
     assert await second.claim_placement(requests[2], result) is None
+
+
+async def test_one_process_with_its_own_index_keeps_its_pick_for_a_new_prefix() -> None:
+    """Its load is exact and nothing decides beside it: no alternates, the pick stands."""
+    handle = _handle()
+    producer = _producer(handle)
+    pods = _fresh(_endpoints(handle, "a", "b"))
+    for request in (_request(), _request("z" + PROMPT[1:])):
+        snapshot = _fresh(pods)
+        await producer.prepare_request_data(request, snapshot)
+        for pod in snapshot:
+            pod.attributes[IN_FLIGHT_LOAD] = InFlightLoad(requests=1, tokens=100)
+        run = ProfileRunResult((snapshot[0],), alternates=(snapshot[1],))
+        result = SchedulingResult(profile_results={"decode": run}, primary_profile_name="decode")
+        assert await producer.claim_placement(request, result) is None  # "a" both times
