@@ -21,30 +21,24 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import ssl
 import sys
 import time
 from typing import Any
 
-import grpc
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
 from adapters.envoy.extproc import StreamLimits, _Stream
 from ports.observer import NoopObserver
 from tests.fakes import FakeProcessor
 from tests.support.extproc import (
-    completion,
     envoy_headers,
-    request_body,
+    epp_tls_channel,
+    non_streamed_exchange,
     request_headers,
-    response_body,
-    response_headers,
 )
 from tests.support.stack import Stack, StackOptions
 
 __all__ = ["main"]
-
-_RESPONSE = b'{"object":"text_completion","model":"llama","choices":[{"text":"hi"}]}'
 
 
 def _loop_cpu(pid: int) -> float:
@@ -54,34 +48,16 @@ def _loop_cpu(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def _channel(port: int, tag: str) -> grpc.aio.Channel:
-    pem = ssl.get_server_certificate(("127.0.0.1", port)).encode()
-    return grpc.aio.secure_channel(
-        f"127.0.0.1:{port}",
-        grpc.ssl_channel_credentials(pem),
-        # a distinct option per channel: its own connection, not a shared subchannel
-        options=[("grpc.ssl_target_name_override", "epp"), ("bench.channel", tag)],
-    )
-
-
 async def _exchange(stub: Any) -> float:
     started = time.perf_counter()
-    call = stub.Process(timeout=30)
-    await call.write(request_headers(envoy_headers(("x-request-id", "normal"))))
-    await call.write(request_body(completion(), end_of_stream=True))
-    await call.read()
-    await call.read()
-    await call.write(response_headers([(":status", "200"), ("content-type", "application/json")]))
-    await call.read()
-    await call.write(response_body(_RESPONSE, end_of_stream=True))
-    await call.read()
+    call = await non_streamed_exchange(stub, ("x-request-id", "normal"))
     call.cancel()
     return (time.perf_counter() - started) * 1000
 
 
 async def _hostile(port: int, streams: int, connections: int) -> None:
     """Runs in its own process: opens, holds and closes the idle streams, saying when."""
-    channels = [_channel(port, f"hostile-{i}") for i in range(connections)]
+    channels = [epp_tls_channel(port, f"hostile-{i}") for i in range(connections)]
     for channel in channels:
         await channel.channel_ready()
     print("connected", flush=True)
@@ -129,7 +105,7 @@ async def _run(stack: Stack, args: argparse.Namespace) -> None:
     assert stack.epp is not None
     assert stack.epp.process is not None
     pid = stack.epp.process.pid
-    normal = _channel(stack.epp_port, "normal")
+    normal = epp_tls_channel(stack.epp_port, "normal")
     await normal.channel_ready()
     stub = pb_grpc.ExternalProcessorStub(normal)
     latencies: dict[str, list[float]] = {"quiet": [], "burst": [], "closing": []}

@@ -30,26 +30,18 @@ import argparse
 import asyncio
 import contextlib
 import os
-import ssl
 import time
 from typing import Any
 
-import grpc
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
 from tests.support.extproc import (
-    completion,
-    envoy_headers,
-    request_body,
-    request_headers,
-    response_body,
-    response_headers,
+    epp_tls_channel,
+    non_streamed_exchange,
 )
 from tests.support.stack import Stack, StackOptions
 
 __all__ = ["main"]
-
-_RESPONSE = b'{"object":"text_completion","model":"llama","choices":[{"text":"hi"}]}'
 
 
 def _rss_kib(pid: int) -> int:
@@ -60,26 +52,8 @@ def _rss_kib(pid: int) -> int:
     return 0
 
 
-def _channel(stack: Stack) -> grpc.aio.Channel:
-    target = f"127.0.0.1:{stack.epp_port}"
-    pem = ssl.get_server_certificate(("127.0.0.1", stack.epp_port)).encode()
-    return grpc.aio.secure_channel(
-        target,
-        grpc.ssl_channel_credentials(pem),
-        options=[("grpc.ssl_target_name_override", "epp")],
-    )
-
-
 async def _one(stub: Any, end: str) -> None:
-    call = stub.Process(timeout=30)
-    await call.write(request_headers(envoy_headers()))
-    await call.write(request_body(completion(), end_of_stream=True))
-    await call.read()  # the header reply
-    await call.read()  # the body reply
-    await call.write(response_headers([(":status", "200"), ("content-type", "application/json")]))
-    await call.read()
-    await call.write(response_body(_RESPONSE, end_of_stream=True))
-    await call.read()
+    call = await non_streamed_exchange(stub)
     with contextlib.suppress(asyncio.InvalidStateError):  # the EPP already ended the call
         await call.done_writing()
     if end == "reset":
@@ -92,7 +66,7 @@ async def _drive(stack: Stack, args: argparse.Namespace) -> None:
     assert stack.epp is not None
     assert stack.epp.process is not None
     pid = stack.epp.process.pid
-    channel = _channel(stack)
+    channel = epp_tls_channel(stack.epp_port)
     stub = pb_grpc.ExternalProcessorStub(channel)
     done = 0
     base: tuple[int, int] | None = None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import ssl
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -163,3 +164,36 @@ async def replay(servicer: Any, messages: Iterable[Any], *, parse: bool = True) 
     context = ReplayContext(messages, parse=parse)
     await servicer.Process(None, context)
     return context.replies
+
+
+# --- A client of a running EPP (benchmarks) ----------------------------------------------------
+
+#: A non-streamed completion's response body, as a model server sends it.
+COMPLETION_RESPONSE = b'{"object":"text_completion","model":"llama","choices":[{"text":"hi"}]}'
+
+
+def epp_tls_channel(port: int, tag: str = "") -> grpc.aio.Channel:
+    """A TLS channel to an EPP on loopback ``port``, trusting the certificate it presents.
+    A ``tag`` gives the channel its own connection (not a shared subchannel)."""
+    pem = ssl.get_server_certificate(("127.0.0.1", port)).encode()
+    options: list[tuple[str, str]] = [("grpc.ssl_target_name_override", "epp")]
+    if tag:
+        options.append(("bench.channel", tag))
+    return grpc.aio.secure_channel(
+        f"127.0.0.1:{port}", grpc.ssl_channel_credentials(pem), options=options
+    )
+
+
+async def non_streamed_exchange(stub: Any, *headers: tuple[str, str]) -> Any:
+    """One request as Envoy streams it (headers, body, response headers, response body),
+    each reply read; returns the call, still open, for the caller to end."""
+    call = stub.Process(timeout=30)
+    await call.write(request_headers(envoy_headers(*headers)))
+    await call.write(request_body(completion(), end_of_stream=True))
+    await call.read()  # the header reply
+    await call.read()  # the body reply
+    await call.write(response_headers([(":status", "200"), ("content-type", "application/json")]))
+    await call.read()
+    await call.write(response_body(COMPLETION_RESPONSE, end_of_stream=True))
+    await call.read()
+    return call
