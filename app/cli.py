@@ -157,6 +157,17 @@ def _selector(text: str) -> str:
     return text
 
 
+def _ca_file_problem(path: Path) -> str:
+    """Why ``path`` is not a usable PEM file of CA certificates ("" when it is)."""
+    from adapters.envoy.tls import load_client_ca  # cryptography, only when asked for
+
+    try:
+        load_client_ca(path)
+    except (OSError, ValueError) as exc:
+        return str(exc)
+    return ""
+
+
 def _add_bool(parser: argparse.ArgumentParser, flag: str, default: bool, help_text: str) -> None:
     parser.add_argument(
         flag,
@@ -195,6 +206,13 @@ def build_parser() -> argparse.ArgumentParser:
         type=Path,
         default=None,
         help="directory with tls.crt and tls.key; a self-signed certificate when empty",
+    )
+    parser.add_argument(
+        "--grpc-client-ca-file",
+        type=Path,
+        default=None,
+        help="require ext_proc clients (the gateway) to present a certificate signed by a CA "
+        "of this PEM file (mTLS); read at start-up",
     )
     _add_bool(parser, "--health-checking", False, "also serve gRPC health on the ext_proc port")
     config = parser.add_mutually_exclusive_group()
@@ -554,6 +572,14 @@ def _check_operations(parser: argparse.ArgumentParser, values: dict[str, object]
         )
     if values["watch_config_file"] and values["config_file"] is None:
         parser.error("argument --watch-config-file: needs --config-file")
+    client_ca = values["grpc_client_ca_file"]
+    if client_ca is not None:
+        assert isinstance(client_ca, Path)
+        if not values["secure_serving"]:
+            parser.error("argument --grpc-client-ca-file: needs --secure-serving")
+        problem = _ca_file_problem(client_ca)
+        if problem:
+            parser.error(f"argument --grpc-client-ca-file: {problem}")
     cert_dir = values["metrics_cert_dir"]
     if cert_dir is not None:
         assert isinstance(cert_dir, Path)

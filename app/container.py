@@ -10,7 +10,12 @@ from dependency_injector import containers, providers
 
 from adapters.envoy.extproc import StreamLimits
 from adapters.envoy.server import GrpcServers
-from adapters.envoy.tls import ServerCertificate, load_certificate, self_signed_certificate
+from adapters.envoy.tls import (
+    ServerCertificate,
+    load_certificate,
+    load_client_ca,
+    self_signed_certificate,
+)
 from adapters.jsoncodec.orjson_codec import OrjsonCodec
 from adapters.prometheus.exporter import PrometheusObserver, TextPage
 from adapters.redis import (
@@ -75,6 +80,12 @@ def _certificate(settings: Settings) -> ServerCertificate | None:
     if settings.cert_path is not None:
         return load_certificate(settings.cert_path)
     return self_signed_certificate()
+
+
+def _client_ca(settings: Settings) -> bytes | None:
+    if settings.grpc_client_ca_file is None:
+        return None
+    return load_client_ca(settings.grpc_client_ca_file)
 
 
 def _reload_from(settings: Settings) -> Path | None:
@@ -493,6 +504,7 @@ class Container(containers.DeclarativeContainer):
         leader=providers.Callable(_leader_check, leader_elector),
         reuse_port=providers.Callable(lambda link: link is not None, worker_link),
         max_streams_per_connection=settings.provided.max_streams_per_connection,
+        client_ca=providers.Callable(_client_ca, settings),
     )
 
 

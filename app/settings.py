@@ -23,6 +23,7 @@ class Settings(BaseModel):
     bind_address: str = "0.0.0.0"
     secure_serving: bool = True
     cert_path: Path | None = None
+    grpc_client_ca_file: Path | None = None
     health_checking: bool = False
     config_file: Path | None = None
     config_text: str | None = None

@@ -12,7 +12,7 @@ from grpc_health.v1 import health_pb2_grpc
 
 from adapters.envoy.extproc import ExtProcServicer, StreamLimits, add_extproc_servicer
 from adapters.envoy.health import HealthServicer
-from adapters.envoy.tls import CertificateReloader, ServerCertificate
+from adapters.envoy.tls import CertificateReloader, ServerCertificate, server_credentials
 from ports.observer import Observer
 from ports.requests import RequestProcessor
 
@@ -46,8 +46,10 @@ class GrpcServers:
     stream; past ``max_concurrent_streams`` ext_proc streams (0: no limit) a new one is
     refused with ``RESOURCE_EXHAUSTED``. With ``reload_certificate_from`` (a directory of
     ``tls.crt`` and ``tls.key``) a renewed certificate is served to new connections
-    (``CertificateReloader``). The message size limits apply to the ext_proc server. With
-    ``leader`` (leader election), readiness also needs ``leader()`` (``HealthServicer``).
+    (``CertificateReloader``). With ``client_ca`` (PEM CA certificates) a client must present
+    a certificate signed by one of them (mTLS): a peer without one fails the handshake,
+    before gRPC makes a call of its streams. The message size limits apply to the ext_proc
+    server. With ``leader`` (leader election), readiness also needs ``leader()`` (``HealthServicer``).
     ``reuse_port`` shares the ext_proc port with the pod's other workers (``SO_REUSEPORT``);
     ``health_port`` None serves no health port (a worker: its supervisor serves the pod's).
     One HTTP/2 connection may open at most
@@ -75,6 +77,7 @@ class GrpcServers:
         leader: Callable[[], bool] | None = None,
         reuse_port: bool = False,
         max_streams_per_connection: int = 0,
+        client_ca: bytes | None = None,
     ) -> None:
         self._host = host
         self._grpc_port = grpc_port
@@ -82,7 +85,8 @@ class GrpcServers:
         self._certificate = certificate
         self.reloader: CertificateReloader | None = None
         if certificate is not None and reload_certificate_from is not None:
-            self.reloader = CertificateReloader(reload_certificate_from, certificate)
+            self.reloader = CertificateReloader(reload_certificate_from, certificate, client_ca)
+        self._client_ca = client_ca
         self._extproc_options = [
             *(_SHARED_PORT_OPTIONS if reuse_port else _OPTIONS),
             ("grpc.max_receive_message_length", max_receive_message_length),
@@ -113,9 +117,7 @@ class GrpcServers:
                 credentials = self.reloader.credentials()
                 self.bound_grpc_port = extproc_server.add_secure_port(address, credentials)
             elif self._certificate is not None:
-                credentials = grpc.ssl_server_credentials(
-                    [(self._certificate.private_key_pem, self._certificate.certificate_pem)]
-                )
+                credentials = server_credentials(self._certificate, self._client_ca)
                 self.bound_grpc_port = extproc_server.add_secure_port(address, credentials)
             else:
                 self.bound_grpc_port = extproc_server.add_insecure_port(address)
@@ -131,7 +133,7 @@ class GrpcServers:
                 "ext_proc serving on %s:%d (%s, shared port)",
                 self._host,
                 self.bound_grpc_port,
-                "TLS" if self._certificate else "plaintext",
+                self._transport(),
             )
             return
         health_server = grpc.aio.server(options=_OPTIONS)
@@ -151,11 +153,20 @@ class GrpcServers:
             "ext_proc serving on %s:%d (%s), health on %s:%d",
             self._host,
             self.bound_grpc_port,
-            ("TLS, certificate reloaded when renewed" if self.reloader else "TLS")
-            if self._certificate
-            else "plaintext",
+            self._transport(),
             self._host,
             self.bound_health_port,
+        )
+
+    def _transport(self) -> str:
+        if self._certificate is None:
+            return "plaintext"
+        return ", ".join(
+            (
+                "TLS",
+                *(["client certificates required"] if self._client_ca is not None else []),
+                *(["certificate reloaded when renewed"] if self.reloader else []),
+            )
         )
 
     async def drain(self, grace: float) -> None:

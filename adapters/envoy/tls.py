@@ -23,7 +23,9 @@ __all__ = [
     "CertificateReloader",
     "ServerCertificate",
     "load_certificate",
+    "load_client_ca",
     "self_signed_certificate",
+    "server_credentials",
     "validate_pair",
 ]
 
@@ -44,6 +46,20 @@ def load_certificate(directory: Path) -> ServerCertificate:
         certificate_pem=(directory / "tls.crt").read_bytes(),
         private_key_pem=(directory / "tls.key").read_bytes(),
     )
+
+
+def load_client_ca(path: Path) -> bytes:
+    """The PEM bundle of CA certificates in ``path`` that clients' certificates must chain
+    to (mTLS); ``OSError`` when it cannot be read, ``ValueError`` saying why when it holds no
+    certificate or one does not parse."""
+    pem = path.read_bytes()
+    try:
+        certificates = x509.load_pem_x509_certificates(pem)
+    except ValueError as exc:
+        raise ValueError(f"{path}: no PEM certificate ({exc})") from None
+    if not certificates:
+        raise ValueError(f"{path}: no PEM certificate")
+    return pem
 
 
 def self_signed_certificate(common_name: str = "epp", days: int = 365) -> ServerCertificate:
@@ -120,8 +136,11 @@ class CertificateReloader:
     next change is checked again. ``fetch`` never raises: it runs in gRPC's threads.
     """
 
-    def __init__(self, directory: Path, initial: ServerCertificate) -> None:
+    def __init__(
+        self, directory: Path, initial: ServerCertificate, client_ca: bytes | None = None
+    ) -> None:
         self._directory = directory
+        self._client_ca = client_ca
         self._lock = threading.Lock()
         self._seen = _signature(directory)
         self.current = initial
@@ -131,7 +150,9 @@ class CertificateReloader:
         # gRPC documents ``None`` from the fetcher as "no change"; its stubs do not.
         fetch = cast(Callable[[], grpc.ServerCertificateConfiguration], self.fetch)
         return grpc.dynamic_ssl_server_credentials(
-            _configuration(self.current), fetch, require_client_authentication=False
+            _configuration(self.current, self._client_ca),
+            fetch,
+            require_client_authentication=self._client_ca is not None,
         )
 
     def fetch(self) -> grpc.ServerCertificateConfiguration | None:
@@ -161,11 +182,27 @@ class CertificateReloader:
                 leaf.subject.rfc4514_string(),
                 leaf.not_valid_after_utc.isoformat(),
             )
-            return _configuration(pair)
+            return _configuration(pair, self._client_ca)
         except Exception:  # never into gRPC's handshake
             logger.exception("certificate reload failed; still serving the previous one")
             return None
 
 
-def _configuration(pair: ServerCertificate) -> grpc.ServerCertificateConfiguration:
-    return grpc.ssl_server_certificate_configuration([(pair.private_key_pem, pair.certificate_pem)])
+def _configuration(
+    pair: ServerCertificate, client_ca: bytes | None
+) -> grpc.ServerCertificateConfiguration:
+    return grpc.ssl_server_certificate_configuration(
+        [(pair.private_key_pem, pair.certificate_pem)], root_certificates=client_ca
+    )
+
+
+def server_credentials(
+    pair: ServerCertificate, client_ca: bytes | None = None
+) -> grpc.ServerCredentials:
+    """TLS with ``pair``; with ``client_ca``, clients must present a certificate signed by
+    it, or the handshake fails (in gRPC's threads: no call, nothing on the event loop)."""
+    return grpc.ssl_server_credentials(
+        [(pair.private_key_pem, pair.certificate_pem)],
+        root_certificates=client_ca,
+        require_client_auth=client_ca is not None,
+    )

@@ -344,7 +344,13 @@ class Supervisor:
                 "ext_proc serving on %s:%d (%s), health on %s:%d; %d workers",
                 self.settings.bind_address,
                 self.grpc_port,
-                "TLS" if self.settings.secure_serving else "plaintext",
+                (
+                    "plaintext"
+                    if not self.settings.secure_serving
+                    else "TLS, client certificates required"
+                    if self.settings.grpc_client_ca_file
+                    else "TLS"
+                ),
                 self.settings.bind_address,
                 self.health_port,
                 len(self.slots),

@@ -34,10 +34,12 @@ EPP's peak resident memory (VmHWM after resetting it through ``/proc/<pid>/clear
 the highest sampled VmRSS), the CPU seconds the EPP's event-loop thread, the EPP, Envoy and
 this script's attack clients used in the phase (on a small machine the attacker's own CPU
 competes with the EPP's), the EPP's warning/error log lines, and whether the target (client
-p99 < 50 ms, peak RSS < 300 MB) was met.
+p99 < 50 ms, peak RSS < 300 MB) was met. With ``--client-certificates`` the EPP requires
+client certificates on its ext_proc port (``--grpc-client-ca-file``, as an operator would
+who cannot keep the port private): Envoy presents one, the attackers of (c) and (f) none.
 
     .venv/bin/python -m tests.bench.attacks [--phase 15s] [--concurrency 8] [--only b,e]
-        [--epp-env MALLOC_ARENA_MAX=2]
+        [--epp-env MALLOC_ARENA_MAX=2] [--client-certificates]
 """
 
 from __future__ import annotations
@@ -66,8 +68,10 @@ import grpc
 import orjson
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
+from adapters.envoy.tls import self_signed_certificate
 from app.durations import parse_duration
 from tests.simulator import DEFAULT_MODEL
+from tests.support.certs import client_pair
 from tests.support.extproc import completion, envoy_headers, request_body, request_headers
 from tests.support.stack import Stack, StackOptions, wait_for
 
@@ -485,7 +489,8 @@ class Attack:
         options.append(("attack.channel", n))
         if not self.stack.options.epp_tls:
             return grpc.aio.insecure_channel(target, options=options)
-        pem = ssl.get_server_certificate(("127.0.0.1", self.stack.epp_port)).encode()
+        served = _served_certificate(self.stack)
+        pem = served or ssl.get_server_certificate(("127.0.0.1", self.stack.epp_port)).encode()
         return grpc.aio.secure_channel(target, grpc.ssl_channel_credentials(pem), options=options)
 
     async def second_request(self, deadline: float) -> None:
@@ -842,6 +847,14 @@ def _stop(process: subprocess.Popen[Any]) -> None:
         process.wait(5)
 
 
+def _served_certificate(stack: Stack) -> bytes | None:
+    """The EPP's certificate when the bench gave it one (``--client-certificates``)."""
+    args = list(stack.options.epp_args)
+    if "--cert-path" not in args:
+        return None
+    return (Path(args[args.index("--cert-path") + 1]) / "tls.crt").read_bytes()
+
+
 def _run(args: Any) -> int:
     model_servers = subprocess.Popen(
         [sys.executable, "-m", "tests.bench.attacks", "--model-servers"],
@@ -855,6 +868,7 @@ def _run(args: Any) -> int:
         servers = (RemoteServer(*ready[0][1:]), RemoteServer(*ready[1][1:]))
         with tempfile.TemporaryDirectory(prefix="epp-attacks-") as tmp:
             args.memory_out = Path(tmp) / "tracemalloc.txt"
+            args.certificates = Path(tmp) / "certificates"
             results = _run_stack(args, servers)
     finally:
         _stop(model_servers)
@@ -862,8 +876,25 @@ def _run(args: Any) -> int:
     return 0 if all(results.values()) else 1
 
 
+def _client_certificates(directory: Path) -> tuple[list[str], tuple[Path, Path]]:
+    """The EPP's flags requiring client certificates, and the certificate and key Envoy
+    presents (the attackers present none)."""
+    directory.mkdir()
+    ca, certificate, key = client_pair(directory, "gateway")
+    pair = self_signed_certificate()
+    (directory / "tls.crt").write_bytes(pair.certificate_pem)
+    (directory / "tls.key").write_bytes(pair.private_key_pem)
+    return ["--cert-path", str(directory), "--grpc-client-ca-file", str(ca)], (certificate, key)
+
+
 def _run_stack(args: Any, servers: tuple[RemoteServer, RemoteServer]) -> dict[str, bool]:
+    epp_args: list[str] = []
+    envoy_certificate = None
+    if args.client_certificates:
+        epp_args, envoy_certificate = _client_certificates(args.certificates)
     options = StackOptions(
+        epp_args=epp_args,
+        epp_client_certificate=envoy_certificate,
         simulators=args.instances,
         extra_endpoints=[s.address for s in servers],
         epp_module="tests.bench.traced_epp" if args.trace_memory else "app",
@@ -917,6 +948,12 @@ def main() -> int:
         "after each phase (slows the EPP down)",
     )
     parser.add_argument("--restart", action=argparse.BooleanOptionalAction, default=True)
+    parser.add_argument(
+        "--client-certificates",
+        action="store_true",
+        help="the EPP requires client certificates (--grpc-client-ca-file): Envoy presents "
+        "one, the raw-stream attackers (c, f) none",
+    )
     parser.add_argument(
         "--epp-env",
         action="append",

@@ -43,11 +43,13 @@ EXPECTED["ha"] = EXPECTED["standalone"] | {
     "Deployment/my-pool-epp-redis",
     "Service/my-pool-epp-redis",
     "HorizontalPodAutoscaler/my-pool-epp",
+    "NetworkPolicy/my-pool-epp-redis",
 }
 EXPECTED["gateway"] = EXPECTED["standalone"] | {
     "ConfigMap/my-pool-gateway-envoy",
     "Deployment/my-pool-gateway",
     "Service/my-pool-gateway",
+    "NetworkPolicy/my-pool-epp-ext-proc",
 }
 _HASH = re.compile(r"-[a-z0-9]{10}$")
 

@@ -225,6 +225,50 @@ def test_ha_runs_three_replicas_on_the_redis_in_its_secret(overlays: dict[str, l
     assert hpa["minReplicas"] == deployment["replicas"]
 
 
+def _admits(policy: Obj, source: Obj, port: int) -> bool:
+    """Whether the NetworkPolicy ``policy`` lets pods of the Deployment ``source`` in on
+    ``port`` (a rule without ``from`` admits every pod)."""
+    labels = source["spec"]["template"]["metadata"]["labels"]
+    for rule in policy["spec"]["ingress"]:
+        if port not in {p["port"] for p in rule.get("ports", [])}:
+            continue
+        peers = rule.get("from")
+        if peers is None or any(
+            labels.items() >= peer["podSelector"]["matchLabels"].items() for peer in peers
+        ):
+            return True
+    return False
+
+
+def _selects(policy: Obj, target: Obj) -> bool:
+    labels = target["spec"]["template"]["metadata"]["labels"]
+    return bool(labels.items() >= policy["spec"]["podSelector"]["matchLabels"].items())
+
+
+def test_only_the_gateway_reaches_the_ext_proc_port(overlays: dict[str, list[Obj]]) -> None:
+    objects = overlays["gateway"]
+    policy = one(objects, "NetworkPolicy", f"{EPP}-ext-proc")
+    epp, envoy = one(objects, "Deployment", EPP), one(objects, "Deployment", "my-pool-gateway")
+    assert _selects(policy, epp)
+    ports = {p["name"]: p["containerPort"] for p in epp_container(objects)["ports"]}
+    assert _admits(policy, envoy, ports["grpc"])
+    assert not _admits(policy, epp, ports["grpc"])  # any other pod: here, an EPP
+    # the kubelet's probes and Prometheus still reach health and metrics
+    assert _admits(policy, epp, ports["grpc-health"])
+    assert _admits(policy, epp, ports["metrics"])
+
+
+def test_only_the_epps_reach_the_ha_redis(overlays: dict[str, list[Obj]]) -> None:
+    objects = overlays["ha"]
+    policy = one(objects, "NetworkPolicy", f"{EPP}-redis")
+    redis, epp = one(objects, "Deployment", f"{EPP}-redis"), one(objects, "Deployment", EPP)
+    assert _selects(policy, redis)
+    port = urlsplit(epp_settings(objects).redis_url).port
+    assert port is not None
+    assert _admits(policy, epp, port)
+    assert not _admits(policy, redis, port)
+
+
 def test_standalone_and_gateway_run_one_epp_on_local_state(
     overlays: dict[str, list[Obj]],
 ) -> None:

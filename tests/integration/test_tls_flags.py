@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import datetime
 import socket
 import ssl
 import sys
@@ -11,54 +10,10 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
 
 from adapters.envoy.tls import self_signed_certificate
+from tests.support.certs import client_pair
 from tests.support.stack import ChildProcess, free_port, wait_for
-
-_PEM = serialization.Encoding.PEM
-
-
-def _name(cn: str) -> x509.Name:
-    return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)])
-
-
-def _client_pair(tmp_path: Path) -> tuple[Path, Path, Path]:
-    """A CA file, and a client certificate and key signed by it."""
-    now = datetime.datetime.now(datetime.UTC)
-    ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca = (
-        x509.CertificateBuilder()
-        .subject_name(_name("scrapers-ca"))
-        .issuer_name(_name("scrapers-ca"))
-        .public_key(ca_key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .sign(ca_key, hashes.SHA256())
-    )
-    key = ec.generate_private_key(ec.SECP256R1())
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(_name("prometheus"))
-        .issuer_name(ca.subject)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .sign(ca_key, hashes.SHA256())
-    )
-    paths = tmp_path / "ca.crt", tmp_path / "client.crt", tmp_path / "client.key"
-    paths[0].write_bytes(ca.public_bytes(_PEM))
-    paths[1].write_bytes(cert.public_bytes(_PEM))
-    paths[2].write_bytes(
-        key.private_bytes(_PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
-    )
-    return paths
 
 
 def _tls12_handshake(port: int, cipher: str) -> str | None:
@@ -92,7 +47,7 @@ def _scrape(port: int, client: tuple[Path, Path] | None) -> int:
 
 
 def test_cipher_suites_and_metrics_mtls(tmp_path: Path) -> None:
-    ca, client_cert, client_key = _client_pair(tmp_path)
+    ca, client_cert, client_key = client_pair(tmp_path, "prometheus")
     served = tmp_path / "metrics-tls"
     served.mkdir()
     pair = self_signed_certificate()

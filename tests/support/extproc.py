@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import ssl
 from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -172,16 +173,26 @@ async def replay(servicer: Any, messages: Iterable[Any], *, parse: bool = True) 
 COMPLETION_RESPONSE = b'{"object":"text_completion","model":"llama","choices":[{"text":"hi"}]}'
 
 
-def epp_tls_channel(port: int, tag: str = "") -> grpc.aio.Channel:
-    """A TLS channel to an EPP on loopback ``port``, trusting the certificate it presents.
-    A ``tag`` gives the channel its own connection (not a shared subchannel)."""
-    pem = ssl.get_server_certificate(("127.0.0.1", port)).encode()
+def epp_tls_channel(
+    port: int,
+    tag: str = "",
+    *,
+    server_pem: bytes | None = None,
+    client: tuple[Path, Path] | None = None,
+) -> grpc.aio.Channel:
+    """A TLS channel to an EPP on loopback ``port``, trusting ``server_pem`` (by default
+    the certificate it presents). A ``tag`` gives the channel its own connection (not a
+    shared subchannel). ``client`` (a certificate and key file) is presented to the EPP."""
+    pem = server_pem or ssl.get_server_certificate(("127.0.0.1", port)).encode()
     options: list[tuple[str, str]] = [("grpc.ssl_target_name_override", "epp")]
     if tag:
         options.append(("bench.channel", tag))
-    return grpc.aio.secure_channel(
-        f"127.0.0.1:{port}", grpc.ssl_channel_credentials(pem), options=options
+    credentials = grpc.ssl_channel_credentials(
+        pem,
+        private_key=client[1].read_bytes() if client else None,
+        certificate_chain=client[0].read_bytes() if client else None,
     )
+    return grpc.aio.secure_channel(f"127.0.0.1:{port}", credentials, options=options)
 
 
 async def non_streamed_exchange(stub: Any, *headers: tuple[str, str]) -> Any:

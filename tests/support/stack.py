@@ -47,7 +47,9 @@ DEPLOY_ENVOY_CONFIG = ROOT / "deploy" / "envoy" / "envoy.yaml"
 T = TypeVar("T")
 
 #: The start-up lines naming the bound ports (text or JSON log lines: hosts end at a quote).
-_SERVING_LINE = re.compile(r"ext_proc serving on [^\s\"]+:(\d+) \(\w+\), health on [^\s\"]+:(\d+)")
+_SERVING_LINE = re.compile(
+    r"ext_proc serving on [^\s\"]+:(\d+) \([\w ,]+\), health on [^\s\"]+:(\d+)"
+)
 _METRICS_LINE = re.compile(r"metrics serving on [^\s\"]+:(\d+)")
 
 
@@ -127,6 +129,7 @@ def envoy_config(
     ext_proc: bool = True,
     epp_tls: bool = True,
     more_epp_ports: Sequence[int] = (),
+    epp_client_certificate: tuple[Path, Path] | None = None,
 ) -> dict[str, Any]:
     """The shipped ``deploy/envoy/envoy.yaml`` with only ports and the EPP address changed.
 
@@ -137,6 +140,9 @@ def envoy_config(
     ``x-gateway-destination-endpoint`` header: the benchmark's baseline), and with it the
     filter stripping client ``x-gateway-*`` headers. With ext_proc, a stand-in for a trusted
     filter goes right after the stripping (see ``trusted_header``).
+
+    ``epp_client_certificate`` (a certificate and key file) is what Envoy presents to the
+    EPP, for an EPP that requires client certificates (``--grpc-client-ca-file``).
     """
     config: dict[str, Any] = yaml.safe_load(DEPLOY_ENVOY_CONFIG.read_text())
     config["admin"]["address"]["socket_address"].update(address="127.0.0.1", port_value=admin_port)
@@ -164,6 +170,15 @@ def envoy_config(
                 lb_endpoints.append(endpoint)
             if not epp_tls:
                 del cluster["transport_socket"]
+            elif epp_client_certificate is not None:
+                certificate, key = epp_client_certificate
+                tls = cluster["transport_socket"]["typed_config"]["common_tls_context"]
+                tls["tls_certificates"] = [
+                    {
+                        "certificate_chain": {"filename": str(certificate)},
+                        "private_key": {"filename": str(key)},
+                    }
+                ]
     return config
 
 
@@ -235,7 +250,8 @@ class StackOptions:
     ``epp_module`` is the module run as the EPP (``python -m``; a benchmark's variant of it).
     ``epp_replicas`` EPP processes start with the same flags (``epps``, ``replica_ports``);
     Envoy's ``epp`` cluster lists them all, round robin. ``epp`` and the ``epp_*_port``
-    attributes are the first one's.
+    attributes are the first one's. ``epp_client_certificate`` is what Envoy presents to an
+    EPP run with ``--grpc-client-ca-file`` (in ``epp_args``).
     """
 
     simulators: int = 3
@@ -251,6 +267,7 @@ class StackOptions:
     extra_endpoints: Sequence[str] = ()
     wait_for_serving: bool = True
     epp_tls: bool = True
+    epp_client_certificate: tuple[Path, Path] | None = None
     envoy: bool = True
     envoy_concurrency: int = 1
     envoy_log_level: str = "warn"
@@ -433,6 +450,7 @@ class Stack:
                     more_epp_ports=[ports[0] for ports in self.replica_ports[1:]],
                     ext_proc=ext_proc,
                     epp_tls=o.epp_tls,
+                    epp_client_certificate=o.epp_client_certificate,
                 )
             )
         )

@@ -65,6 +65,13 @@ def test_static_mode_refuses_metrics_auth_until_it_is_turned_off(
         ([*POOL, "--grpc-max-recv-msg-size", "10"], "--grpc-max-recv-msg-size", "1Ki"),
         ([*POOL, "--grpc-max-send-msg-size", "4Gi"], "--grpc-max-send-msg-size", "2Gi"),
         ([*POOL, "--metrics-client-ca-file", "/etc/hostname"], "--metrics-client-ca-file", ""),
+        ([*POOL, "--grpc-client-ca-file", "/nonexistent/ca.crt"], "--grpc-client-ca-file", "No "),
+        ([*POOL, "--grpc-client-ca-file", "/etc/hostname"], "--grpc-client-ca-file", "no PEM"),
+        (
+            [*POOL, "--secure-serving=false", "--grpc-client-ca-file", "/etc/hostname"],
+            "--grpc-client-ca-file",
+            "needs --secure-serving",
+        ),
     ],
 )
 def test_a_flag_that_cannot_work_is_refused_by_name(
