@@ -50,9 +50,9 @@ class GrpcServers:
     a certificate signed by one of them (mTLS): a peer without one fails the handshake,
     before gRPC makes a call of its streams. The message size limits apply to the ext_proc
     server. With ``leader`` (leader election), readiness also needs ``leader()``
-    (``HealthServicer``). ``reuse_port`` shares the ext_proc port with the pod's other workers (``SO_REUSEPORT``);
-    ``health_port`` None serves no health port (a worker: its supervisor serves the pod's).
-    One HTTP/2 connection may open at most
+    (``HealthServicer``). ``reuse_port`` shares the ext_proc port with the pod's other
+    workers (``SO_REUSEPORT``); ``health_port`` None serves no health port (a worker: its
+    supervisor serves the pod's). One HTTP/2 connection may open at most
     ``max_streams_per_connection`` ext_proc streams at once (SETTINGS_MAX_CONCURRENT_STREAMS;
     0: no limit): a peer holding many streams on a few connections cannot flood the queue of
     calls gRPC holds before the server takes them, where past its hard limit (3,000) every
