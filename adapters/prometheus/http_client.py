@@ -26,6 +26,13 @@ _HEX_DIGITS = frozenset(b"0123456789abcdefABCDEF")
 #: Chunks decoded per event-loop callback: a body of tiny chunks is decoded in steps
 #: (reading paused in between) so that it never blocks the loop for long.
 _CHUNKS_PER_STEP = 1024
+#: A body may come in this many chunks of any size; past them its chunks must average at
+#: least ``_MIN_CHUNK_AVERAGE`` bytes. Each chunk costs about a microsecond of the event loop
+#: however small, so without this a body of one-byte chunks up to the body limit would cost
+#: it seconds per scrape; real servers send a metrics body whole or in buffered chunks of
+#: kilobytes.
+_FREE_CHUNKS = 1024
+_MIN_CHUNK_AVERAGE = 128
 
 # chunked decoder states
 _SIZE, _DATA, _DATA_END, _TRAILER = range(4)
@@ -62,6 +69,7 @@ class HttpGetConnection(asyncio.Protocol):
         self._state = _SIZE
         self._chunk_left = 0
         self._trailer_bytes = 0
+        self._chunks = 0
         self._deferred = False  # reading is paused; a callback decodes the rest
         self._lost = False  # the connection ended while deferred
 
@@ -178,6 +186,7 @@ class HttpGetConnection(asyncio.Protocol):
         self._state = _SIZE
         self._chunk_left = 0
         self._trailer_bytes = 0
+        self._chunks = 0
         self._deferred = False
         self._lost = False
 
@@ -329,6 +338,14 @@ class HttpGetConnection(asyncio.Protocol):
             raise HttpProtocolError(
                 f"chunk of {size} bytes would make the response body larger than "
                 f"{self._max_body} bytes"
+            )
+        self._chunks += 1
+        if (
+            self._chunks > _FREE_CHUNKS
+            and self._chunks * _MIN_CHUNK_AVERAGE > len(self._body) + size
+        ):
+            raise HttpProtocolError(
+                f"{self._chunks} chunks averaging fewer than {_MIN_CHUNK_AVERAGE} bytes"
             )
         self._chunk_left = size
         self._state = _DATA

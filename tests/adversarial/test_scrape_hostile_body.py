@@ -1,8 +1,10 @@
 """Finding 2: a model server's hostile ``/metrics`` framing must not stall or bloat the EPP.
 
 The scrape client decodes chunked bodies in linear time, caps the chunk-size line, the
-declared chunk size and the whole body (``max_body_bytes``), and fails that scrape with a
-clear error, while other endpoints keep being scraped on time.
+declared chunk size, the whole body (``max_body_bytes``) and the number of chunks (past the
+first 1,024, chunks must average 128 bytes: each costs the event loop about a microsecond
+however small), and fails that scrape with a clear error, while other endpoints keep being
+scraped on time.
 """
 
 from __future__ import annotations
@@ -90,8 +92,37 @@ async def serve_endless_small_chunks(
             await server.send(writer, chunk)
 
 
-async def test_one_byte_chunks_decode_in_linear_time() -> None:
+async def test_one_byte_chunks_are_refused_after_the_free_chunks() -> None:
     async with raw_server(serve_one_byte_chunks) as server:
+        source = _source()
+        try:
+            async with loop_lag() as lag:
+                with pytest.raises(HttpProtocolError, match="1025 chunks averaging fewer than"):
+                    async with asyncio.timeout(FAIL_WITHIN):
+                        await source.poll(_endpoint(server.port))
+        finally:
+            await source.close()
+    assert lag.worst < MAX_LAG, f"the event loop was blocked {lag.worst:.3f}s"
+
+
+@pytest.mark.parametrize("size", [1, 160, 4096])
+async def test_chunked_bodies_decode_in_linear_time(size: int) -> None:
+    """Many chunks of a real server's sizes (line by line, buffered) decode whole; one-byte
+    chunks while they are within the free chunks."""
+    line = b"vllm:num_requests_waiting 2 " + b"#" * (size - 29) + b"\n" if size > 29 else b"#"
+    count = 1022 if size == 1 else 200_000 // size  # 1,022 + 2: the free chunks
+    body = HEALTHY_BODY + line * count
+
+    async def serve(
+        server: RawServer, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        pieces = [HEALTHY_BODY[:-1], *([line] * count)]
+        chunks = b"".join(b"%x\r\n%s\r\n" % (len(p), p) for p in pieces)
+        answer = CHUNKED_HEAD + chunks + b"1\r\n\n\r\n0\r\n\r\n"
+        while await server.read_request(reader):
+            await server.send(writer, answer)
+
+    async with raw_server(serve) as server:
         source = _source()
         try:
             async with loop_lag() as lag:
@@ -102,9 +133,8 @@ async def test_one_byte_chunks_decode_in_linear_time() -> None:
                 took = time.process_time() - started
         finally:
             await source.close()
-    assert len(result.body) == 94_000
-    assert result.body.startswith(HEALTHY_BODY)
-    assert took < FAIL_WITHIN, f"a 94 KB body of one-byte chunks took {took:.2f}s of CPU"
+    assert result.body == HEALTHY_BODY[:-1] + line * count + b"\n"
+    assert took < FAIL_WITHIN, f"{count} chunks of {size} bytes took {took:.2f}s of CPU"
     assert lag.worst < MAX_LAG, f"the event loop was blocked {lag.worst:.3f}s"
 
 
