@@ -1,5 +1,6 @@
 """``--enable-cert-reload``: a renewed tls.crt/tls.key reaches new TLS connections of the
-ext_proc port without a restart; open streams keep going; a half-written pair is not used."""
+ext_proc port without a restart; open streams keep going; a half-written pair is not used;
+client certificates (``--grpc-client-ca-file``) stay required with the renewed pair."""
 
 from __future__ import annotations
 
@@ -15,8 +16,14 @@ import pytest
 from cryptography import x509
 
 from adapters.envoy.server import GrpcServers
-from adapters.envoy.tls import ServerCertificate, load_certificate, self_signed_certificate
+from adapters.envoy.tls import (
+    ServerCertificate,
+    load_certificate,
+    load_client_ca,
+    self_signed_certificate,
+)
 from domain.datastore import Datastore
+from tests.support.certs import client_pair
 from tests.support.director import configured_director
 from tests.support.extproc import completion, envoy_headers, request_body_chunks, request_headers
 
@@ -135,3 +142,61 @@ def test_the_reloader_keeps_serving_when_the_files_vanish(tmp_path: Path) -> Non
     (tmp_path / "tls.key").unlink()
     assert reloader.fetch() is None
     assert reloader.current.private_key_pem == pair.private_key_pem
+
+
+async def _routes(port: int, served: bytes, client: tuple[Path, Path] | None) -> str:
+    """How one request on a new connection to ``port`` trusting ``served``, presenting
+    ``client``, ends: ``OK`` (routed) or the gRPC code."""
+    credentials = grpc.ssl_channel_credentials(
+        root_certificates=served,
+        private_key=client[1].read_bytes() if client else None,
+        certificate_chain=client[0].read_bytes() if client else None,
+    )
+    async with grpc.aio.secure_channel(
+        f"127.0.0.1:{port}",
+        credentials,
+        options=[("grpc.ssl_target_name_override", "localhost"), ("test.tag", str(client))],
+    ) as channel:
+        stream = EnvoyStream(channel)
+        try:
+            await stream.route(completion())
+            await stream.finish()
+        except grpc.aio.AioRpcError as error:
+            return error.code().name
+    return "OK"
+
+
+async def test_client_certificates_stay_required_after_a_renewal(tmp_path: Path) -> None:
+    served = tmp_path / "served"
+    served.mkdir()
+    old, new = self_signed_certificate("epp-old"), self_signed_certificate("epp-new")
+    _write(served, "tls.crt", old.certificate_pem)
+    _write(served, "tls.key", old.private_key_pem)
+    ca, client_crt, client_key = client_pair(tmp_path, "gateway")
+    datastore = Datastore()
+    for ip in ENDPOINT_IPS:
+        datastore.apply(endpoint_event(ip))
+    datastore.mark_synced()
+    servers = GrpcServers(
+        processor=configured_director(datastore),
+        host="127.0.0.1",
+        grpc_port=0,
+        health_port=0,
+        certificate=load_certificate(served),
+        reload_certificate_from=served,
+        client_ca=load_client_ca(ca),
+    )
+    await servers.start()
+    port = servers.bound_grpc_port
+    client = client_crt, client_key
+    try:
+        assert await _routes(port, old.certificate_pem, client) == "OK"
+        assert await _routes(port, old.certificate_pem, None) == "UNAVAILABLE"
+        _write(served, "tls.crt", new.certificate_pem)
+        _write(served, "tls.key", new.private_key_pem)
+        assert await _routes(port, new.certificate_pem, client) == "OK"
+        assert await _routes(port, new.certificate_pem, None) == "UNAVAILABLE"
+        assert servers.reloader is not None
+        assert servers.reloader.reloads == 1
+    finally:
+        await servers.drain(0)
