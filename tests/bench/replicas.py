@@ -44,6 +44,7 @@ shared-state metrics' deltas, and when the replicas switched to degraded and bac
 
     .venv/bin/python -m tests.bench.replicas [--quick] [--columns 1,local,redis,cluster]
         [--columns 1,redis,redis@50ms]  # a column with another --redis-deadline
+        [--columns 1,cluster,cluster@5ms/50ms]  # ... and another --redis-claim-deadline
         [--repeat 3]  # medians of 3 interleaved runs
     .venv/bin/python -m tests.bench.replicas --fail-open [--quick]
 """
@@ -219,7 +220,10 @@ def run_column(key: str, args: argparse.Namespace, workload: Sequence[tuple[int,
     more = args.redis_args.split() if kind else []
     if deadline:
         label += f" {deadline}"
+        deadline, _, claim_deadline = deadline.partition("/")
         more += ["--redis-deadline", deadline]
+        if claim_deadline:
+            more += ["--redis-claim-deadline", claim_deadline]
     with redis_for(kind) as redis_args:
         options = StackOptions(
             simulators=args.instances,
@@ -326,7 +330,8 @@ def side_by_side(args: argparse.Namespace, workload: Sequence[tuple[int, str]]) 
         if name not in COLUMNS or (at and (COLUMNS[name][2] is None or not deadline)):
             raise SystemExit(
                 f"--columns: unknown column {key!r} (known: {', '.join(COLUMNS)};"
-                " redis@<deadline>, cluster@<deadline> set --redis-deadline)"
+                " redis@<deadline>, cluster@<deadline> set --redis-deadline;"
+                " @<deadline>/<claim deadline> --redis-claim-deadline too)"
             )
     runs = [one_run(args, workload, keys) for _ in range(args.repeat)]
     if len(runs) > 1:
