@@ -111,7 +111,6 @@ async def test_chunked_bodies_decode_in_linear_time(size: int) -> None:
     chunks while they are within the free chunks."""
     line = b"vllm:num_requests_waiting 2 " + b"#" * (size - 29) + b"\n" if size > 29 else b"#"
     count = 1022 if size == 1 else 200_000 // size  # 1,022 + 2: the free chunks
-    body = HEALTHY_BODY + line * count
 
     async def serve(
         server: RawServer, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
