@@ -423,12 +423,13 @@ class RedisPrefixIndex:
             keys = [lru, self.claims_key()]
             reply = await guarded("prefix claim", _CLAIM_ONE_NODE.run(self._client, keys, args))
             return _owner(reply)
+        # The claim counts are one key, in another slot than the chain: with alternates the
+        # choice is made (and counted) first, then claimed; without, the count goes out
+        # with the claim. Either way a claim lost to an owner leaves its count.
+        choose = _CHOOSE.run(
+            self._client, [self.claims_key()], (endpoint, now, _HALF_LIFE_MS, others)
+        )
         if others:
-            # The claim counts are one key, in another slot than the chain: chosen (and
-            # counted) first, then claimed; a claim lost to an owner leaves its count.
-            choose = _CHOOSE.run(
-                self._client, [self.claims_key()], (endpoint, now, _HALF_LIFE_MS, others)
-            )
             endpoint = _owner(await guarded("prefix claim", choose))
             lru = self.lru_key(endpoint)
         # The recency set is on another node: pushed once the claim is won (pushing it
@@ -436,7 +437,11 @@ class RedisPrefixIndex:
         base = f"{self._prefix}:b:{{{root}}}:"
         keys = [base + packed[i : i + 16] for i in range(0, len(packed), 16)]
         claim = _CLAIM_BLOCKS.run(self._client, keys, (endpoint, now, self._ttl_ms, cutoff))
-        owner = _owner(await guarded("prefix claim", claim))
+        if others:
+            owner = _owner(await guarded("prefix claim", claim))
+        else:
+            replies = await guarded("prefix claim", _gather([claim, choose]))
+            owner = _owner(replies[0])
         if owner != endpoint:
             return owner
         reply = await guarded(

@@ -335,6 +335,19 @@ async def test_new_chains_claimed_at_once_spread_over_equally_good_endpoints(
     assert await indexes[1].claim(chains[1], "c", 100, ["a", "d"]) == "b"
 
 
+async def test_claims_without_alternates_count_too(backend: _Backend) -> None:
+    """A new chain claimed with no alternates counts for its endpoint as one claimed with
+    them does: the next choice among equals goes elsewhere."""
+    indexes = [claiming(backend.make()) for _ in range(2)]
+    await indexes[0].match(D)  # a cluster client's first call learns the slots, alone
+    assert await indexes[0].claim(chain(800, 6), "a", 100) == "a"
+    assert await indexes[1].claim(chain(801, 6), "a", 100) == "a"
+    assert await indexes[0].claim(chain(802, 6), "b", 100) == "b"
+    # a: 2 claims, b: 1, c: none
+    assert await indexes[1].claim(chain(803, 6), "a", 100, ["b", "c"]) == "c"
+    assert await indexes[0].claim(chain(804, 6), "a", 100, ["b"]) == "b"
+
+
 async def test_random_operations_agree_with_the_model(index: PrefixIndex) -> None:
     rng = random.Random(42)
     chains = [chain(200 + i, 12) for i in range(5)]
