@@ -341,7 +341,7 @@ class ResilientPrefixIndex:
         assert isinstance(remote, ClaimingPrefixIndex)
         if self._degraded:  # slow: too slow to wait for, but up: claim without waiting
             self._observer.counter(SHARED_STATE_CLAIMS, _FALLBACK)
-            self._claim_late(remote, hashes, endpoint, capacity)
+            self._claim_late(remote, hashes, endpoint, capacity, alternates)
             return endpoint
         start = self._clock()
         call = asyncio.ensure_future(remote.claim(hashes, endpoint, capacity, alternates))
@@ -387,14 +387,20 @@ class ResilientPrefixIndex:
         self._note_sent(tuple(hashes), endpoint, self._clock())
 
     def _claim_late(
-        self, remote: ClaimingPrefixIndex, hashes: Sequence[int], endpoint: str, capacity: int
+        self,
+        remote: ClaimingPrefixIndex,
+        hashes: Sequence[int],
+        endpoint: str,
+        capacity: int,
+        alternates: Sequence[str],
     ) -> None:
         """Send a claim nobody waits for (at most ``max_late`` at once; past that the chain
-        is recorded as by ``add``)."""
+        is recorded as by ``add``). It carries the alternates as a waited-for claim does:
+        the new chains of a burst still spread, though their first requests stay put."""
         if len(self._late_claims) >= self._max_late:
             self._add_now(hashes, endpoint, capacity)
             return
-        call = asyncio.ensure_future(remote.claim(hashes, endpoint, capacity))
+        call = asyncio.ensure_future(remote.claim(hashes, endpoint, capacity, alternates))
         self._watch_late_claim(call, hashes, endpoint, capacity)
 
     def _watch_late_claim(

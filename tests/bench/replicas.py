@@ -212,6 +212,7 @@ class Column:
     load: float
     metrics: list[Samples]
     notes: Counter[str] = field(default_factory=Counter)
+    holders: Counter[str] = field(default_factory=Counter)
 
 
 def run_column(key: str, args: argparse.Namespace, workload: Sequence[tuple[int, str]]) -> Column:
@@ -242,6 +243,7 @@ def run_column(key: str, args: argparse.Namespace, workload: Sequence[tuple[int,
             )
             cpu = epp_cpu_seconds(stack) - cpu_before
             stats = asyncio.run(sim_stats(stack.simulator_urls))
+            holders = chain_holders(redis_args)
             metrics = scrape(stack)
             logs = [epp.log() for epp in stack.epps]
             load = os.getloadavg()[0]
@@ -254,7 +256,33 @@ def run_column(key: str, args: argparse.Namespace, workload: Sequence[tuple[int,
         load=load,
         metrics=metrics,
         notes=_notes(logs),
+        holders=holders,
     )
+
+
+def chain_holders(redis_args: Sequence[str]) -> Counter[str]:
+    """What Redis says of the chains at the end: how many endpoints hold each chain's first
+    block (``"held by N"``) and how many first blocks each endpoint holds (by name); empty
+    without Redis."""
+    if not redis_args:
+        return Counter()
+    import redis
+
+    url, prefix = redis_args[1], redis_args[3]
+    found: Counter[str] = Counter()
+    for address in url.split("://", 1)[1].split(","):
+        host, _, port = address.rpartition(":")
+        node = redis.Redis(host=host, port=int(port), decode_responses=True)
+        try:
+            for key in node.scan_iter(match=f"{prefix}:b:*", count=1000):
+                root, _, block = str(key).rpartition(":")
+                if root.endswith("{" + block + "}"):  # the chain's first block
+                    names = [str(name) for name in node.hkeys(key)]
+                    found[f"held by {len(names)}"] += 1
+                    found.update(names)
+        finally:
+            node.close()
+    return found
 
 
 #: The shared state's log lines worth counting (a change of health, a failure).
@@ -313,6 +341,17 @@ def extra_rows(columns: Sequence[Column]) -> list[tuple[str, list[str]]]:
                 f"{total(m, CLAIMS, outcome=o):.0f}"
                 for o in ("won", "moved", "lost", "fallback")))),
         ("redis claim round trip p50 (ms)", shared(trip(0.5, "claim"))),
+        ("chains in redis at end, held by 1 / 2 / 3+", every(
+            lambda c: " / ".join(
+                str(n) for n in (
+                    c.holders["held by 1"], c.holders["held by 2"],
+                    sum(v for k, v in c.holders.items() if k.startswith("held by ")
+                        and int(k.split()[-1]) >= 3)))
+            if c.holders else "-")),
+        ("chains in redis per endpoint", every(
+            lambda c: "-".join(
+                str(v) for k, v in sorted(c.holders.items()) if not k.startswith("held by "))
+            if c.holders else "-")),
         ("shared-state errors", shared(lambda m: f"{total(m, ERRORS):.0f}")),
         ("writes acknowledged / dropped", shared(
             lambda m: f"{total(m, WRITES):.0f} / {total(m, DROPPED):.0f}")),

@@ -637,6 +637,24 @@ async def test_degraded_for_slowness_a_claim_is_sent_without_waiting() -> None:
         await rig.index.stop()
 
 
+async def test_degraded_for_slowness_a_claim_still_spreads_over_its_alternates() -> None:
+    rig = Rig(miss_limit=1)
+    await rig.index.start()
+    try:
+        rig.remote.slow.add("match")
+        await rig.index.match(H)
+        assert rig.index.degraded
+        assert await rig.index.claim(H[:4], "a", 10, ["b"]) == "a"  # a's first new chain
+        await until(lambda: not rig.index._late_claims)
+        # the second goes to "b", fewer new chains lately; this request stays on "a"
+        assert await rig.index.claim(H[4:8], "a", 10, ["b"]) == "a"
+        await until(lambda: not rig.index._late_claims)
+        assert rig.remote.index.match_sync(H[4:8]) == {"b": 4}
+        assert await rig.index.match(H[4:8]) == {"b": 4}  # a miss, answered from what it learnt
+    finally:
+        await rig.index.stop()
+
+
 async def test_misses_of_calls_in_flight_together_count_as_one_stall(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
