@@ -19,9 +19,8 @@ import orjson
 import pytest
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
-from adapters.envoy.tls import self_signed_certificate
 from tests.simulator import DEFAULT_MODEL
-from tests.support.certs import client_pair
+from tests.support.certs import client_pair, write_served_pair
 from tests.support.extproc import epp_tls_channel, non_streamed_exchange
 from tests.support.stack import Stack, StackOptions
 
@@ -36,10 +35,7 @@ def certificates(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     other.mkdir()
     _, stranger_crt, stranger_key = client_pair(other, "gateway")
     served = directory / "served"
-    served.mkdir()
-    pair = self_signed_certificate()
-    (served / "tls.crt").write_bytes(pair.certificate_pem)
-    (served / "tls.key").write_bytes(pair.private_key_pem)
+    write_served_pair(served)
     return {
         "ca": ca,
         "gateway.crt": gateway_crt,

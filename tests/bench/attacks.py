@@ -70,10 +70,9 @@ import grpc
 import orjson
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
-from adapters.envoy.tls import self_signed_certificate
 from app.durations import parse_duration
 from tests.simulator import DEFAULT_MODEL
-from tests.support.certs import client_pair
+from tests.support.certs import client_pair, write_served_pair
 from tests.support.extproc import completion, envoy_headers, request_body, request_headers
 from tests.support.stack import Stack, StackOptions, wait_for
 
@@ -891,11 +890,8 @@ def _run(args: Any) -> int:
 def _client_certificates(directory: Path) -> tuple[list[str], tuple[Path, Path]]:
     """The EPP's flags requiring client certificates, and the certificate and key Envoy
     presents (the attackers present none)."""
-    directory.mkdir()
+    write_served_pair(directory)
     ca, certificate, key = client_pair(directory, "gateway")
-    pair = self_signed_certificate()
-    (directory / "tls.crt").write_bytes(pair.certificate_pem)
-    (directory / "tls.key").write_bytes(pair.private_key_pem)
     return ["--cert-path", str(directory), "--grpc-client-ca-file", str(ca)], (certificate, key)
 
 

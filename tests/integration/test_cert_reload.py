@@ -57,13 +57,9 @@ async def _subject(port: int) -> str:
     return await asyncio.to_thread(_served_subject, port)
 
 
-async def test_a_renewed_pair_reaches_new_connections_and_open_streams_go_on(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
-) -> None:
-    caplog.set_level(logging.INFO, logger="adapters.envoy.tls")
-    old, new = self_signed_certificate("epp-old"), self_signed_certificate("epp-new")
-    _write(tmp_path, "tls.crt", old.certificate_pem)
-    _write(tmp_path, "tls.key", old.private_key_pem)
+async def _reloading_servers(directory: Path, client_ca: bytes | None = None) -> GrpcServers:
+    """Started servers routing to ``ENDPOINT_IPS``, serving the pair in ``directory`` and
+    its renewals."""
     datastore = Datastore()
     for ip in ENDPOINT_IPS:
         datastore.apply(endpoint_event(ip))
@@ -73,10 +69,22 @@ async def test_a_renewed_pair_reaches_new_connections_and_open_streams_go_on(
         host="127.0.0.1",
         grpc_port=0,
         health_port=0,
-        certificate=load_certificate(tmp_path),
-        reload_certificate_from=tmp_path,
+        certificate=load_certificate(directory),
+        reload_certificate_from=directory,
+        client_ca=client_ca,
     )
     await servers.start()
+    return servers
+
+
+async def test_a_renewed_pair_reaches_new_connections_and_open_streams_go_on(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="adapters.envoy.tls")
+    old, new = self_signed_certificate("epp-old"), self_signed_certificate("epp-new")
+    _write(tmp_path, "tls.crt", old.certificate_pem)
+    _write(tmp_path, "tls.key", old.private_key_pem)
+    servers = await _reloading_servers(tmp_path)
     port = servers.bound_grpc_port
     old_channel = grpc.aio.secure_channel(
         f"127.0.0.1:{port}",
@@ -173,20 +181,7 @@ async def test_client_certificates_stay_required_after_a_renewal(tmp_path: Path)
     _write(served, "tls.crt", old.certificate_pem)
     _write(served, "tls.key", old.private_key_pem)
     ca, client_crt, client_key = client_pair(tmp_path, "gateway")
-    datastore = Datastore()
-    for ip in ENDPOINT_IPS:
-        datastore.apply(endpoint_event(ip))
-    datastore.mark_synced()
-    servers = GrpcServers(
-        processor=configured_director(datastore),
-        host="127.0.0.1",
-        grpc_port=0,
-        health_port=0,
-        certificate=load_certificate(served),
-        reload_certificate_from=served,
-        client_ca=load_client_ca(ca),
-    )
-    await servers.start()
+    servers = await _reloading_servers(served, load_client_ca(ca))
     port = servers.bound_grpc_port
     client = client_crt, client_key
     try:

@@ -11,8 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from adapters.envoy.tls import self_signed_certificate
-from tests.support.certs import client_pair
+from tests.support.certs import client_pair, write_served_pair
 from tests.support.stack import ChildProcess, free_port, wait_for
 
 
@@ -49,10 +48,7 @@ def _scrape(port: int, client: tuple[Path, Path] | None) -> int:
 def test_cipher_suites_and_metrics_mtls(tmp_path: Path) -> None:
     ca, client_cert, client_key = client_pair(tmp_path, "prometheus")
     served = tmp_path / "metrics-tls"
-    served.mkdir()
-    pair = self_signed_certificate()
-    (served / "tls.crt").write_bytes(pair.certificate_pem)
-    (served / "tls.key").write_bytes(pair.private_key_pem)
+    write_served_pair(served)
     grpc_port, health_port, metrics_port = free_port(), free_port(), free_port()
     epp = ChildProcess(
         "epp",

@@ -8,8 +8,6 @@ deadline, never with a fixed sleep. The binaries come from Debian's ``redis-serv
 
 from __future__ import annotations
 
-import datetime
-import ipaddress
 import random
 import shutil
 import signal
@@ -21,10 +19,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
+from cryptography.hazmat.primitives import serialization
+
+from tests.support.certs import CertificateAuthority
 
 __all__ = [
     "ACL_PASSWORD",
@@ -84,52 +81,17 @@ class TlsFiles:
 
 def make_tls_files(directory: Path) -> TlsFiles:
     """Write a fresh CA and a server certificate signed by it into ``directory``."""
-    now = datetime.datetime.now(datetime.UTC)
-    ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "epp test CA")])
-    ca = (
-        x509.CertificateBuilder()
-        .subject_name(ca_name)
-        .issuer_name(ca_name)
-        .public_key(ca_key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .sign(ca_key, hashes.SHA256())
+    ca = CertificateAuthority("epp test CA")
+    server_cert, server_key = ca.issue(
+        "localhost",
+        directory / "server.pem",
+        directory / "server.key",
+        localhost=True,
+        key_format=serialization.PrivateFormat.TraditionalOpenSSL,
     )
-    key = ec.generate_private_key(ec.SECP256R1())
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")]))
-        .issuer_name(ca_name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(
-            x509.SubjectAlternativeName(
-                [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
-            ),
-            critical=False,
-        )
-        .sign(ca_key, hashes.SHA256())
+    return TlsFiles(
+        ca_cert=ca.write(directory / "ca.pem"), server_cert=server_cert, server_key=server_key
     )
-    files = TlsFiles(
-        ca_cert=directory / "ca.pem",
-        server_cert=directory / "server.pem",
-        server_key=directory / "server.key",
-    )
-    files.ca_cert.write_bytes(ca.public_bytes(serialization.Encoding.PEM))
-    files.server_cert.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    files.server_key.write_bytes(
-        key.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.TraditionalOpenSSL,
-            serialization.NoEncryption(),
-        )
-    )
-    return files
 
 
 class RedisServer:
