@@ -253,6 +253,22 @@ return least_claimed(KEYS[1], ARGV[1], ARGV[4], tonumber(ARGV[2]), tonumber(ARGV
 """,
 )
 
+# Cluster, the claim counts' node: KEYS = claim counts; ARGV = endpoint, now ms, half-life ms.
+# Takes back one claim counted for the endpoint (a claim that then found the chain held).
+_UNCOUNT = LuaScript(
+    "prefix-uncount",
+    """
+local stored = redis.call('HGET', KEYS[1], ARGV[1])
+if not stored then return 0 end
+local c, at = string.match(stored, '^(%S+) (%S+)$')
+if not c then return 0 end
+local now = tonumber(ARGV[2])
+local count = tonumber(c) * 0.5 ^ (math.max(0, now - tonumber(at)) / tonumber(ARGV[3])) - 1
+redis.call('HSET', KEYS[1], ARGV[1], string.format('%.6f %d', math.max(0, count), now))
+return 1
+""",
+)
+
 # Single server: KEYS = lru, claim counts; ARGV = endpoint, now ms, ttl ms, capacity, key
 # prefix P, root, packed hashes, cutoff ms, half-life ms, alternates (newline-separated).
 # The chain's owner if its first block is held, else the add for the least claimed of the
@@ -425,7 +441,9 @@ class RedisPrefixIndex:
             return _owner(reply)
         # The claim counts are one key, in another slot than the chain: with alternates the
         # choice is made (and counted) first, then claimed; without, the count goes out
-        # with the claim. Either way a claim lost to an owner leaves its count.
+        # with the claim. Either way a claim that finds the chain held takes its count back
+        # (several processes claim one new chain at once when its first requests come
+        # together; only the winner's count stands, as on one server).
         choose = _CHOOSE.run(
             self._client, [self.claims_key()], (endpoint, now, _HALF_LIFE_MS, others)
         )
@@ -443,6 +461,10 @@ class RedisPrefixIndex:
             replies = await guarded("prefix claim", _gather([claim, choose]))
             owner = _owner(replies[0])
         if owner != endpoint:
+            uncount = _UNCOUNT.run(
+                self._client, [self.claims_key()], (endpoint, _now_ms(), _HALF_LIFE_MS)
+            )
+            await guarded("prefix claim", uncount)
             return owner
         reply = await guarded(
             "prefix claim",

@@ -348,6 +348,20 @@ async def test_claims_without_alternates_count_too(backend: _Backend) -> None:
     assert await indexes[0].claim(chain(804, 6), "a", 100, ["b"]) == "b"
 
 
+async def test_claims_that_find_the_chain_held_do_not_count(backend: _Backend) -> None:
+    """Processes claiming one new chain at once: only the winner's claim counts, so the
+    next choice among equals is not skewed by the losers'."""
+    indexes = [claiming(backend.make()) for _ in range(3)]
+    await indexes[0].match(D)  # a cluster client's first call learns the slots, alone
+    hashes = chain(900, 6)
+    assert await indexes[0].claim(hashes, "a", 100) == "a"
+    assert await indexes[1].claim(hashes, "b", 100, ["c"]) == "a"
+    assert await indexes[2].claim(hashes, "d", 100) == "a"
+    # a: 1 claim; b, c and d none: the pick wins each tie
+    assert await indexes[1].claim(chain(901, 6), "b", 100, ["c"]) == "b"
+    assert await indexes[2].claim(chain(902, 6), "d", 100, ["c"]) == "d"
+
+
 async def test_random_operations_agree_with_the_model(index: PrefixIndex) -> None:
     rng = random.Random(42)
     chains = [chain(200 + i, 12) for i in range(5)]
