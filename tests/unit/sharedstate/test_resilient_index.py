@@ -4,6 +4,7 @@ and the rebuild."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
@@ -618,13 +619,22 @@ async def test_a_slow_claim_that_fails_late_records_the_pick_as_an_add() -> None
     await rig.index.stop()
 
 
-async def test_degraded_for_slowness_a_claim_is_sent_without_waiting() -> None:
+@contextlib.asynccontextmanager
+async def slow_degraded() -> AsyncIterator[Rig]:
+    """A started rig whose index one slow match has degraded for slowness."""
     rig = Rig(miss_limit=1)
     await rig.index.start()
     try:
         rig.remote.slow.add("match")
         await rig.index.match(H)
         assert rig.index.degraded
+        yield rig
+    finally:
+        await rig.index.stop()
+
+
+async def test_degraded_for_slowness_a_claim_is_sent_without_waiting() -> None:
+    async with slow_degraded() as rig:
         rig.remote.index.add_sync(H[:4], "other-process-pod", 10)
         started = time.perf_counter()
         assert await rig.index.claim(H[:4], "a", 10) == "a"
@@ -633,17 +643,10 @@ async def test_degraded_for_slowness_a_claim_is_sent_without_waiting() -> None:
         await until(lambda: rig.remote.calls.count("claim") == 1 and not rig.index._late_claims)
         assert rig.index.local.match_sync(H[:4]) == {}
         assert await rig.index.match(H[:4]) == {"other-process-pod": 4}  # learnt from it
-    finally:
-        await rig.index.stop()
 
 
 async def test_degraded_for_slowness_a_claim_still_spreads_over_its_alternates() -> None:
-    rig = Rig(miss_limit=1)
-    await rig.index.start()
-    try:
-        rig.remote.slow.add("match")
-        await rig.index.match(H)
-        assert rig.index.degraded
+    async with slow_degraded() as rig:
         assert await rig.index.claim(H[:4], "a", 10, ["b"]) == "a"  # a's first new chain
         await until(lambda: not rig.index._late_claims)
         # the second goes to "b", fewer new chains lately; this request stays on "a"
@@ -651,8 +654,6 @@ async def test_degraded_for_slowness_a_claim_still_spreads_over_its_alternates()
         await until(lambda: not rig.index._late_claims)
         assert rig.remote.index.match_sync(H[4:8]) == {"b": 4}
         assert await rig.index.match(H[4:8]) == {"b": 4}  # a miss, answered from what it learnt
-    finally:
-        await rig.index.stop()
 
 
 async def test_misses_of_calls_in_flight_together_count_as_one_stall(
