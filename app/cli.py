@@ -11,7 +11,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from app.durations import parse_duration
-from app.settings import Settings
+from app.settings import CIPHER_SUITES, Settings
 from domain.datastore.static_source import parse_endpoint_list
 
 __all__ = ["build_parser", "main", "parse_settings"]
@@ -95,18 +95,6 @@ def _count(text: str) -> int:
     if not text.strip().isdigit():
         raise argparse.ArgumentTypeError(f"{text!r} is not a non-negative integer")
     return int(text)
-
-
-#: The TLS 1.2 suites of ``--tls-cipher-suites``: Go's names (the reference's flag) and the
-#: BoringSSL names gRPC takes. TLS 1.3 suites are not configurable in gRPC.
-CIPHER_SUITES = {
-    "TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256": "ECDHE-ECDSA-AES128-GCM-SHA256",
-    "TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384": "ECDHE-ECDSA-AES256-GCM-SHA384",
-    "TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256": "ECDHE-RSA-AES128-GCM-SHA256",
-    "TLS_ECDHE_RSA_WITH_AES_256_GCM_SHA384": "ECDHE-RSA-AES256-GCM-SHA384",
-    "TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256": "ECDHE-ECDSA-CHACHA20-POLY1305",
-    "TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305_SHA256": "ECDHE-RSA-CHACHA20-POLY1305",
-}
 
 
 def _tls_version(text: str) -> str:
@@ -215,6 +203,14 @@ def build_parser() -> argparse.ArgumentParser:
         "of this PEM file (mTLS); read at start-up",
     )
     _add_bool(parser, "--health-checking", False, "also serve gRPC health on the ext_proc port")
+    parser.add_argument(
+        "--extproc-transport",
+        choices=("grpcio", "native"),
+        default="native",
+        help="what serves the ext_proc port: grpcio (grpc.aio), or native (the EPP's own "
+        "HTTP/2 framing, about a third of grpcio's CPU per message; docs/decisions/0020) "
+        "(default grpcio)",
+    )
     config = parser.add_mutually_exclusive_group()
     config.add_argument("--config-file", type=Path, default=None, help="EndpointPickerConfig file")
     config.add_argument("--config-text", default=None, help="EndpointPickerConfig as text")

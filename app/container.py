@@ -34,7 +34,7 @@ from app.flowcontrol import build_flow_controller
 from app.metrics_relay import supervisor_binding, worker_binding
 from app.observability import EppObserver, Observability, build_tracing
 from app.plugins import KubernetesAccess, build_registry
-from app.settings import Settings
+from app.settings import CIPHER_SUITES, Settings
 from domain.datalayer.collector import Collectors, NotificationBinding, SourceBinding
 from domain.datalayer.interfaces import EndpointExtractor, Extractor, NotificationExtractor
 from domain.datalayer.plugins.endpoint_notification_source import EndpointNotificationSource
@@ -86,6 +86,10 @@ def _client_ca(settings: Settings) -> bytes | None:
     if settings.grpc_client_ca_file is None:
         return None
     return load_client_ca(settings.grpc_client_ca_file)
+
+
+def _cipher_suites(settings: Settings) -> tuple[str, ...]:
+    return tuple(CIPHER_SUITES[name] for name in settings.tls_cipher_suites)
 
 
 def _reload_from(settings: Settings) -> Path | None:
@@ -505,6 +509,8 @@ class Container(containers.DeclarativeContainer):
         reuse_port=providers.Callable(lambda link: link is not None, worker_link),
         max_streams_per_connection=settings.provided.max_streams_per_connection,
         client_ca=providers.Callable(_client_ca, settings),
+        transport=settings.provided.extproc_transport,
+        cipher_suites=providers.Callable(_cipher_suites, settings),
     )
 
 

@@ -12,6 +12,18 @@ __all__ = ["Settings"]
 Port = int
 
 
+#: The TLS 1.2 suites of ``--tls-cipher-suites``: Go's names (the reference's flag) and the
+#: BoringSSL names gRPC takes. TLS 1.3 suites are not configurable in gRPC.
+CIPHER_SUITES = {
+    "TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256": "ECDHE-ECDSA-AES128-GCM-SHA256",
+    "TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384": "ECDHE-ECDSA-AES256-GCM-SHA384",
+    "TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256": "ECDHE-RSA-AES128-GCM-SHA256",
+    "TLS_ECDHE_RSA_WITH_AES_256_GCM_SHA384": "ECDHE-RSA-AES256-GCM-SHA384",
+    "TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256": "ECDHE-ECDSA-CHACHA20-POLY1305",
+    "TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305_SHA256": "ECDHE-RSA-CHACHA20-POLY1305",
+}
+
+
 class Settings(BaseModel):
     """Everything the process needs to start. Durations are in seconds."""
 
@@ -25,6 +37,7 @@ class Settings(BaseModel):
     cert_path: Path | None = None
     grpc_client_ca_file: Path | None = None
     health_checking: bool = False
+    extproc_transport: Literal["grpcio", "native"] = "native"
     config_file: Path | None = None
     config_text: str | None = None
     pool_name: str = ""

@@ -785,7 +785,7 @@ class _IdleWatch:
             self._handle = None
 
 
-_SERVICE = "envoy.service.ext_proc.v3.ExternalProcessor"
+EXTPROC_SERVICE = "envoy.service.ext_proc.v3.ExternalProcessor"
 
 
 def add_extproc_servicer(servicer: ExtProcServicer, server: grpc.aio.Server) -> None:
@@ -799,5 +799,7 @@ def add_extproc_servicer(servicer: ExtProcServicer, server: grpc.aio.Server) -> 
             response_serializer=serialize_reply,
         )
     }
-    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(_SERVICE, handlers),))
-    server.add_registered_method_handlers(_SERVICE, handlers)
+    server.add_generic_rpc_handlers(
+        (grpc.method_handlers_generic_handler(EXTPROC_SERVICE, handlers),)
+    )
+    server.add_registered_method_handlers(EXTPROC_SERVICE, handlers)

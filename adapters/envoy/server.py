@@ -8,15 +8,33 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-from grpc_health.v1 import health_pb2_grpc
+from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from adapters.envoy.extproc import ExtProcServicer, StreamLimits, add_extproc_servicer
+from adapters.envoy.extproc import (
+    EXTPROC_SERVICE,
+    ExtProcServicer,
+    StreamLimits,
+    add_extproc_servicer,
+    serialize_reply,
+)
+from adapters.envoy.h2grpc import H2GrpcServer, MethodHandler
 from adapters.envoy.health import HealthServicer
-from adapters.envoy.tls import CertificateReloader, ServerCertificate, server_credentials
+from adapters.envoy.tls import (
+    CertificateReloader,
+    ServerCertificate,
+    reloading_ssl_context,
+    server_credentials,
+    ssl_context,
+)
 from ports.observer import Observer
 from ports.requests import RequestProcessor
 
-__all__ = ["GrpcServers"]
+__all__ = ["TRANSPORTS", "GrpcServers"]
+
+#: ``--extproc-transport``: what serves the ext_proc port. ``grpcio`` is grpc.aio;
+#: ``native`` is ``adapters.envoy.h2grpc``, a third of its CPU per message (docs/decisions/0020).
+TRANSPORTS = ("grpcio", "native")
 
 logger = logging.getLogger(__name__)
 
@@ -57,6 +75,9 @@ class GrpcServers:
     0: no limit): a peer holding many streams on a few connections cannot flood the queue of
     calls gRPC holds before the server takes them, where past its hard limit (3,000) every
     new stream, Envoy's too, is cancelled; Envoy opens more connections when one is full.
+    ``transport`` picks the ext_proc server (``TRANSPORTS``); the health port is grpc.aio.
+    ``cipher_suites`` (OpenSSL names) limit the native transport's TLS 1.2 suites (grpc.aio
+    reads ``GRPC_SSL_CIPHER_SUITES`` instead).
     """
 
     def __init__(
@@ -78,7 +99,16 @@ class GrpcServers:
         reuse_port: bool = False,
         max_streams_per_connection: int = 0,
         client_ca: bytes | None = None,
+        transport: str = "native",
+        cipher_suites: tuple[str, ...] = (),
     ) -> None:
+        self._ciphers = cipher_suites
+        if transport not in TRANSPORTS:
+            raise ValueError(f"transport must be one of {TRANSPORTS}, not {transport!r}")
+        self._transport_kind = transport
+        self._reuse_port = reuse_port
+        self._max_receive = max_receive_message_length
+        self._max_send = max_send_message_length
         self._host = host
         self._grpc_port = grpc_port
         self._health_port = health_port
@@ -101,7 +131,58 @@ class GrpcServers:
         self.bound_grpc_port = 0
         self.bound_health_port = 0
 
+    def _native_server(self) -> H2GrpcServer:
+        handlers = {
+            f"/{EXTPROC_SERVICE}/Process": MethodHandler(
+                self._extproc.Process,
+                pb.ProcessingRequest.FromString,
+                serialize_reply,
+                streaming=True,
+            )
+        }
+        if self._health_on_extproc_port:
+            for method, request in (
+                ("Check", health_pb2.HealthCheckRequest),
+                ("List", health_pb2.HealthListRequest),
+                ("Watch", health_pb2.HealthCheckRequest),
+            ):
+                handlers[f"/grpc.health.v1.Health/{method}"] = MethodHandler(
+                    getattr(self.health, method),
+                    request.FromString,
+                    _serialize_message,
+                    streaming=False,
+                )
+        if self.reloader is not None:
+            context = reloading_ssl_context(self.reloader, self._ciphers)
+        elif self._certificate is not None:
+            context = ssl_context(self._certificate, self._client_ca, self._ciphers)
+        else:
+            context = None
+        return H2GrpcServer(
+            handlers,
+            ssl_context=context,
+            max_concurrent_rpcs=self._max_concurrent_streams or 0,
+            max_streams_per_connection=self._max_streams_per_connection,
+            max_receive_message_length=self._max_receive,
+            max_send_message_length=self._max_send,
+            max_connection_age=SHARED_PORT_CONNECTION_AGE_MS / 1000 if self._reuse_port else 0.0,
+            reuse_port=self._reuse_port,
+        )
+
+    async def _start_native(self) -> Any:
+        server = self._native_server()
+        address = f"{self._host}:{self._grpc_port}"
+        try:
+            self.bound_grpc_port = await server.start(self._host, self._grpc_port)
+        except OSError as exc:
+            raise OSError(f"--grpc-port: cannot listen on {address}: {exc}") from exc
+        return server
+
     async def start(self) -> None:
+        if self._transport_kind == "native":
+            extproc_server = await self._start_native()
+            await self._start_health(extproc_server)
+            return
         options = list(self._extproc_options)
         if self._max_streams_per_connection:
             options.append(("grpc.max_concurrent_streams", self._max_streams_per_connection))
@@ -125,9 +206,12 @@ class GrpcServers:
             raise OSError(f"--grpc-port: cannot listen on {address}: {exc}") from exc
         if self.bound_grpc_port == 0:
             raise OSError(f"--grpc-port: cannot listen on {address}")
+        await self._start_health(extproc_server)
 
+    async def _start_health(self, extproc_server: Any) -> None:
         if self._health_port is None:
-            await extproc_server.start()
+            if isinstance(extproc_server, grpc.aio.Server):
+                await extproc_server.start()
             self._servers = [extproc_server]
             logger.info(
                 "ext_proc serving on %s:%d (%s, shared port)",
@@ -146,7 +230,8 @@ class GrpcServers:
         if self.bound_health_port == 0:
             raise OSError(f"--grpc-health-port: cannot listen on {health_address}")
 
-        await extproc_server.start()
+        if isinstance(extproc_server, grpc.aio.Server):
+            await extproc_server.start()
         await health_server.start()
         self._servers = [extproc_server, health_server]
         logger.info(
@@ -159,11 +244,13 @@ class GrpcServers:
         )
 
     def _transport(self) -> str:
+        native = ["native transport"] if self._transport_kind == "native" else []
         if self._certificate is None:
-            return "plaintext"
+            return ", ".join(("plaintext", *native))
         return ", ".join(
             (
                 "TLS",
+                *native,
                 *(["client certificates required"] if self._client_ca is not None else []),
                 *(["certificate reloaded when renewed"] if self.reloader else []),
             )
@@ -178,3 +265,7 @@ class GrpcServers:
         for server in health_server:
             await server.stop(0)
         self._servers = []
+
+
+def _serialize_message(message: Any) -> bytes:
+    return bytes(message.SerializeToString())

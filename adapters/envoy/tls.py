@@ -6,6 +6,8 @@ import datetime
 import ipaddress
 import logging
 import os
+import ssl
+import tempfile
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -24,8 +26,10 @@ __all__ = [
     "ServerCertificate",
     "load_certificate",
     "load_client_ca",
+    "reloading_ssl_context",
     "self_signed_certificate",
     "server_credentials",
+    "ssl_context",
     "validate_pair",
 ]
 
@@ -156,6 +160,11 @@ class CertificateReloader:
         )
 
     def fetch(self) -> grpc.ServerCertificateConfiguration | None:
+        pair = self.poll()
+        return None if pair is None else _configuration(pair, self._client_ca)
+
+    def poll(self) -> ServerCertificate | None:
+        """The renewed pair, once, when the files changed and hold a valid pair; else None."""
         try:
             with self._lock:
                 signature = _signature(self._directory)
@@ -182,8 +191,8 @@ class CertificateReloader:
                 leaf.subject.rfc4514_string(),
                 leaf.not_valid_after_utc.isoformat(),
             )
-            return _configuration(pair, self._client_ca)
-        except Exception:  # never into gRPC's handshake
+            return pair
+        except Exception:  # never into a handshake
             logger.exception("certificate reload failed; still serving the previous one")
             return None
 
@@ -194,6 +203,54 @@ def _configuration(
     return grpc.ssl_server_certificate_configuration(
         [(pair.private_key_pem, pair.certificate_pem)], root_certificates=client_ca
     )
+
+
+def ssl_context(
+    pair: ServerCertificate, client_ca: bytes | None = None, ciphers: tuple[str, ...] = ()
+) -> ssl.SSLContext:
+    """The TLS context of ``--extproc-transport=native``: ``pair``, ALPN ``h2``, TLS 1.2 or
+    newer; with ``client_ca``, clients must present a certificate signed by it; ``ciphers``
+    (OpenSSL names) limit the TLS 1.2 suites."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    context.set_alpn_protocols(["h2"])
+    if ciphers:
+        context.set_ciphers(":".join(ciphers))
+    # the ssl module loads a key pair from files only: a private directory, gone at once
+    with tempfile.TemporaryDirectory(prefix="epp-tls-") as directory:
+        certificate, key = Path(directory) / "tls.crt", Path(directory) / "tls.key"
+        for path, data in ((certificate, pair.certificate_pem), (key, pair.private_key_pem)):
+            descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(descriptor, "wb") as file:
+                file.write(data)
+        context.load_cert_chain(certificate, key)
+    if client_ca is not None:
+        context.load_verify_locations(cadata=client_ca.decode("ascii"))
+        context.verify_mode = ssl.CERT_REQUIRED
+    return context
+
+
+def reloading_ssl_context(
+    reloader: CertificateReloader, ciphers: tuple[str, ...] = ()
+) -> ssl.SSLContext:
+    """A context that serves the reloader's pair, renewed at the next handshake after the
+    files change (checked at each handshake, as with grpcio's dynamic credentials)."""
+    client_ca = reloader._client_ca
+    base = ssl_context(reloader.current, client_ca, ciphers)
+    served = [base]
+
+    def on_hello(connection: ssl.SSLObject | ssl.SSLSocket, name: str | None, _: object) -> None:
+        renewed = reloader.poll()
+        if renewed is not None:
+            try:
+                served[0] = ssl_context(renewed, client_ca, ciphers)
+            except (ssl.SSLError, ValueError):
+                logger.exception("renewed certificate not served; still serving the previous one")
+        if served[0] is not base:
+            connection.context = served[0]
+
+    base.sni_callback = on_hello
+    return base
 
 
 def server_credentials(

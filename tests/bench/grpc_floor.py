@@ -1,11 +1,13 @@
-"""Benchmark (not a test): what grpc.aio alone costs per ext_proc message pair.
+"""Benchmark (not a test): what the gRPC server alone costs per ext_proc message pair.
 
 A server in a second process with the EPP's handler shape (a coroutine on the reader/writer
 API, uvloop, ``serialize_reply``) that reads each ``ProcessingRequest`` and writes back a
-response-body reply echoing its chunk, and nothing else. A client here sends an SSE-sized
-``response_body`` message and waits for the reply, over ``--streams`` concurrent streams.
-Prints the server's CPU per message pair: the floor under the EPP's cost per SSE chunk
-(docs/decisions/0013).
+response-body reply echoing its chunk, and nothing else. A client here (grpc.aio) sends an
+SSE-sized ``response_body`` message and waits for the reply, over ``--streams`` concurrent
+streams. Prints the server's CPU per message pair: the floor under the EPP's cost per SSE
+chunk, for each ``--transports``: ``grpcio`` (grpc.aio, docs/decisions/0013), ``native``
+(``adapters.envoy.h2grpc``, docs/decisions/0020) and ``h2`` (the same echo on the ``h2``
+library's HTTP/2 state machine, when it is installed: what a kept library would cost).
 
     .venv/bin/python -m tests.bench.grpc_floor [--pairs 4000] [--streams 1,16]
 """
@@ -14,6 +16,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
+import statistics
 import subprocess
 import sys
 from typing import Any
@@ -23,6 +27,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
 from adapters.envoy.extproc import _response_body_response, serialize_reply
+from adapters.envoy.h2grpc import H2GrpcServer, MethodHandler
 from tests.bench.load import cpu_seconds
 
 SERVICE = "envoy.service.ext_proc.v3.ExternalProcessor"
@@ -40,7 +45,21 @@ async def _echo(request_iterator: Any, context: Any) -> None:
         await context.write(_response_body_response(request.response_body.body, False))
 
 
-async def _serve() -> None:
+async def _serve(transport: str) -> None:
+    if transport == "native":
+        native = H2GrpcServer(
+            {
+                f"/{SERVICE}/Process": MethodHandler(
+                    _echo, pb.ProcessingRequest.FromString, serialize_reply, streaming=True
+                )
+            }
+        )
+        print(await native.start("127.0.0.1", 0), flush=True)
+        await asyncio.Event().wait()
+        return
+    if transport == "h2":
+        await _serve_h2()
+        return
     server = grpc.aio.server()
     handlers = {
         "Process": grpc.stream_stream_rpc_method_handler(
@@ -72,35 +91,100 @@ async def _load(port: int, streams: int, pairs: int) -> None:
         await asyncio.gather(*(one(pairs // streams) for _ in range(streams)))
 
 
+async def _serve_h2() -> None:
+    # The same echo on the h2 library: its state machine does the framing, flow control
+    # and header coding; we only cut gRPC messages.
+    # the bench extra's; imported by name, so type checks do without it
+    config_module = importlib.import_module("h2.config")
+    connection_module = importlib.import_module("h2.connection")
+    events = importlib.import_module("h2.events")
+
+    class Echo(asyncio.Protocol):
+        def connection_made(self, transport: Any) -> None:
+            self.transport = transport
+            config = config_module.H2Configuration(client_side=False, header_encoding=None)
+            self.h2 = connection_module.H2Connection(config)
+            self.h2.initiate_connection()
+            self.partial: dict[int, bytes] = {}
+            transport.write(self.h2.data_to_send())
+
+        def data_received(self, data: bytes) -> None:
+            for event in self.h2.receive_data(data):
+                if isinstance(event, events.RequestReceived):
+                    self.partial[event.stream_id] = b""
+                    headers = [(b":status", b"200"), (b"content-type", b"application/grpc")]
+                    self.h2.send_headers(event.stream_id, headers)
+                elif isinstance(event, events.DataReceived):
+                    stream = event.stream_id
+                    self.h2.acknowledge_received_data(event.flow_controlled_length, stream)
+                    buffer = self.partial[stream] + event.data
+                    while len(buffer) >= 5 and len(buffer) >= 5 + int.from_bytes(buffer[1:5]):
+                        size = 5 + int.from_bytes(buffer[1:5])
+                        request = pb.ProcessingRequest.FromString(buffer[5:size])
+                        buffer = buffer[size:]
+                        reply = serialize_reply(
+                            _response_body_response(request.response_body.body, False)
+                        )
+                        self.h2.send_data(stream, b"\0" + len(reply).to_bytes(4) + reply)
+                    self.partial[stream] = buffer
+                elif isinstance(event, events.StreamEnded):
+                    self.h2.send_headers(event.stream_id, [(b"grpc-status", b"0")], end_stream=True)
+            self.transport.write(self.h2.data_to_send())
+
+    server = await asyncio.get_running_loop().create_server(Echo, "127.0.0.1", 0)
+    print(server.sockets[0].getsockname()[1], flush=True)
+    await server.serve_forever()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     parser.add_argument("--pairs", type=int, default=4000, help="message pairs per row")
     parser.add_argument("--streams", default="1,16", help="concurrent streams, one row each")
-    parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--transports", default="grpcio,native,h2", help="servers to compare, one column each"
+    )
+    parser.add_argument("--rounds", type=int, default=3, help="alternating rounds; medians")
+    parser.add_argument("--serve", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve:
         import uvloop
 
         uvloop.install()
-        asyncio.run(_serve())
+        asyncio.run(_serve(args.serve))
         return
-    server = subprocess.Popen(
-        [sys.executable, "-m", "tests.bench.grpc_floor", "--serve"],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
+    transports = args.transports.split(",")
+    if "h2" in transports and importlib.util.find_spec("h2") is None:
+        print("h2: not installed (pip install h2), column skipped")
+        transports.remove("h2")
+    servers: dict[str, tuple[subprocess.Popen[str], int]] = {}
     try:
-        assert server.stdout is not None
-        port = int(server.stdout.readline())
-        asyncio.run(_load(port, 8, 400))  # warm up
-        for streams in (int(s) for s in args.streams.split(",")):
-            before = cpu_seconds(server.pid)
-            asyncio.run(_load(port, streams, args.pairs))
-            per_pair = (cpu_seconds(server.pid) - before) / args.pairs
-            print(f"{streams:>3} streams: server CPU per message pair {per_pair * 1e6:.1f} us")
+        for transport in transports:
+            server = subprocess.Popen(
+                [sys.executable, "-m", "tests.bench.grpc_floor", "--serve", transport],
+                stdout=subprocess.PIPE,
+                text=True,
+            )
+            assert server.stdout is not None
+            servers[transport] = (server, int(server.stdout.readline()))
+            asyncio.run(_load(servers[transport][1], 8, 400))  # warm up
+        streams_rows = [int(s) for s in args.streams.split(",")]
+        costs: dict[tuple[int, str], list[float]] = {}
+        for _ in range(args.rounds):
+            for streams in streams_rows:
+                for transport, (server, port) in servers.items():
+                    before = cpu_seconds(server.pid)
+                    asyncio.run(_load(port, streams, args.pairs))
+                    spent = (cpu_seconds(server.pid) - before) / args.pairs
+                    costs.setdefault((streams, transport), []).append(spent)
+        print(f"server CPU per message pair, us (median of {args.rounds} alternating rounds)")
+        print("streams " + "".join(f"{t:>10}" for t in servers))
+        for streams in streams_rows:
+            cells = (statistics.median(costs[streams, t]) * 1e6 for t in servers)
+            print(f"{streams:>7} " + "".join(f"{cell:>10.1f}" for cell in cells))
     finally:
-        server.kill()
-        server.wait()
+        for server, _ in servers.values():
+            server.kill()
+            server.wait()
 
 
 if __name__ == "__main__":

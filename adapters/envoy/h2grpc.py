@@ -1,0 +1,1040 @@
+"""A gRPC server over HTTP/2 on asyncio, for the ext_proc port (``--extproc-transport=native``).
+
+grpc.aio costs 65 to 90 µs of CPU per message pair on this project's machine
+(``tests.bench.grpc_floor``), and an ext_proc stream is one message pair per body chunk:
+that floor, not our handling, decided the EPP's cost per request and per SSE chunk
+(docs/decisions/0013). No kept Python library serves gRPC cheaper (``h2``, the pure-Python
+HTTP/2 state machine, costs about 40 µs a pair), so this module frames HTTP/2 itself and
+leaves header compression to ``hpack``. ``tests.bench.grpc_floor`` prints all three side by
+side (docs/decisions/0020).
+
+What it serves is gRPC as Envoy's client speaks it: one method table, stream-stream and
+unary-unary handlers on a context with ``read()``, ``write()`` and ``abort()`` (the subset
+of ``grpc.aio.ServicerContext`` the EPP's handlers use), statuses in trailers,
+``grpc-timeout``, identity encoding only. What it guards, because the port may be reached by
+more than Envoy:
+
+- flow control both ways: a stream's unread messages are bounded by its window (credit is
+  returned as the handler reads), a message by ``max_receive_message_length``
+  (``RESOURCE_EXHAUSTED``), and a peer that stops reading stops our reading of it too
+  (transport back-pressure), so nothing it sends grows memory without bound;
+- frame sizes, header blocks (compressed and decoded size), stream ids, CONTINUATION
+  sequences, SETTINGS values: a violation is a connection error (GOAWAY) or a stream error
+  (RST_STREAM), as RFC 9113 says;
+- floods: control frames (PING, SETTINGS, RST_STREAM, PRIORITY, WINDOW_UPDATE, empty
+  DATA) past a budget that only requests refill, and streams the peer resets faster than
+  they complete ("rapid reset"), end the connection with ENHANCE_YOUR_CALM;
+- a connection that sends no preface within ``handshake_timeout`` is closed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import ssl
+from collections import deque
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, cast
+from urllib.parse import quote
+
+import grpc
+import hpack
+
+__all__ = ["H2GrpcServer", "MethodHandler", "RpcContext"]
+
+logger = logging.getLogger(__name__)
+
+_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+
+# frame types (RFC 9113 section 6)
+_DATA, _HEADERS, _PRIORITY, _RST_STREAM, _SETTINGS = 0x0, 0x1, 0x2, 0x3, 0x4
+_PUSH_PROMISE, _PING, _GOAWAY, _WINDOW_UPDATE, _CONTINUATION = 0x5, 0x6, 0x7, 0x8, 0x9
+# flags
+_END_STREAM, _ACK, _END_HEADERS, _PADDED, _PRIORITY_FLAG = 0x1, 0x1, 0x4, 0x8, 0x20
+# error codes
+_NO_ERROR, _PROTOCOL_ERROR, _INTERNAL_ERROR, _FLOW_CONTROL_ERROR = 0x0, 0x1, 0x2, 0x3
+_STREAM_CLOSED, _FRAME_SIZE_ERROR, _REFUSED_STREAM, _CANCEL = 0x5, 0x6, 0x7, 0x8
+_COMPRESSION_ERROR, _ENHANCE_YOUR_CALM = 0x9, 0xB
+# settings
+_HEADER_TABLE_SIZE, _ENABLE_PUSH, _MAX_CONCURRENT_STREAMS = 0x1, 0x2, 0x3
+_INITIAL_WINDOW_SIZE, _MAX_FRAME_SIZE, _MAX_HEADER_LIST_SIZE = 0x4, 0x5, 0x6
+
+_DEFAULT_WINDOW = 65_535
+_MAX_WINDOW = 2**31 - 1
+_FRAME_SIZE = 16_384  # what we accept, and what we send until the peer allows more
+# Our receive windows: a stream may have this many bytes in flight to us; the connection
+# (all streams) the second. Credit returns as messages are read.
+STREAM_WINDOW = 1 << 20
+CONNECTION_WINDOW = 16 << 20
+MAX_HEADER_LIST_SIZE = 16_384
+_CREDIT_BATCH = STREAM_WINDOW // 4  # window returned in steps of at least this
+_MAX_HEADER_BLOCK = 4 * MAX_HEADER_LIST_SIZE  # compressed, over HEADERS and CONTINUATIONs
+# Control frames a connection may send beyond the requests it makes; each request
+# (HEADERS, or DATA with a payload) refills this many.
+_CONTROL_BUDGET = 1_000
+_CONTROL_REFILL = 10
+# seconds an error status may wait for the peer to finish sending (see _park)
+_PARK_DELAY = 0.5
+_RAPID_RESETS = 200  # resets beyond which a peer resetting more than it completes is cut
+
+_TIMEOUT_UNITS = {"H": 3600.0, "M": 60.0, "S": 1.0, "m": 1e-3, "u": 1e-6, "n": 1e-9}
+
+
+def _frame(kind: int, flags: int, stream_id: int, payload: bytes = b"") -> bytes:
+    return (
+        len(payload).to_bytes(3, "big")
+        + bytes((kind, flags))
+        + stream_id.to_bytes(4, "big")
+        + payload
+    )
+
+
+def _never_indexed(headers: list[tuple[str, str]]) -> bytes:
+    # Literals never indexed: the block leaves the peer's decoder table untouched, so any
+    # block can be sent in any order and cached.
+    return hpack.Encoder().encode(
+        [hpack.NeverIndexedHeaderTuple(name, value) for name, value in headers], huffman=False
+    )
+
+
+_RESPONSE_HEADERS = _never_indexed([(":status", "200"), ("content-type", "application/grpc")])
+_TRAILERS_OK = _never_indexed([("grpc-status", "0")])
+
+
+def _status_block(code: grpc.StatusCode, details: str, *, trailers_only: bool) -> bytes:
+    headers = [(":status", "200"), ("content-type", "application/grpc")] if trailers_only else []
+    headers.append(("grpc-status", str(code.value[0])))
+    if details:
+        # gRPC's percent-encoding: printable ASCII but '%' as is, the rest as %XX of UTF-8
+        headers.append(("grpc-message", quote(details, safe=" !\"#$&'()*+,-./:;<=>?@[\\]^_`{|}~")))
+    return _never_indexed(headers)
+
+
+def _http_status_block(status: int) -> bytes:
+    return _never_indexed([(":status", str(status))])
+
+
+class _ConnectionError(Exception):
+    def __init__(self, code: int, reason: str) -> None:
+        super().__init__(reason)
+        self.code = code
+
+
+class _AbortError(Exception):
+    def __init__(self, code: grpc.StatusCode, details: str) -> None:
+        super().__init__(details)
+        self.code = code
+        self.details = details
+
+
+@dataclass(frozen=True, slots=True)
+class MethodHandler:
+    """One method: ``function(request_or_None, context)``. ``streaming``: the handler reads
+    its requests with ``context.read()`` (stream-stream); otherwise it gets the one request
+    and returns the one response (unary-unary)."""
+
+    function: Callable[[Any, Any], Awaitable[Any]]
+    deserializer: Callable[[bytes], Any]
+    serializer: Callable[[Any], bytes]
+    streaming: bool
+
+
+class RpcContext:
+    """One call, as its handler sees it: ``read()`` the next request (``grpc.aio.EOF`` after
+    the peer's half-close), ``write()`` a response (a message, or bytes the serializer passes
+    through), ``abort()`` with a status."""
+
+    __slots__ = (
+        "_connection",
+        "_deadline",
+        "_ended",
+        "_error",
+        "_headers_sent",
+        "_message",
+        "_need",
+        "_parts",
+        "_pending",
+        "_pending_status",
+        "_queue",
+        "_queued_bytes",
+        "_reader",
+        "_send_window",
+        "_uncredited",
+        "_window",
+        "half_closed",
+        "handler",
+        "stream_id",
+        "task",
+    )
+
+    def __init__(self, connection: _Connection, stream_id: int, handler: MethodHandler) -> None:
+        self._connection = connection
+        self.stream_id = stream_id
+        self.handler = handler
+        self.task: asyncio.Task[None] | None = None
+        self.half_closed = False
+        self._ended = False
+        self._error = False
+        self._headers_sent = False
+        self._queue: deque[Any] = deque()
+        self._queued_bytes = 0
+        self._reader: asyncio.Future[Any] | None = None
+        self._parts: list[bytes] = []
+        self._need = -1  # bytes of the message being reassembled (prefix included); -1: none
+        self._message = 0
+        self._uncredited = 0  # bytes received and not yet credited back to the peer
+        self._send_window = connection.peer_initial_window
+        self._pending = b""  # data waiting for the peer's window
+        self._pending_status: bytes | None = None  # and the status after it
+        self._window: asyncio.Future[None] | None = None  # the writer waiting for it
+        self._deadline: asyncio.TimerHandle | None = None
+
+    # -- what the handler calls --
+
+    async def read(self) -> Any:
+        queue = self._queue
+        if not queue:
+            if self.half_closed:
+                return grpc.aio.EOF
+            self._reader = self._connection.loop.create_future()
+            try:
+                await self._reader
+            finally:
+                self._reader = None
+            if not queue:
+                return grpc.aio.EOF
+        size, message = queue.popleft()
+        self._queued_bytes -= size
+        self._return_credit()
+        return message
+
+    def _return_credit(self) -> None:
+        # Everything received is credited back but the messages no one has read: a handler
+        # that does not read stops the peer within one window.
+        creditable = self._uncredited - self._queued_bytes
+        if creditable >= _CREDIT_BATCH:
+            self._uncredited -= creditable
+            self._connection.credit_stream(self, creditable)
+
+    async def write(self, response: Any) -> None:
+        if self._ended:
+            raise _AbortError(grpc.StatusCode.CANCELLED, "the call is over")
+        data = self.handler.serializer(response)
+        connection = self._connection
+        if len(data) > connection.max_send_message_length:
+            raise _AbortError(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"response of {len(data)} bytes exceeds the limit "
+                f"({connection.max_send_message_length})",
+            )
+        if not self._headers_sent:
+            self._headers_sent = True
+            connection.send_headers(self.stream_id, _RESPONSE_HEADERS, end_stream=False)
+        await connection.send_data(self, b"\x00" + len(data).to_bytes(4, "big") + data)
+
+    async def abort(self, code: grpc.StatusCode, details: str = "") -> None:
+        raise _AbortError(code, details)
+
+    # -- what the connection calls --
+
+    def receive(self, payload: bytes, end_stream: bool) -> None:
+        """A DATA payload: complete messages go to the queue, the rest waits for more."""
+        if payload:
+            if self._need < 0 and not self._parts:
+                # the common case: whole messages in this frame
+                view = payload
+                while len(view) >= 5:
+                    size = 5 + int.from_bytes(view[1:5], "big")
+                    if len(view) < size:
+                        break
+                    self._deliver(view[:size])
+                    view = view[size:]
+                if view:
+                    self._parts.append(view)
+                    self._message = len(view)
+                    self._need = self._size_of(view)
+            else:
+                self._parts.append(payload)
+                self._message += len(payload)
+                while True:
+                    if self._need < 0:
+                        self._need = self._size_of(b"".join(self._parts))
+                    if self._need < 0 or self._message < self._need:
+                        break
+                    joined = b"".join(self._parts)
+                    self._deliver(joined[: self._need])
+                    rest = joined[self._need :]
+                    self._parts = [rest] if rest else []
+                    self._message = len(rest)
+                    self._need = self._size_of(rest) if rest else -1
+            if self._need > 5 + self._connection.max_receive_message_length:
+                raise _AbortError(
+                    grpc.StatusCode.RESOURCE_EXHAUSTED,
+                    f"received message of {self._need - 5} bytes exceeds the limit "
+                    f"({self._connection.max_receive_message_length})",
+                )
+            self._return_credit()
+        if end_stream:
+            self.half_closed = True
+            if self._parts:
+                raise _AbortError(grpc.StatusCode.INTERNAL, "the stream ended inside a message")
+        reader = self._reader
+        if reader is not None and not reader.done() and (self._queue or end_stream):
+            reader.set_result(None)
+
+    def _size_of(self, head: bytes) -> int:
+        return 5 + int.from_bytes(head[1:5], "big") if len(head) >= 5 else -1
+
+    def _deliver(self, message: bytes) -> None:
+        if message[0] != 0:
+            raise _AbortError(
+                grpc.StatusCode.UNIMPLEMENTED if message[0] == 1 else grpc.StatusCode.INTERNAL,
+                "compressed messages are not accepted (grpc-encoding: identity)",
+            )
+        if len(message) - 5 > self._connection.max_receive_message_length:
+            raise _AbortError(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"received message of {len(message) - 5} bytes exceeds the limit "
+                f"({self._connection.max_receive_message_length})",
+            )
+        try:
+            request = self.handler.deserializer(message[5:])
+        except Exception as exc:
+            raise _AbortError(
+                grpc.StatusCode.INTERNAL, f"cannot parse the request: {exc}"
+            ) from None
+        self._queue.append((len(message), request))
+        self._queued_bytes += len(message)
+
+    def fail(self) -> None:
+        """The stream is gone (reset, or the connection closed): wake and cancel the handler."""
+        self._ended = True
+        self.half_closed = True
+        for waiter in (self._reader, self._window):
+            if waiter is not None and not waiter.done():
+                waiter.cancel()
+        if self.task is not None and not self.task.done():
+            self.task.cancel()
+
+
+class _Connection(asyncio.Protocol):
+    """One HTTP/2 connection: frames in, calls started, frames out."""
+
+    def __init__(self, server: H2GrpcServer) -> None:
+        self.server = server
+        self.loop = asyncio.get_running_loop()
+        self.max_receive_message_length = server.max_receive_message_length
+        self.max_send_message_length = server.max_send_message_length
+        self.peer_initial_window = _DEFAULT_WINDOW
+        self._peer_frame_size = _FRAME_SIZE
+        self._send_window = _DEFAULT_WINDOW
+        self._received = 0  # bytes received since the connection's window was last given back
+        self._transport: asyncio.Transport | None = None
+        self._buffer = b""
+        self._preface = False
+        self._calls: dict[int, RpcContext] = {}
+        self._last_stream = 0
+        self._goaway_sent = False
+        self._closing = False
+        self._decoder = hpack.Decoder(max_header_list_size=MAX_HEADER_LIST_SIZE)
+        self._decoder.max_allowed_table_size = 4096
+        self._header_stream = 0  # a header block in progress (HEADERS without END_HEADERS)
+        self._header_flags = 0
+        self._header_parts: list[bytes] = []
+        self._header_size = 0
+        self._control = _CONTROL_BUDGET
+        self._resets = 0
+        self._completed = 0
+        self._out: list[bytes] = []
+        self._flush_scheduled = False
+        self._paused = False
+        self._drained: asyncio.Future[None] | None = None
+        self._blocked: deque[RpcContext] = deque()  # calls with data waiting for window
+        self._timers: list[asyncio.TimerHandle] = []
+        self._first_block = True
+        # error statuses waiting for the peer's half-close, and their timers
+        self._parked: dict[int, tuple[bytes, asyncio.TimerHandle]] = {}
+
+    # -- asyncio.Protocol --
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # uvloop's transports are not asyncio.Transport subclasses, but have its methods
+        self._transport = transport = cast(asyncio.Transport, transport)
+        self.server.connections.add(self)
+        settings = [(_ENABLE_PUSH, 0), (_INITIAL_WINDOW_SIZE, STREAM_WINDOW)]
+        settings.append((_MAX_HEADER_LIST_SIZE, MAX_HEADER_LIST_SIZE))
+        if self.server.max_streams_per_connection:
+            settings.append((_MAX_CONCURRENT_STREAMS, self.server.max_streams_per_connection))
+        payload = b"".join(k.to_bytes(2, "big") + v.to_bytes(4, "big") for k, v in settings)
+        increment = CONNECTION_WINDOW - _DEFAULT_WINDOW
+        transport.write(
+            _frame(_SETTINGS, 0, 0, payload)
+            + _frame(_WINDOW_UPDATE, 0, 0, increment.to_bytes(4, "big"))
+        )
+        self._timers.append(
+            self.loop.call_later(self.server.handshake_timeout, self._handshake_expired)
+        )
+        age = self.server.max_connection_age
+        if age:
+            self._timers.append(self.loop.call_later(age * random.uniform(0.9, 1.1), self.go_away))
+        if self.server.draining:
+            self.go_away()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._closing = True
+        self.server.connections.discard(self)
+        for timer in self._timers:
+            timer.cancel()
+        for _, timer in self._parked.values():
+            timer.cancel()
+        self._parked.clear()
+        for call in list(self._calls.values()):
+            call.fail()
+        self._calls.clear()
+        self._blocked.clear()
+        if self._drained is not None and not self._drained.done():
+            self._drained.cancel()
+
+    def pause_writing(self) -> None:
+        # The peer does not read: neither do we, so nothing it asks for piles up here.
+        self._paused = True
+        if self._transport is not None and not self._closing:
+            self._transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        self._paused = False
+        if self._transport is not None and not self._closing:
+            self._transport.resume_reading()
+        if self._drained is not None and not self._drained.done():
+            self._drained.set_result(None)
+
+    def data_received(self, data: bytes) -> None:
+        if self._buffer:
+            data = self._buffer + data
+            self._buffer = b""
+        try:
+            position = 0
+            if not self._preface:
+                if len(data) < len(_PREFACE):
+                    if not _PREFACE.startswith(data):
+                        raise _ConnectionError(_PROTOCOL_ERROR, "not an HTTP/2 preface")
+                    self._buffer = data
+                    return
+                if not data.startswith(_PREFACE):
+                    raise _ConnectionError(_PROTOCOL_ERROR, "not an HTTP/2 preface")
+                self._preface = True
+                self._timers[0].cancel()
+                position = len(_PREFACE)
+            end = len(data)
+            while end - position >= 9:
+                length = int.from_bytes(data[position : position + 3], "big")
+                if length > _FRAME_SIZE:
+                    raise _ConnectionError(_FRAME_SIZE_ERROR, f"frame of {length} bytes")
+                if end - position - 9 < length:
+                    break
+                kind = data[position + 3]
+                flags = data[position + 4]
+                stream_id = int.from_bytes(data[position + 5 : position + 9], "big") & _MAX_WINDOW
+                payload = data[position + 9 : position + 9 + length]
+                position += 9 + length
+                self._on_frame(kind, flags, stream_id, payload)
+                if self._closing:
+                    return
+            if position < end:
+                self._buffer = data[position:]
+        except _ConnectionError as exc:
+            self._fail_connection(exc.code, str(exc))
+
+    def eof_received(self) -> bool | None:
+        return False
+
+    # -- frames in --
+
+    def _on_frame(self, kind: int, flags: int, stream_id: int, payload: bytes) -> None:
+        if self._header_stream and (kind != _CONTINUATION or stream_id != self._header_stream):
+            raise _ConnectionError(_PROTOCOL_ERROR, "a header block was interrupted")
+        if kind == _DATA:
+            self._on_data(flags, stream_id, payload)
+        elif kind == _HEADERS:
+            self._on_headers(flags, stream_id, payload)
+        elif kind == _CONTINUATION:
+            if not self._header_stream:
+                raise _ConnectionError(_PROTOCOL_ERROR, "CONTINUATION without HEADERS")
+            self._header_part(flags, payload)
+        else:
+            self._spend_control()
+            if kind == _SETTINGS:
+                self._on_settings(flags, stream_id, payload)
+            elif kind == _WINDOW_UPDATE:
+                self._on_window_update(stream_id, payload)
+            elif kind == _PING:
+                if len(payload) != 8 or stream_id:
+                    raise _ConnectionError(_FRAME_SIZE_ERROR, "bad PING")
+                if not flags & _ACK:
+                    self._send(_frame(_PING, _ACK, 0, payload))
+            elif kind == _RST_STREAM:
+                if len(payload) != 4 or not stream_id:
+                    raise _ConnectionError(_PROTOCOL_ERROR, "bad RST_STREAM")
+                if stream_id > self._last_stream:
+                    raise _ConnectionError(_PROTOCOL_ERROR, "RST_STREAM on an idle stream")
+                call = self._calls.pop(stream_id, None)
+                if call is not None:
+                    call.fail()
+                    self._count_reset()
+            elif kind == _GOAWAY:
+                self._closing_by_peer()
+            elif kind == _PRIORITY:
+                if len(payload) != 5 or not stream_id:
+                    raise _ConnectionError(_PROTOCOL_ERROR, "bad PRIORITY")
+            elif kind == _PUSH_PROMISE:
+                raise _ConnectionError(_PROTOCOL_ERROR, "a client may not push")
+            # unknown frame types are ignored (RFC 9113 section 4.1)
+
+    def _spend_control(self) -> None:
+        self._control -= 1
+        if self._control < 0:
+            raise _ConnectionError(_ENHANCE_YOUR_CALM, "too many control frames")
+
+    def _count_reset(self) -> None:
+        self._resets += 1
+        if self._resets > _RAPID_RESETS and self._resets > self._completed:
+            raise _ConnectionError(_ENHANCE_YOUR_CALM, "too many streams reset")
+
+    def _on_data(self, flags: int, stream_id: int, payload: bytes) -> None:
+        if not stream_id:
+            raise _ConnectionError(_PROTOCOL_ERROR, "DATA on stream 0")
+        size = len(payload)
+        if flags & _PADDED:
+            if not payload or payload[0] >= size:
+                raise _ConnectionError(_PROTOCOL_ERROR, "bad padding")
+            payload = payload[1 : size - payload[0]]
+        # The connection's window is given back as bytes arrive: each stream's own window
+        # bounds what waits unread.
+        self._received += size
+        if self._received > CONNECTION_WINDOW:
+            raise _ConnectionError(_FLOW_CONTROL_ERROR, "the connection window was exceeded")
+        if self._received >= CONNECTION_WINDOW // 4:
+            self._send(_frame(_WINDOW_UPDATE, 0, 0, self._received.to_bytes(4, "big")))
+            self._received = 0
+        if payload:
+            self._control = min(self._control + _CONTROL_REFILL, _CONTROL_BUDGET)
+        else:
+            self._spend_control()
+        call = self._calls.get(stream_id)
+        if call is None:
+            if stream_id > self._last_stream:
+                raise _ConnectionError(_PROTOCOL_ERROR, "DATA on an idle stream")
+            if self._parked and flags & _END_STREAM:
+                self._send_parked(stream_id)
+            return  # a stream already closed, or refused
+        if call.half_closed:
+            self._reset(call, _STREAM_CLOSED)
+            return
+        if call._uncredited + size > STREAM_WINDOW:
+            self._reset(call, _FLOW_CONTROL_ERROR)
+            return
+        call._uncredited += size  # padding included: it is credited with the rest
+        try:
+            call.receive(payload, bool(flags & _END_STREAM))
+        except _AbortError as exc:
+            self._end_call(call, exc.code, exc.details)
+            call.fail()
+
+    def _on_headers(self, flags: int, stream_id: int, payload: bytes) -> None:
+        if not stream_id or not stream_id & 1:
+            raise _ConnectionError(_PROTOCOL_ERROR, "HEADERS on a stream a client may not open")
+        if flags & _PADDED:
+            if not payload or payload[0] >= len(payload):
+                raise _ConnectionError(_PROTOCOL_ERROR, "bad padding")
+            payload = payload[1 : len(payload) - payload[0]]
+        if flags & _PRIORITY_FLAG:
+            if len(payload) < 5:
+                raise _ConnectionError(_PROTOCOL_ERROR, "bad priority")
+            payload = payload[5:]
+        self._header_stream = stream_id
+        self._header_flags = flags
+        self._header_parts = []
+        self._header_size = 0
+        self._header_part(flags, payload)
+
+    def _header_part(self, flags: int, payload: bytes) -> None:
+        self._header_size += len(payload)
+        if self._header_size > _MAX_HEADER_BLOCK:
+            raise _ConnectionError(_ENHANCE_YOUR_CALM, "header block too large")
+        self._header_parts.append(payload)
+        if not flags & _END_HEADERS:
+            return
+        stream_id = self._header_stream
+        self._header_stream = 0
+        block = b"".join(self._header_parts)
+        self._header_parts = []
+        try:
+            headers = cast(list[tuple[bytes, bytes]], self._decoder.decode(block, raw=True))
+        except hpack.OversizedHeaderListError:
+            raise _ConnectionError(_ENHANCE_YOUR_CALM, "header list too large") from None
+        except hpack.HPACKError as exc:
+            raise _ConnectionError(_COMPRESSION_ERROR, f"header block: {exc}") from None
+        end_stream = bool(self._header_flags & _END_STREAM)
+        self._control = min(self._control + _CONTROL_REFILL, _CONTROL_BUDGET)
+        if self._parked and stream_id in self._parked:
+            self._send_parked(stream_id)  # the peer's trailers: it is done sending
+            return
+        call = self._calls.get(stream_id)
+        if call is not None:
+            # trailers from the client
+            if not end_stream:
+                raise _ConnectionError(_PROTOCOL_ERROR, "a second header block without END_STREAM")
+            call.receive(b"", True)
+            return
+        if stream_id <= self._last_stream:
+            raise _ConnectionError(_STREAM_CLOSED, "HEADERS on a closed stream")
+        self._last_stream = stream_id
+        self._start_call(stream_id, headers, end_stream)
+
+    def _start_call(
+        self, stream_id: int, headers: list[tuple[bytes, bytes]], end_stream: bool
+    ) -> None:
+        server = self.server
+        if self._goaway_sent:
+            self._send(_frame(_RST_STREAM, 0, stream_id, _REFUSED_STREAM.to_bytes(4, "big")))
+            return
+        limit = server.max_streams_per_connection
+        if limit and len(self._calls) >= limit:
+            self._send(_frame(_RST_STREAM, 0, stream_id, _REFUSED_STREAM.to_bytes(4, "big")))
+            return
+        method = path = content_type = b""
+        timeout: float | None = None
+        encoding = b"identity"
+        for name, value in headers:
+            if name == b":path":
+                path = value
+            elif name == b":method":
+                method = value
+            elif name == b"content-type":
+                content_type = value
+            elif name == b"grpc-timeout":
+                timeout = _parse_timeout(value)
+            elif name == b"grpc-encoding":
+                encoding = value
+        if method != b"POST":
+            self._refuse(stream_id, 405, end_stream)
+            return
+        if not content_type.startswith(b"application/grpc"):
+            self._refuse(stream_id, 415, end_stream)
+            return
+        handler = server.handlers.get(path.decode("latin-1"))
+        if handler is None:
+            self._reply_status(
+                stream_id,
+                grpc.StatusCode.UNIMPLEMENTED,
+                f"Method not found: {path.decode('latin-1')}",
+                end_stream,
+            )
+            return
+        if server.max_concurrent_rpcs and server.active_calls >= server.max_concurrent_rpcs:
+            self._reply_status(
+                stream_id,
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                "Concurrent RPC limit exceeded!",
+                end_stream,
+            )
+            return
+        call = RpcContext(self, stream_id, handler)
+        if encoding != b"identity":
+            call.half_closed = end_stream
+            self._calls[stream_id] = call
+            self._end_call(call, grpc.StatusCode.UNIMPLEMENTED, "only identity encoding")
+            return
+        self._calls[stream_id] = call
+        if end_stream:
+            call.half_closed = True
+        server.active_calls += 1
+        server.no_calls.clear()
+        call.task = self.loop.create_task(self._run(call))
+        if timeout is not None:
+            call._deadline = self.loop.call_later(timeout, self._expire, call)
+
+    def _expire(self, call: RpcContext) -> None:
+        if self._calls.get(call.stream_id) is call:
+            self._end_call(call, grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded")
+            call.fail()
+
+    async def _run(self, call: RpcContext) -> None:
+        handler = call.handler
+        code, details = grpc.StatusCode.OK, ""
+        try:
+            if handler.streaming:
+                await handler.function(None, call)
+            else:
+                request = await call.read()
+                if request is grpc.aio.EOF:
+                    raise _AbortError(grpc.StatusCode.INTERNAL, "no request message")
+                response = await handler.function(request, call)
+                await call.write(response)
+        except _AbortError as exc:
+            code, details = exc.code, exc.details
+        except asyncio.CancelledError:
+            code, details = grpc.StatusCode.CANCELLED, "cancelled"
+        except Exception as exc:
+            logger.exception("gRPC handler failed")
+            code, details = grpc.StatusCode.UNKNOWN, f"Unexpected {type(exc).__name__}: {exc}"
+        finally:
+            self.server.active_calls -= 1
+            if not self.server.active_calls:
+                self.server.no_calls.set()
+            if call._deadline is not None:
+                call._deadline.cancel()
+        if self._calls.get(call.stream_id) is call:
+            self._end_call(call, code, details)
+
+    def _end_call(self, call: RpcContext, code: grpc.StatusCode, details: str) -> None:
+        """Sends the call's status (after any data still waiting for window) and closes it."""
+        if call._ended:
+            return
+        call._ended = True
+        if code is grpc.StatusCode.OK and call._headers_sent:
+            block = _TRAILERS_OK
+        else:
+            block = _status_block(code, details, trailers_only=not call._headers_sent)
+        call._headers_sent = True
+        call._error = code is not grpc.StatusCode.OK
+        if call._pending:
+            call._pending_status = block  # goes out after the data, when the peer allows
+            return
+        self._close_call(call, block)
+
+    def _close_call(self, call: RpcContext, block: bytes) -> None:
+        if self._closing:
+            return
+        if not call._error or call.half_closed:
+            self.send_headers(call.stream_id, block, end_stream=True)
+        else:
+            self._park(call.stream_id, block)
+        if self._calls.pop(call.stream_id, None) is call:
+            self._completed += 1
+        self._maybe_close()
+
+    def _refuse(self, stream_id: int, status: int, end_stream: bool) -> None:
+        self._answer(stream_id, _http_status_block(status), end_stream)
+
+    def _reply_status(
+        self, stream_id: int, code: grpc.StatusCode, details: str, end_stream: bool
+    ) -> None:
+        self._answer(stream_id, _status_block(code, details, trailers_only=True), end_stream)
+
+    def _answer(self, stream_id: int, block: bytes, end_stream: bool) -> None:
+        """Answers a stream that opens no call (see ``_park``)."""
+        if end_stream:
+            self.send_headers(stream_id, block, end_stream=True)
+        else:
+            self._park(stream_id, block)
+
+    def _park(self, stream_id: int, block: bytes) -> None:
+        """Holds an error status until the peer has finished sending (END_STREAM), at most
+        ``_PARK_DELAY``. A grpc-core client whose send is still under way when the status
+        arrives fails the call as INTERNAL and loses the status; grpc.aio's own server
+        answers late enough never to meet that. What the peer sends meanwhile is dropped
+        (credited to the connection)."""
+        timer = self.loop.call_later(_PARK_DELAY, self._send_parked, stream_id)
+        self._parked[stream_id] = (block, timer)
+
+    def _send_parked(self, stream_id: int) -> None:
+        parked = self._parked.pop(stream_id, None)
+        if parked is not None and not self._closing:
+            block, timer = parked
+            timer.cancel()
+            self.send_headers(stream_id, block, end_stream=True)
+            self._maybe_close()
+
+    def _reset(self, call: RpcContext, code: int) -> None:
+        self._calls.pop(call.stream_id, None)
+        call.fail()
+        self._send(_frame(_RST_STREAM, 0, call.stream_id, code.to_bytes(4, "big")))
+        self._maybe_close()
+
+    def _on_settings(self, flags: int, stream_id: int, payload: bytes) -> None:
+        if stream_id:
+            raise _ConnectionError(_PROTOCOL_ERROR, "SETTINGS on a stream")
+        if flags & _ACK:
+            if payload:
+                raise _ConnectionError(_FRAME_SIZE_ERROR, "SETTINGS ack with a payload")
+            return
+        if len(payload) % 6:
+            raise _ConnectionError(_FRAME_SIZE_ERROR, "SETTINGS of a bad length")
+        for offset in range(0, len(payload), 6):
+            key = int.from_bytes(payload[offset : offset + 2], "big")
+            value = int.from_bytes(payload[offset + 2 : offset + 6], "big")
+            if key == _INITIAL_WINDOW_SIZE:
+                if value > _MAX_WINDOW:
+                    raise _ConnectionError(_FLOW_CONTROL_ERROR, "initial window too large")
+                delta = value - self.peer_initial_window
+                self.peer_initial_window = value
+                for call in self._calls.values():
+                    call._send_window += delta
+                    if call._send_window > _MAX_WINDOW:
+                        raise _ConnectionError(_FLOW_CONTROL_ERROR, "window too large")
+            elif key == _MAX_FRAME_SIZE:
+                if not _FRAME_SIZE <= value <= (1 << 24) - 1:
+                    raise _ConnectionError(_PROTOCOL_ERROR, "bad SETTINGS_MAX_FRAME_SIZE")
+                self._peer_frame_size = value
+            elif key == _ENABLE_PUSH and value > 1:
+                raise _ConnectionError(_PROTOCOL_ERROR, "bad SETTINGS_ENABLE_PUSH")
+            # header table size: we never index (see _never_indexed); the rest is advice
+        self._send(_frame(_SETTINGS, _ACK, 0))
+        self._flush_blocked()
+
+    def _on_window_update(self, stream_id: int, payload: bytes) -> None:
+        if len(payload) != 4:
+            raise _ConnectionError(_FRAME_SIZE_ERROR, "bad WINDOW_UPDATE")
+        increment = int.from_bytes(payload, "big") & _MAX_WINDOW
+        if not stream_id:
+            if not increment:
+                raise _ConnectionError(_PROTOCOL_ERROR, "WINDOW_UPDATE of 0")
+            self._send_window += increment
+            if self._send_window > _MAX_WINDOW:
+                raise _ConnectionError(_FLOW_CONTROL_ERROR, "connection window too large")
+        else:
+            call = self._calls.get(stream_id)
+            if call is None:
+                if stream_id > self._last_stream:
+                    raise _ConnectionError(_PROTOCOL_ERROR, "WINDOW_UPDATE on an idle stream")
+                return
+            if not increment:
+                self._reset(call, _PROTOCOL_ERROR)
+                return
+            call._send_window += increment
+            if call._send_window > _MAX_WINDOW:
+                self._reset(call, _FLOW_CONTROL_ERROR)
+                return
+        self._flush_blocked()
+
+    def _closing_by_peer(self) -> None:
+        # The peer opens no new streams; the ones it has finish. Nothing else to do.
+        return
+
+    def _handshake_expired(self) -> None:
+        if not self._preface and self._transport is not None:
+            self._transport.abort()
+
+    # -- frames out --
+
+    def _send(self, data: bytes) -> None:
+        self._out.append(data)
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            self.loop.call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        if self._out and self._transport is not None and not self._closing:
+            out = self._out
+            self._out = []
+            self._transport.write(b"".join(out) if len(out) > 1 else out[0])
+
+    def send_headers(self, stream_id: int, block: bytes, end_stream: bool) -> None:
+        if self._first_block:
+            # we use no dynamic table: say so once, whatever size the peer allows
+            self._first_block = False
+            block = b"\x20" + block
+        flags = _END_HEADERS | (_END_STREAM if end_stream else 0)
+        if len(block) <= self._peer_frame_size:
+            self._send(_frame(_HEADERS, flags, stream_id, block))
+            return
+        size = self._peer_frame_size
+        parts = [block[i : i + size] for i in range(0, len(block), size)]
+        first = _END_STREAM if end_stream else 0
+        self._send(_frame(_HEADERS, first, stream_id, parts[0]))
+        for index, part in enumerate(parts[1:], start=2):
+            self._send(
+                _frame(_CONTINUATION, _END_HEADERS if index == len(parts) else 0, stream_id, part)
+            )
+
+    async def send_data(self, call: RpcContext, data: bytes) -> None:
+        if self._closing:
+            raise _AbortError(grpc.StatusCode.UNAVAILABLE, "the connection is closed")
+        if call._pending:
+            call._pending += data
+        elif self._send_data_now(call, data):
+            # out of window: the rest goes when the peer opens it, and the writer waits
+            self._blocked.append(call)
+        if call._pending:
+            call._window = self.loop.create_future()
+            try:
+                await call._window
+            finally:
+                call._window = None
+        if self._paused:
+            await self._wait_drained()
+
+    def _send_data_now(self, call: RpcContext, data: bytes) -> bool:
+        """Sends what the windows allow; keeps the rest in ``call._pending`` (returns True
+        if there is a rest)."""
+        while data:
+            allowed = min(call._send_window, self._send_window, self._peer_frame_size)
+            if allowed <= 0:
+                call._pending = data
+                return True
+            chunk = data[:allowed] if allowed < len(data) else data
+            data = data[len(chunk) :]
+            call._send_window -= len(chunk)
+            self._send_window -= len(chunk)
+            self._send(_frame(_DATA, 0, call.stream_id, chunk))
+        call._pending = b""
+        return False
+
+    def _flush_blocked(self) -> None:
+        blocked = self._blocked
+        for _ in range(len(blocked)):
+            call = blocked.popleft()
+            if self._calls.get(call.stream_id) is not call:
+                continue
+            if self._send_data_now(call, call._pending):
+                blocked.append(call)
+                continue
+            if call._window is not None and not call._window.done():
+                call._window.set_result(None)
+            if call._pending_status is not None:
+                status, call._pending_status = call._pending_status, None
+                self._close_call(call, status)
+
+    async def _wait_drained(self) -> None:
+        if self._drained is None or self._drained.done():
+            self._drained = self.loop.create_future()
+        await self._drained
+
+    def credit_stream(self, call: RpcContext, size: int) -> None:
+        """Gives the peer back ``size`` bytes of the stream's window."""
+        if self._calls.get(call.stream_id) is call and not call.half_closed:
+            self._send(_frame(_WINDOW_UPDATE, 0, call.stream_id, size.to_bytes(4, "big")))
+
+    def go_away(self) -> None:
+        """Asks the peer to open no new streams here; the connection closes when its streams
+        are done (max connection age, drain)."""
+        if self._goaway_sent or self._closing:
+            return
+        self._goaway_sent = True
+        self._send(
+            _frame(
+                _GOAWAY, 0, 0, self._last_stream.to_bytes(4, "big") + _NO_ERROR.to_bytes(4, "big")
+            )
+        )
+        self._maybe_close()
+
+    def _maybe_close(self) -> None:
+        if self._goaway_sent and not self._calls and not self._parked and self._transport:
+            self._flush()
+            self._closing = True
+            self._transport.close()
+
+    def cancel_calls(self) -> None:
+        """Ends every call still open with UNAVAILABLE (a drain past its grace)."""
+        for call in list(self._calls.values()):
+            self._end_call(call, grpc.StatusCode.UNAVAILABLE, "the server is shutting down")
+            call.fail()
+        self._flush()
+
+    def _fail_connection(self, code: int, reason: str) -> None:
+        logger.info("HTTP/2 connection closed: %s", reason)
+        if self._transport is None or self._closing:
+            return
+        self._out.append(
+            _frame(
+                _GOAWAY,
+                0,
+                0,
+                self._last_stream.to_bytes(4, "big")
+                + code.to_bytes(4, "big")
+                + reason.encode()[:256],
+            )
+        )
+        self._flush()
+        self._closing = True
+        for call in list(self._calls.values()):
+            call.fail()
+        self._calls.clear()
+        self._transport.close()
+
+    @property
+    def calls(self) -> int:
+        return len(self._calls)
+
+
+def _parse_timeout(value: bytes) -> float | None:
+    text = value.decode("latin-1")
+    if 2 <= len(text) <= 9 and text[:-1].isdigit() and text[-1] in _TIMEOUT_UNITS:
+        return int(text[:-1]) * _TIMEOUT_UNITS[text[-1]]
+    return None
+
+
+class H2GrpcServer:
+    """Serves ``handlers`` (``/package.Service/Method`` → ``MethodHandler``) on one port.
+
+    ``ssl`` (with ALPN ``h2``) serves TLS; ``ssl_for_handshake``, if given, is asked for
+    the context at every handshake (certificate reload). ``max_concurrent_rpcs`` bounds the
+    calls of the whole server (past it: ``RESOURCE_EXHAUSTED``), ``max_streams_per_connection``
+    one connection's (SETTINGS_MAX_CONCURRENT_STREAMS; past it: REFUSED_STREAM).
+    ``max_connection_age`` asks each connection to reconnect after about that many seconds
+    (GOAWAY; its streams finish). ``reuse_port`` binds with SO_REUSEPORT."""
+
+    def __init__(
+        self,
+        handlers: dict[str, MethodHandler],
+        *,
+        ssl_context: ssl.SSLContext | None = None,
+        max_concurrent_rpcs: int = 0,
+        max_streams_per_connection: int = 0,
+        max_receive_message_length: int = 4 * 1024 * 1024,
+        max_send_message_length: int = 4 * 1024 * 1024,
+        max_connection_age: float = 0.0,
+        reuse_port: bool = False,
+        handshake_timeout: float = 20.0,
+    ) -> None:
+        self.handlers = handlers
+        self._ssl = ssl_context
+        self.max_concurrent_rpcs = max_concurrent_rpcs
+        self.max_streams_per_connection = max_streams_per_connection
+        self.max_receive_message_length = max_receive_message_length
+        self.max_send_message_length = max_send_message_length
+        self.max_connection_age = max_connection_age
+        self.handshake_timeout = handshake_timeout
+        self._reuse_port = reuse_port
+        self.connections: set[_Connection] = set()
+        self.active_calls = 0
+        self.no_calls = asyncio.Event()  # set while active_calls is 0
+        self.no_calls.set()
+        self.draining = False
+        self._server: asyncio.Server | None = None
+
+    async def start(self, host: str, port: int) -> int:
+        """Binds and listens; returns the port bound. Raises ``OSError`` if it cannot."""
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(
+            lambda: _Connection(self),
+            host or None,
+            port,
+            ssl=self._ssl,
+            reuse_port=self._reuse_port or None,
+            backlog=1024,
+        )
+        return int(self._server.sockets[0].getsockname()[1])
+
+    async def stop(self, grace: float) -> None:
+        """Stops accepting, asks every connection to open no new stream, waits up to
+        ``grace`` seconds for the calls open, then ends them with UNAVAILABLE."""
+        self.draining = True
+        if self._server is not None:
+            self._server.close()
+        for connection in list(self.connections):
+            connection.go_away()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.no_calls.wait(), grace)
+        for connection in list(self.connections):
+            connection.cancel_calls()
+        await self.no_calls.wait()
+        for connection in list(self.connections):
+            if connection._transport is not None:
+                connection._transport.close()
+        self._server = None
