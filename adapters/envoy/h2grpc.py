@@ -34,6 +34,7 @@ import contextlib
 import logging
 import random
 import ssl
+import struct
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -79,6 +80,9 @@ _CONTROL_REFILL = 10
 # seconds an error status may wait for the peer to finish sending (see _park)
 _PARK_DELAY = 0.5
 _RAPID_RESETS = 200  # resets beyond which a peer resetting more than it completes is cut
+
+# a frame header: length (24 bits) and type as one word, flags, stream id (RFC 9113 4.1)
+_FRAME_HEADER = struct.Struct(">IBI")
 
 _TIMEOUT_UNITS = {"H": 3600.0, "M": 60.0, "S": 1.0, "m": 1e-3, "u": 1e-6, "n": 1e-9}
 
@@ -137,7 +141,7 @@ class MethodHandler:
     and returns the one response (unary-unary)."""
 
     function: Callable[[Any, Any], Awaitable[Any]]
-    deserializer: Callable[[bytes], Any]
+    deserializer: Callable[[Any], Any]  # given a memoryview of the message
     serializer: Callable[[Any], bytes]
     streaming: bool
 
@@ -149,6 +153,7 @@ class RpcContext:
 
     __slots__ = (
         "_connection",
+        "_data_head",
         "_deadline",
         "_ended",
         "_error",
@@ -173,6 +178,8 @@ class RpcContext:
     def __init__(self, connection: _Connection, stream_id: int, handler: MethodHandler) -> None:
         self._connection = connection
         self.stream_id = stream_id
+        # a DATA frame's type, flags and stream, and the message's "not compressed" byte
+        self._data_head = bytes((_DATA, 0)) + stream_id.to_bytes(4, "big") + b"\x00"
         self.handler = handler
         self.task: asyncio.Task[None] | None = None
         self.half_closed = False
@@ -233,6 +240,23 @@ class RpcContext:
         if not self._headers_sent:
             self._headers_sent = True
             connection.send_headers(self.stream_id, _RESPONSE_HEADERS, end_stream=False)
+        framed = len(data) + 5
+        if (
+            not self._pending
+            and framed <= self._send_window
+            and framed <= connection._send_window
+            and framed <= connection._peer_frame_size
+            and not connection._closing
+        ):
+            # the common case: one DATA frame, sent as it is built
+            self._send_window -= framed
+            connection._send_window -= framed
+            connection._send(
+                framed.to_bytes(3, "big") + self._data_head + len(data).to_bytes(4, "big") + data
+            )
+            if connection._paused:
+                await connection._wait_drained()
+            return
         await connection.send_data(self, b"\x00" + len(data).to_bytes(4, "big") + data)
 
     async def abort(self, code: grpc.StatusCode, details: str = "") -> None:
@@ -243,19 +267,21 @@ class RpcContext:
     def receive(self, payload: bytes, end_stream: bool) -> None:
         """A DATA payload: complete messages go to the queue, the rest waits for more."""
         if payload:
-            if self._need < 0 and not self._parts:
-                # the common case: whole messages in this frame
-                view = payload
-                while len(view) >= 5:
-                    size = 5 + int.from_bytes(view[1:5], "big")
-                    if len(view) < size:
+            if not self._parts:
+                # the common case: whole messages in this frame, parsed where they lie
+                size = len(payload)
+                start = 0
+                while size - start >= 5:
+                    end = start + 5 + int.from_bytes(payload[start + 1 : start + 5], "big")
+                    if end > size:
                         break
-                    self._deliver(view[:size])
-                    view = view[size:]
-                if view:
-                    self._parts.append(view)
-                    self._message = len(view)
-                    self._need = self._size_of(view)
+                    self._deliver(payload, start, end)
+                    start = end
+                if start < size:
+                    rest = payload[start:] if start else payload
+                    self._parts.append(rest)
+                    self._message = len(rest)
+                    self._need = self._size_of(rest)
             else:
                 self._parts.append(payload)
                 self._message += len(payload)
@@ -265,7 +291,7 @@ class RpcContext:
                     if self._need < 0 or self._message < self._need:
                         break
                     joined = b"".join(self._parts)
-                    self._deliver(joined[: self._need])
+                    self._deliver(joined, 0, self._need)
                     rest = joined[self._need :]
                     self._parts = [rest] if rest else []
                     self._message = len(rest)
@@ -288,26 +314,28 @@ class RpcContext:
     def _size_of(self, head: bytes) -> int:
         return 5 + int.from_bytes(head[1:5], "big") if len(head) >= 5 else -1
 
-    def _deliver(self, message: bytes) -> None:
-        if message[0] != 0:
+    def _deliver(self, buffer: bytes, start: int, end: int) -> None:
+        """Queues the message at ``buffer[start:end]`` (its 5-byte prefix included)."""
+        if buffer[start] != 0:
             raise _AbortError(
-                grpc.StatusCode.UNIMPLEMENTED if message[0] == 1 else grpc.StatusCode.INTERNAL,
+                grpc.StatusCode.UNIMPLEMENTED if buffer[start] == 1 else grpc.StatusCode.INTERNAL,
                 "compressed messages are not accepted (grpc-encoding: identity)",
             )
-        if len(message) - 5 > self._connection.max_receive_message_length:
+        size = end - start
+        if size - 5 > self._connection.max_receive_message_length:
             raise _AbortError(
                 grpc.StatusCode.RESOURCE_EXHAUSTED,
-                f"received message of {len(message) - 5} bytes exceeds the limit "
+                f"received message of {size - 5} bytes exceeds the limit "
                 f"({self._connection.max_receive_message_length})",
             )
         try:
-            request = self.handler.deserializer(message[5:])
+            request = self.handler.deserializer(memoryview(buffer)[start + 5 : end])
         except Exception as exc:
             raise _AbortError(
                 grpc.StatusCode.INTERNAL, f"cannot parse the request: {exc}"
             ) from None
-        self._queue.append((len(message), request))
-        self._queued_bytes += len(message)
+        self._queue.append((size, request))
+        self._queued_bytes += size
 
     def fail(self) -> None:
         """The stream is gone (reset, or the connection closed): wake and cancel the handler."""
@@ -429,15 +457,16 @@ class _Connection(asyncio.Protocol):
                 self._timers[0].cancel()
                 position = len(_PREFACE)
             end = len(data)
+            unpack = _FRAME_HEADER.unpack_from
             while end - position >= 9:
-                length = int.from_bytes(data[position : position + 3], "big")
+                word, flags, stream_id = unpack(data, position)
+                length = word >> 8
                 if length > _FRAME_SIZE:
                     raise _ConnectionError(_FRAME_SIZE_ERROR, f"frame of {length} bytes")
                 if end - position - 9 < length:
                     break
-                kind = data[position + 3]
-                flags = data[position + 4]
-                stream_id = int.from_bytes(data[position + 5 : position + 9], "big") & _MAX_WINDOW
+                kind = word & 0xFF
+                stream_id &= _MAX_WINDOW
                 payload = data[position + 9 : position + 9 + length]
                 position += 9 + length
                 self._on_frame(kind, flags, stream_id, payload)

@@ -139,10 +139,17 @@ class CountingProcessor:
             ) from None
 
 
+#: The transport ``extproc_channel`` serves with; the ``each_transport`` fixture
+#: (tests/adversarial/conftest.py) sets it for the test it runs.
+DEFAULT_TRANSPORT = "native"
+TRANSPORT = [DEFAULT_TRANSPORT]
+
+
 @contextlib.asynccontextmanager
 async def extproc_channel(processor: Any, **options: Any) -> AsyncIterator[grpc.aio.Channel]:
     """The real ``GrpcServers`` on loopback for ``processor`` (``options``: more of its
-    keyword arguments, e.g. ``limits``), and a channel to it."""
+    keyword arguments, e.g. ``limits``), and a channel to it, served by ``TRANSPORT``."""
+    options.setdefault("transport", TRANSPORT[0])
     servers = GrpcServers(
         processor=processor,
         host="127.0.0.1",

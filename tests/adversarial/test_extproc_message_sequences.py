@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import grpc
+import pytest
 from envoy.config.core.v3 import base_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from hypothesis import HealthCheck, given, settings
@@ -38,6 +39,8 @@ from tests.support.extproc import (
     response_headers,
     response_trailers,
 )
+
+pytestmark = pytest.mark.usefixtures("each_transport")
 
 MODEL = "llama"
 BODY = completion(MODEL, prompt="hello " * 20)

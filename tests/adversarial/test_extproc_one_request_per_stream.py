@@ -33,6 +33,8 @@ from tests.support.extproc import (
     response_trailers,
 )
 
+pytestmark = pytest.mark.usefixtures("each_transport")
+
 MODEL = "llama"
 
 

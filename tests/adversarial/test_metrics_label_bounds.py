@@ -20,6 +20,7 @@ from typing import Any
 
 import aiohttp
 import grpc
+import pytest
 from prometheus_client.metrics_core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -39,6 +40,8 @@ from tests.adversarial.extproc_support import (
     read_all,
 )
 from tests.support.extproc import envoy_headers, request_body_chunks, request_headers
+
+pytestmark = pytest.mark.usefixtures("each_transport")
 
 _MODEL_LABEL = re.compile(rb'model_name="((?:[^"\\]|\\.)*)"')
 

@@ -31,6 +31,8 @@ from tests.support.extproc import (
     request_headers,
 )
 
+pytestmark = pytest.mark.usefixtures("each_transport")
+
 CHAT = "/v1/chat/completions"
 MESSAGES = [{"role": "user", "content": "hi"}]
 

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+import pytest
 import yaml
 
 from adapters.envoy.extproc import StreamLimits
@@ -41,6 +42,8 @@ from tests.support.extproc import (
     response_headers,
     streamed,
 )
+
+pytestmark = pytest.mark.usefixtures("each_transport")
 
 MIB = 1 << 20
 ENVOY_CONFIG = "deploy/envoy/envoy.yaml"

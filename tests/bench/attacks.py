@@ -900,6 +900,7 @@ def _run_stack(args: Any, servers: tuple[RemoteServer, RemoteServer]) -> dict[st
     envoy_certificate = None
     if args.client_certificates:
         epp_args, envoy_certificate = _client_certificates(args.certificates)
+    epp_args += args.epp_arg
     options = StackOptions(
         epp_args=epp_args,
         epp_client_certificate=envoy_certificate,
@@ -968,6 +969,13 @@ def main() -> int:
         default=[],
         metavar="NAME=VALUE",
         help="add to the EPP's environment (repeatable), e.g. MALLOC_ARENA_MAX=2",
+    )
+    parser.add_argument(
+        "--epp-arg",
+        action="append",
+        default=[],
+        metavar="FLAG",
+        help="add to the EPP's flags (repeatable), e.g. --epp-arg=--extproc-transport=grpcio",
     )
     parser.add_argument(
         "--only", type=lambda s: s.split(","), default=None, help="phase name prefixes"

@@ -1,4 +1,5 @@
-"""Through a real Envoy (the shipped config) to the EPP and three simulated model servers."""
+"""Through a real Envoy (the shipped config) to the EPP and three simulated model servers,
+once per ext_proc transport (``--extproc-transport``)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import aiohttp
 import orjson
 import pytest
 
+from adapters.envoy.server import TRANSPORTS
 from tests.simulator import (
     BODY_SHA256_HEADER,
     DEFAULT_MODEL,
@@ -22,9 +24,14 @@ from tests.support.stack import Stack, StackOptions
 pytestmark = pytest.mark.e2e
 
 
-@pytest.fixture(scope="module")
-def stack() -> Iterator[Stack]:
-    with Stack.run(StackOptions(simulators=3, simulator_base_ip="127.0.0.2")) as running:
+@pytest.fixture(scope="module", params=TRANSPORTS)
+def stack(request: pytest.FixtureRequest) -> Iterator[Stack]:
+    options = StackOptions(
+        simulators=3,
+        simulator_base_ip="127.0.0.2",
+        epp_args=[f"--extproc-transport={request.param}"],
+    )
+    with Stack.run(options) as running:
         yield running
 
 

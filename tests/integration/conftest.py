@@ -1,4 +1,5 @@
-"""Shared fixture: the real ``GrpcServers`` on loopback, drained after the test."""
+"""Shared fixture: the real ``GrpcServers`` on loopback, drained after the test; a test using
+it runs once per ext_proc transport (``--extproc-transport``)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 
-from adapters.envoy.server import GrpcServers
+from adapters.envoy.server import TRANSPORTS, GrpcServers
 from adapters.envoy.tls import ServerCertificate
 from ports.requests import RequestProcessor
 
@@ -14,9 +15,10 @@ from ports.requests import RequestProcessor
 StartServers = Callable[..., Awaitable[GrpcServers]]
 
 
-@pytest.fixture
-async def start_servers() -> AsyncIterator[StartServers]:
-    """Starts ``GrpcServers`` on 127.0.0.1 with OS-chosen ports; drains them afterwards."""
+@pytest.fixture(params=TRANSPORTS)
+async def start_servers(request: pytest.FixtureRequest) -> AsyncIterator[StartServers]:
+    """Starts ``GrpcServers`` on 127.0.0.1 with OS-chosen ports, served by each transport in
+    turn; drains them afterwards."""
     started: list[GrpcServers] = []
 
     async def start(
@@ -32,6 +34,7 @@ async def start_servers() -> AsyncIterator[StartServers]:
             health_port=0,
             certificate=certificate,
             health_on_extproc_port=health_on_extproc_port,
+            transport=str(request.param),
         )
         await servers.start()
         started.append(servers)

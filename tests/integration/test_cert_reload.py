@@ -15,7 +15,7 @@ import grpc
 import pytest
 from cryptography import x509
 
-from adapters.envoy.server import GrpcServers
+from adapters.envoy.server import TRANSPORTS, GrpcServers
 from adapters.envoy.tls import (
     ServerCertificate,
     load_certificate,
@@ -57,7 +57,9 @@ async def _subject(port: int) -> str:
     return await asyncio.to_thread(_served_subject, port)
 
 
-async def _reloading_servers(directory: Path, client_ca: bytes | None = None) -> GrpcServers:
+async def _reloading_servers(
+    directory: Path, client_ca: bytes | None = None, transport: str = "native"
+) -> GrpcServers:
     """Started servers routing to ``ENDPOINT_IPS``, serving the pair in ``directory`` and
     its renewals."""
     datastore = Datastore()
@@ -72,19 +74,21 @@ async def _reloading_servers(directory: Path, client_ca: bytes | None = None) ->
         certificate=load_certificate(directory),
         reload_certificate_from=directory,
         client_ca=client_ca,
+        transport=transport,
     )
     await servers.start()
     return servers
 
 
+@pytest.mark.parametrize("transport", TRANSPORTS)
 async def test_a_renewed_pair_reaches_new_connections_and_open_streams_go_on(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+    transport: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO, logger="adapters.envoy.tls")
     old, new = self_signed_certificate("epp-old"), self_signed_certificate("epp-new")
     _write(tmp_path, "tls.crt", old.certificate_pem)
     _write(tmp_path, "tls.key", old.private_key_pem)
-    servers = await _reloading_servers(tmp_path)
+    servers = await _reloading_servers(tmp_path, transport=transport)
     port = servers.bound_grpc_port
     old_channel = grpc.aio.secure_channel(
         f"127.0.0.1:{port}",
@@ -174,14 +178,17 @@ async def _routes(port: int, served: bytes, client: tuple[Path, Path] | None) ->
     return "OK"
 
 
-async def test_client_certificates_stay_required_after_a_renewal(tmp_path: Path) -> None:
+@pytest.mark.parametrize("transport", TRANSPORTS)
+async def test_client_certificates_stay_required_after_a_renewal(
+    tmp_path: Path, transport: str
+) -> None:
     served = tmp_path / "served"
     served.mkdir()
     old, new = self_signed_certificate("epp-old"), self_signed_certificate("epp-new")
     _write(served, "tls.crt", old.certificate_pem)
     _write(served, "tls.key", old.private_key_pem)
     ca, client_crt, client_key = client_pair(tmp_path, "gateway")
-    servers = await _reloading_servers(served, load_client_ca(ca))
+    servers = await _reloading_servers(served, load_client_ca(ca), transport)
     port = servers.bound_grpc_port
     client = client_crt, client_key
     try:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from adapters.envoy.server import TRANSPORTS
 from tests.support.certs import client_pair, write_served_pair
 from tests.support.stack import ChildProcess, free_port, wait_for
 
@@ -45,7 +46,8 @@ def _scrape(port: int, client: tuple[Path, Path] | None) -> int:
         return int(response.status)
 
 
-def test_cipher_suites_and_metrics_mtls(tmp_path: Path) -> None:
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_cipher_suites_and_metrics_mtls(tmp_path: Path, transport: str) -> None:
     ca, client_cert, client_key = client_pair(tmp_path, "prometheus")
     served = tmp_path / "metrics-tls"
     write_served_pair(served)
@@ -69,6 +71,7 @@ def test_cipher_suites_and_metrics_mtls(tmp_path: Path) -> None:
             str(metrics_port),
             "--tls-cipher-suites",
             "TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384",
+            f"--extproc-transport={transport}",
             "--metrics-cert-dir",
             str(served),
             "--metrics-client-ca-file",
