@@ -47,6 +47,8 @@ import hpack
 __all__ = ["H2GrpcServer", "MethodHandler", "RpcContext"]
 
 logger = logging.getLogger(__name__)
+# hpack logs every header it decodes at DEBUG: at -v 3 that would be several lines per stream
+logging.getLogger("hpack").setLevel(logging.INFO)
 
 _PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 
@@ -79,6 +81,9 @@ _CONTROL_BUDGET = 1_000
 _CONTROL_REFILL = 10
 # seconds an error status may wait for the peer to finish sending (see _park)
 _PARK_DELAY = 0.5
+_GOAWAY_PING = b"goaway\x00\x00"
+_GOAWAY_PING_TIMEOUT = 2.0  # seconds the final GOAWAY waits for the PING's answer
+_CLOSE_LINGER = 1.0  # seconds a finished connection waits for the peer to close it
 _RAPID_RESETS = 200  # resets beyond which a peer resetting more than it completes is cut
 
 # a frame header: length (24 bits) and type as one word, flags, stream id (RFC 9113 4.1)
@@ -365,7 +370,9 @@ class _Connection(asyncio.Protocol):
         self._preface = False
         self._calls: dict[int, RpcContext] = {}
         self._last_stream = 0
-        self._goaway_sent = False
+        self._goaway_announced = False  # the first GOAWAY (see go_away)
+        self._goaway_sent = False  # the final one: new streams are refused
+        self._lingering = False  # nothing left to serve: waiting for the peer to close
         self._closing = False
         self._decoder = hpack.Decoder(max_header_list_size=MAX_HEADER_LIST_SIZE)
         self._decoder.max_allowed_table_size = 4096
@@ -392,6 +399,7 @@ class _Connection(asyncio.Protocol):
         # uvloop's transports are not asyncio.Transport subclasses, but have its methods
         self._transport = transport = cast(asyncio.Transport, transport)
         self.server.connections.add(self)
+        self.server.no_connections.clear()
         settings = [(_ENABLE_PUSH, 0), (_INITIAL_WINDOW_SIZE, STREAM_WINDOW)]
         settings.append((_MAX_HEADER_LIST_SIZE, MAX_HEADER_LIST_SIZE))
         if self.server.max_streams_per_connection:
@@ -414,6 +422,8 @@ class _Connection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._closing = True
         self.server.connections.discard(self)
+        if not self.server.connections:
+            self.server.no_connections.set()
         for timer in self._timers:
             timer.cancel()
         for _, timer in self._parked.values():
@@ -504,6 +514,8 @@ class _Connection(asyncio.Protocol):
                     raise _ConnectionError(_FRAME_SIZE_ERROR, "bad PING")
                 if not flags & _ACK:
                     self._send(_frame(_PING, _ACK, 0, payload))
+                elif payload == _GOAWAY_PING and self._goaway_announced:
+                    self._final_goaway()
             elif kind == _RST_STREAM:
                 if len(payload) != 4 or not stream_id:
                     raise _ConnectionError(_PROTOCOL_ERROR, "bad RST_STREAM")
@@ -941,7 +953,20 @@ class _Connection(asyncio.Protocol):
 
     def go_away(self) -> None:
         """Asks the peer to open no new streams here; the connection closes when its streams
-        are done (max connection age, drain)."""
+        are done (max connection age, drain). In two steps, as gRPC does: a GOAWAY naming no
+        last stream and a PING; once the PING comes back, every stream the peer opened before
+        it saw the GOAWAY has arrived, and the final GOAWAY names the last. A stream the peer
+        sent meanwhile is served, not refused (Envoy would answer its request 503)."""
+        if self._goaway_announced or self._closing:
+            return
+        self._goaway_announced = True
+        self._send(
+            _frame(_GOAWAY, 0, 0, _MAX_WINDOW.to_bytes(4, "big") + _NO_ERROR.to_bytes(4, "big"))
+            + _frame(_PING, 0, 0, _GOAWAY_PING)
+        )
+        self._timers.append(self.loop.call_later(_GOAWAY_PING_TIMEOUT, self._final_goaway))
+
+    def _final_goaway(self) -> None:
         if self._goaway_sent or self._closing:
             return
         self._goaway_sent = True
@@ -953,7 +978,23 @@ class _Connection(asyncio.Protocol):
         self._maybe_close()
 
     def _maybe_close(self) -> None:
-        if self._goaway_sent and not self._calls and not self._parked and self._transport:
+        """After the final GOAWAY, once nothing is owed: the peer closes (it has no stream
+        left here), or we do after ``_CLOSE_LINGER``. Closing at once would lose the last
+        status if the peer is still sending: its data would meet a closed socket, whose
+        reset can discard what the peer had received and not yet read."""
+        if (
+            self._goaway_sent
+            and not self._calls
+            and not self._parked
+            and self._transport is not None
+            and not self._lingering
+        ):
+            self._lingering = True
+            self._flush()
+            self._timers.append(self.loop.call_later(_CLOSE_LINGER, self._close_now))
+
+    def _close_now(self) -> None:
+        if self._transport is not None and not self._closing:
             self._flush()
             self._closing = True
             self._transport.close()
@@ -964,6 +1005,15 @@ class _Connection(asyncio.Protocol):
             self._end_call(call, grpc.StatusCode.UNAVAILABLE, "the server is shutting down")
             call.fail()
         self._flush()
+
+    def shutdown(self) -> None:
+        """Sends what is still owed (held statuses, the final GOAWAY) and closes."""
+        if self._transport is None or self._closing:
+            return
+        for stream_id in list(self._parked):
+            self._send_parked(stream_id)
+        self._final_goaway()
+        self._maybe_close()
 
     def _fail_connection(self, code: int, reason: str) -> None:
         logger.info("HTTP/2 connection closed: %s", reason)
@@ -1034,6 +1084,8 @@ class H2GrpcServer:
         self.active_calls = 0
         self.no_calls = asyncio.Event()  # set while active_calls is 0
         self.no_calls.set()
+        self.no_connections = asyncio.Event()
+        self.no_connections.set()
         self.draining = False
         self._server: asyncio.Server | None = None
 
@@ -1064,6 +1116,8 @@ class H2GrpcServer:
             connection.cancel_calls()
         await self.no_calls.wait()
         for connection in list(self.connections):
-            if connection._transport is not None:
-                connection._transport.close()
+            connection.shutdown()
+        # the peers close their side once they read the last statuses (or we do, lingering)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.no_connections.wait(), _CLOSE_LINGER + 0.5)
         self._server = None

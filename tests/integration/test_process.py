@@ -126,7 +126,7 @@ async def test_sigterm_drains_in_flight_streams_then_exits_0(epp: Epp) -> None:
         streamed = body_reply.response_body.response.body_mutation.streamed_response
         assert streamed.end_of_stream
         await call.done_writing()
-        assert await call.code() == grpc.StatusCode.OK
+        assert await call.code() == grpc.StatusCode.OK, await call.details()
 
     assert await asyncio.to_thread(epp.child.wait, 20) == 0
     lines = [json.loads(line) for line in epp.child.log().splitlines() if line.startswith("{")]
