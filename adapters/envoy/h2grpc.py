@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import random
 import ssl
@@ -109,6 +110,7 @@ def _never_indexed(headers: list[tuple[str, str]]) -> bytes:
     )
 
 
+_MAX_ECHOED_PATH = 128
 _RESPONSE_HEADERS = _never_indexed([(":status", "200"), ("content-type", "application/grpc")])
 _TRAILERS_OK = _never_indexed([("grpc-status", "0")])
 
@@ -120,6 +122,14 @@ def _status_block(code: grpc.StatusCode, details: str, *, trailers_only: bool) -
         # gRPC's percent-encoding: printable ASCII but '%' as is, the rest as %XX of UTF-8
         headers.append(("grpc-message", quote(details, safe=" !\"#$&'()*+,-./:;<=>?@[\\]^_`{|}~")))
     return _never_indexed(headers)
+
+
+def _method_not_found(path: bytes) -> str:
+    # The path is named only when short and printable: echoed in full, a peer's request of
+    # a few bytes (its :path indexed in HPACK) would be answered with kilobytes.
+    if len(path) <= _MAX_ECHOED_PATH and path.isascii() and path.decode("ascii").isprintable():
+        return f"Method not found: {path.decode('ascii')}"
+    return "Method not found"
 
 
 def _http_status_block(status: int) -> bytes:
@@ -602,7 +612,8 @@ class _Connection(asyncio.Protocol):
         self._header_part(flags, payload)
 
     def _header_part(self, flags: int, payload: bytes) -> None:
-        self._header_size += len(payload)
+        # a frame counts its header too: empty CONTINUATIONs are not free
+        self._header_size += 9 + len(payload)
         if self._header_size > _MAX_HEADER_BLOCK:
             raise _ConnectionError(_ENHANCE_YOUR_CALM, "header block too large")
         self._header_parts.append(payload)
@@ -671,7 +682,7 @@ class _Connection(asyncio.Protocol):
             self._reply_status(
                 stream_id,
                 grpc.StatusCode.UNIMPLEMENTED,
-                f"Method not found: {path.decode('latin-1')}",
+                _method_not_found(path),
                 end_stream,
             )
             return
@@ -695,6 +706,9 @@ class _Connection(asyncio.Protocol):
         server.active_calls += 1
         server.no_calls.clear()
         call.task = self.loop.create_task(self._run(call))
+        # counted off when the task is done, even if it is cancelled before it starts
+        # (a reset or an error in the same read as the HEADERS): not in _run's finally
+        call.task.add_done_callback(functools.partial(self._call_done, call))
         if timeout is not None:
             call._deadline = self.loop.call_later(timeout, self._expire, call)
 
@@ -722,14 +736,16 @@ class _Connection(asyncio.Protocol):
         except Exception as exc:
             logger.exception("gRPC handler failed")
             code, details = grpc.StatusCode.UNKNOWN, f"Unexpected {type(exc).__name__}: {exc}"
-        finally:
-            self.server.active_calls -= 1
-            if not self.server.active_calls:
-                self.server.no_calls.set()
-            if call._deadline is not None:
-                call._deadline.cancel()
         if self._calls.get(call.stream_id) is call:
             self._end_call(call, code, details)
+
+    def _call_done(self, call: RpcContext, _task: object) -> None:
+        server = self.server
+        server.active_calls -= 1
+        if not server.active_calls:
+            server.no_calls.set()
+        if call._deadline is not None:
+            call._deadline.cancel()
 
     def _end_call(self, call: RpcContext, code: grpc.StatusCode, details: str) -> None:
         """Sends the call's status (after any data still waiting for window) and closes it."""

@@ -1,0 +1,734 @@
+"""The native ext_proc transport (``adapters.envoy.h2grpc``) as an attacker on the network
+reaches it: a raw TCP client that frames HTTP/2 by hand, against the server in-process.
+
+Probed: the connection preface and the handshake timeout, frame sizes, header blocks split
+over CONTINUATION frames or interrupted, control-frame floods (PING, SETTINGS, WINDOW_UPDATE,
+PRIORITY, empty DATA), rapid reset, the stream window of a handler that does not read,
+gRPC message limits and compression flags, malformed requests (method, content-type, path),
+a peer that never reads what it asked for, ``grpc-timeout``, and the stream and call limits.
+Each case asserts what the peer sees (a GOAWAY or RST_STREAM code, a status in the
+trailers) and that the server still serves a well-behaved grpc.aio client afterwards.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import grpc
+import hpack
+import pytest
+
+from adapters.envoy import h2grpc
+from adapters.envoy.h2grpc import H2GrpcServer, MethodHandler
+
+PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+DATA, HEADERS, PRIORITY, RST_STREAM, SETTINGS = 0x0, 0x1, 0x2, 0x3, 0x4
+PING, GOAWAY, WINDOW_UPDATE, CONTINUATION = 0x6, 0x7, 0x8, 0x9
+END_STREAM, ACK, END_HEADERS = 0x1, 0x1, 0x4
+PROTOCOL_ERROR, FLOW_CONTROL_ERROR, FRAME_SIZE_ERROR = 0x1, 0x3, 0x6
+REFUSED_STREAM, CANCEL, ENHANCE_YOUR_CALM = 0x7, 0x8, 0xB
+INITIAL_WINDOW_SIZE = 0x4
+
+SERVICE = "/test.Echo"
+PROCESS = "/envoy.service.ext_proc.v3.ExternalProcessor/Process"
+MIB = 1 << 20
+DEADLINE = 5.0  # seconds any awaited condition may take
+STOP_DEADLINE = 3.0  # seconds the server may take to stop, its peers gone
+
+
+# -- the server --
+
+
+async def _unary_echo(request: bytes, _: Any) -> bytes:
+    return request
+
+
+async def _stream_echo(_: Any, context: Any) -> None:
+    while (message := await context.read()) is not grpc.aio.EOF:
+        await context.write(message)
+
+
+async def _drain(_: Any, context: Any) -> None:
+    while await context.read() is not grpc.aio.EOF:
+        pass
+
+
+async def _never_reads(_: Any, context: Any) -> None:
+    await asyncio.Event().wait()
+
+
+def _handler(function: Callable[[Any, Any], Any], *, streaming: bool) -> MethodHandler:
+    return MethodHandler(function, bytes, bytes, streaming=streaming)
+
+
+HANDLERS = {
+    f"{SERVICE}/Unary": _handler(_unary_echo, streaming=False),
+    f"{SERVICE}/Stream": _handler(_stream_echo, streaming=True),
+    f"{SERVICE}/Drain": _handler(_drain, streaming=True),
+    f"{SERVICE}/Never": _handler(_never_reads, streaming=True),
+    PROCESS: _handler(_stream_echo, streaming=True),
+}
+
+
+# -- the attacker's client --
+
+
+def frame(kind: int, flags: int, stream_id: int, payload: bytes = b"") -> bytes:
+    head = len(payload).to_bytes(3, "big") + bytes((kind, flags)) + stream_id.to_bytes(4, "big")
+    return head + payload
+
+
+def message(payload: bytes, flag: int = 0) -> bytes:
+    """A gRPC length-prefixed message."""
+    return bytes((flag,)) + len(payload).to_bytes(4, "big") + payload
+
+
+def settings(*pairs: tuple[int, int]) -> bytes:
+    body = b"".join(k.to_bytes(2, "big") + v.to_bytes(4, "big") for k, v in pairs)
+    return frame(SETTINGS, 0, 0, body)
+
+
+class Peer(asyncio.Protocol):
+    """A raw HTTP/2 client: records every frame the server sends, decodes header blocks."""
+
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.frames: list[tuple[int, int, int, bytes]] = []
+        self.blocks: dict[int, list[dict[str, str]]] = {}  # decoded header blocks per stream
+        self.ended: set[int] = set()  # streams the server ended (END_STREAM or RST_STREAM)
+        self.closed = False
+        self.writable = True
+        self._buffer = b""
+        self._changed = asyncio.Event()
+        self._encoder = hpack.Encoder()
+        self._decoder = hpack.Decoder()
+        self._header_parts: list[bytes] = []
+
+    # asyncio.Protocol
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        self._buffer += data
+        while len(self._buffer) >= 9:
+            length = int.from_bytes(self._buffer[:3], "big")
+            if len(self._buffer) < 9 + length:
+                break
+            kind, flags = self._buffer[3], self._buffer[4]
+            stream_id = int.from_bytes(self._buffer[5:9], "big") & 0x7FFF_FFFF
+            payload = self._buffer[9 : 9 + length]
+            self._buffer = self._buffer[9 + length :]
+            self.frames.append((kind, flags, stream_id, payload))
+            if kind in (HEADERS, CONTINUATION):
+                self._header_parts.append(payload)
+                if flags & END_HEADERS:
+                    block = b"".join(self._header_parts)
+                    self._header_parts = []
+                    decoded = self._decoder.decode(block)
+                    headers = {str(name): str(value) for name, value in decoded}
+                    self.blocks.setdefault(stream_id, []).append(headers)
+            if (kind in (HEADERS, DATA) and flags & END_STREAM) or kind == RST_STREAM:
+                self.ended.add(stream_id)
+        self._changed.set()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self._changed.set()
+
+    def pause_writing(self) -> None:
+        self.writable = False
+        self._changed.set()
+
+    def resume_writing(self) -> None:
+        self.writable = True
+        self._changed.set()
+
+    # sending
+
+    def send(self, data: bytes) -> None:
+        assert self.transport is not None
+        if not self.transport.is_closing():
+            self.transport.write(data)
+
+    def request(
+        self,
+        stream_id: int,
+        path: str | bytes = f"{SERVICE}/Stream",
+        *,
+        method: str = "POST",
+        content_type: str | None = "application/grpc",
+        extra: tuple[tuple[str, str], ...] = (),
+        end_stream: bool = False,
+    ) -> bytes:
+        """A HEADERS frame opening a gRPC call (returned, not sent)."""
+        headers: list[tuple[str | bytes, str | bytes]] = [(":method", method), (":scheme", "http")]
+        headers += [(":path", path), (":authority", "x")]
+        if content_type is not None:
+            headers.append(("content-type", content_type))
+        headers += [("te", "trailers"), *extra]
+        flags = END_HEADERS | (END_STREAM if end_stream else 0)
+        return frame(HEADERS, flags, stream_id, self._encoder.encode(headers))
+
+    def close(self) -> None:
+        if self.transport is not None:
+            self.transport.abort()
+
+    # what the server sent
+
+    async def until(self, predicate: Callable[[], Any], within: float = DEADLINE) -> Any:
+        """Waits for ``predicate()`` to be truthy (re-checked as frames arrive); returns it."""
+        async with asyncio.timeout(within):
+            while not (result := predicate()):
+                self._changed.clear()
+                await self._changed.wait()
+        return result
+
+    def of(self, kind: int, stream_id: int | None = None) -> list[tuple[int, int, int, bytes]]:
+        return [f for f in self.frames if f[0] == kind and stream_id in (None, f[2])]
+
+    def goaway(self) -> int | None:
+        """The error code of the server's GOAWAY, None before one."""
+        frames = self.of(GOAWAY)
+        return int.from_bytes(frames[-1][3][4:8], "big") if frames else None
+
+    def reset(self, stream_id: int) -> int | None:
+        """The error code of the server's RST_STREAM on the stream, None before one."""
+        frames = self.of(RST_STREAM, stream_id)
+        return int.from_bytes(frames[-1][3], "big") if frames else None
+
+    def trailers(self, stream_id: int) -> dict[str, str] | None:
+        """The stream's last header block once the server has ended it."""
+        if stream_id in self.ended and self.blocks.get(stream_id):
+            return self.blocks[stream_id][-1]
+        return None
+
+    async def status(self, stream_id: int) -> str:
+        trailers = await self.until(lambda: self.trailers(stream_id))
+        return str(trailers.get("grpc-status", f"http {trailers.get(':status')}"))
+
+    async def goaway_code(self) -> int:
+        await self.until(lambda: self.goaway() is not None)
+        code = self.goaway()
+        assert code is not None
+        return code
+
+    async def ping(self, data: bytes = b"probe\x00\x00\x00") -> None:
+        """A PING, answered once the server has handled everything sent before it (or the
+        connection closed)."""
+        self.send(frame(PING, 0, 0, data))
+        await self.until(
+            lambda: self.closed or any(f[1] & ACK and f[3] == data for f in self.of(PING))
+        )
+
+
+class Harness:
+    def __init__(self, server: H2GrpcServer, port: int) -> None:
+        self.server = server
+        self.port = port
+        self.peers: list[Peer] = []
+
+    async def connect(self, *, preface: bool = True, receive_buffer: int = 0) -> Peer:
+        loop = asyncio.get_running_loop()
+        sock = socket.socket()
+        sock.setblocking(False)
+        if receive_buffer:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, receive_buffer)
+        await loop.sock_connect(sock, ("127.0.0.1", self.port))
+        _, peer = await loop.create_connection(Peer, sock=sock)
+        self.peers.append(peer)
+        if preface:
+            peer.send(PREFACE + settings())
+        return peer
+
+    async def assert_serves(self) -> None:
+        """A well-behaved grpc.aio client, on a new connection, gets its echo."""
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{self.port}") as channel:
+            call: Any = channel.unary_unary(f"{SERVICE}/Unary")
+            assert await call(b"still serving", timeout=DEADLINE) == b"still serving"
+
+    async def no_calls(self, within: float = DEADLINE) -> None:
+        """Waits for the server's call count to return to 0."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(within):
+                await self.server.no_calls.wait()
+        assert not self.server.active_calls, f"{self.server.active_calls} calls still counted"
+
+
+async def _until(condition: Callable[[], bool], within: float = DEADLINE) -> None:
+    """Waits for a condition no frame signals (the server's own state)."""
+    started = time.monotonic()
+    while not condition():
+        if time.monotonic() - started > within:
+            raise AssertionError(f"not within {within}s")
+        await asyncio.sleep(0.01)
+
+
+@contextlib.asynccontextmanager
+async def serving(**options: Any) -> AsyncIterator[Harness]:
+    server = H2GrpcServer(HANDLERS, **options)
+    harness = Harness(server, await server.start("127.0.0.1", 0))
+    try:
+        yield harness
+    except BaseException:
+        # the test failed: stop what can be stopped, quickly, and report the failure
+        for peer in harness.peers:
+            peer.close()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(server.stop(0), 0.2)
+        raise
+    for peer in harness.peers:
+        peer.close()
+    await asyncio.wait_for(server.stop(0), STOP_DEADLINE)
+
+
+async def _expect_goaway(peer: Peer, code: int) -> None:
+    assert await peer.goaway_code() == code, peer.frames[-3:]
+    await peer.until(lambda: peer.closed)
+
+
+# -- the connection preface and the handshake --
+
+
+@pytest.mark.parametrize(
+    "opening",
+    [
+        b"GET / HTTP/1.1\r\nHost: x\r\n\r\n",  # HTTP/1.1
+        b"PRI * HTTP/2.0\r\n\r\nXX\r\n\r\n",  # the preface's length, wrong at the end
+        b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03",  # a TLS ClientHello on the plain port
+    ],
+    ids=["http1", "almost-preface", "tls"],
+)
+async def test_a_wrong_preface_is_a_goaway_protocol_error(opening: bytes) -> None:
+    async with serving() as harness:
+        peer = await harness.connect(preface=False)
+        peer.send(opening)
+        # before: nothing; after: GOAWAY PROTOCOL_ERROR and the connection closed
+        await _expect_goaway(peer, PROTOCOL_ERROR)
+        await harness.assert_serves()
+
+
+@pytest.mark.parametrize("opening", [b"", PREFACE[:10]], ids=["nothing", "half-preface"])
+async def test_a_connection_without_a_preface_is_closed_after_the_handshake_timeout(
+    opening: bytes,
+) -> None:
+    async with serving(handshake_timeout=0.3) as harness:
+        polite = await harness.connect()
+        silent = await harness.connect(preface=False)
+        silent.send(opening)
+        started = time.monotonic()
+        # the connection that says nothing (or half the preface) is closed by the server...
+        await silent.until(lambda: silent.closed)
+        assert time.monotonic() - started < 3.0
+        await _until(lambda: len(harness.server.connections) == 1)
+        # ... and the one that sent its preface, as old, is still served
+        assert not polite.closed
+        await polite.ping()
+        await harness.assert_serves()
+
+
+# -- frames and header blocks --
+
+
+@pytest.mark.parametrize(
+    "oversized",
+    [
+        frame(DATA, 0, 1, b"x" * 16_385),
+        (1 << 24 - 1).to_bytes(3, "big") + bytes((DATA, 0)) + (1).to_bytes(4, "big"),
+    ],
+    ids=["16385-bytes", "16-MiB-header-only"],
+)
+async def test_a_frame_beyond_16384_bytes_is_a_goaway_frame_size_error(oversized: bytes) -> None:
+    async with serving() as harness:
+        peer = await harness.connect()
+        peer.send(oversized)
+        # the 16 MiB header alone is enough: the server does not wait for (or buffer) the payload
+        await _expect_goaway(peer, FRAME_SIZE_ERROR)
+        await harness.assert_serves()
+
+
+@pytest.mark.parametrize(
+    "flood",
+    [
+        frame(PING, 0, 0, b"12345678"),
+        frame(SETTINGS, 0, 0),
+        frame(WINDOW_UPDATE, 0, 0, (1).to_bytes(4, "big")),
+        frame(PRIORITY, 0, 3, (0).to_bytes(4, "big") + b"\x10"),
+        frame(DATA, 0, 1),  # empty DATA on an open stream
+    ],
+    ids=["ping", "settings", "window-update", "priority", "empty-data"],
+)
+async def test_a_control_frame_flood_is_a_goaway_enhance_your_calm(flood: bytes) -> None:
+    async with serving() as harness:
+        peer = await harness.connect()
+        peer.send(peer.request(1, f"{SERVICE}/Never"))
+        await peer.ping()  # the call has started
+        peer.send(flood * 5_000)
+        # before: 5,000 frames each answered or handled; after: the budget (1,000) ends it
+        await _expect_goaway(peer, ENHANCE_YOUR_CALM)
+        assert len(peer.of(PING)) <= 1_000
+        await harness.no_calls()
+        await harness.assert_serves()
+
+
+def _rst(stream_id: int, code: int = CANCEL) -> bytes:
+    return frame(RST_STREAM, 0, stream_id, code.to_bytes(4, "big"))
+
+
+async def test_rapid_reset_is_a_goaway_enhance_your_calm() -> None:
+    async with serving() as harness:
+        peer = await harness.connect()
+        # 1,000 streams opened and reset at once, each call started before its reset
+        for stream_id in range(1, 2_000, 2):
+            peer.send(peer.request(stream_id, f"{SERVICE}/Never"))
+            await peer.ping(stream_id.to_bytes(8, "big"))
+            peer.send(_rst(stream_id))
+            if peer.closed:
+                break
+        # before: every stream a handler started and cancelled; after: cut past 200 resets
+        await _expect_goaway(peer, ENHANCE_YOUR_CALM)
+        assert len(peer.of(PING)) < 300
+        await harness.no_calls()
+        await harness.assert_serves()
+
+
+async def test_a_call_ended_in_the_read_that_opened_it_is_not_counted_for_ever() -> None:
+    endings = [
+        _rst(1),
+        frame(DATA, 0, 1, b"\x00\xff\xff\xff\xff"),  # past max_receive_message_length
+        frame(DATA, END_STREAM, 1, message(b"z", 1)),  # compressed
+        frame(DATA, 0, 1, b"x" * 16_385),  # a connection error
+        frame(PING, 0, 0),  # another
+    ]
+    async with serving(max_concurrent_rpcs=len(endings)) as harness:
+        for ending in endings:
+            peer = await harness.connect()
+            # the HEADERS and what ends the call in one write (Envoy sends a request's
+            # HEADERS and DATA together): the call is over before its task has run
+            peer.send(peer.request(1, f"{SERVICE}/Never") + ending)
+            await peer.ping()  # answered after the reset or the status; or closed
+        # before: each still counted, so past max_concurrent_rpcs every call is refused
+        # RESOURCE_EXHAUSTED, and stop() waits for them for ever; after: back to 0
+        await harness.no_calls(within=0.5)
+        await harness.assert_serves()
+
+
+async def test_rapid_reset_in_one_write_leaves_no_call_behind() -> None:
+    async with serving() as harness:
+        peer = await harness.connect()
+        peer.send(
+            b"".join(
+                peer.request(stream_id, f"{SERVICE}/Never") + _rst(stream_id)
+                for stream_id in range(1, 2_000, 2)
+            )
+        )
+        await _expect_goaway(peer, ENHANCE_YOUR_CALM)
+        await harness.no_calls(within=0.5)
+        await harness.assert_serves()
+
+
+@pytest.mark.parametrize(
+    ("part", "count"), [(b"\x00" * 16_384, 10), (b"\x00", 70_000)], ids=["16-KiB", "1-byte"]
+)
+async def test_endless_continuation_frames_are_a_connection_error(part: bytes, count: int) -> None:
+    async with serving() as harness:
+        peer = await harness.connect()
+        block = peer.request(1)[9:]
+        # a HEADERS without END_HEADERS, then CONTINUATIONs that never end the block
+        peer.send(frame(HEADERS, 0, 1, block) + frame(CONTINUATION, 0, 1, part) * count)
+        # before: the block held until the peer stops; after: cut at 64 KiB (compressed)
+        await _expect_goaway(peer, ENHANCE_YOUR_CALM)
+        await harness.assert_serves()
+
+
+async def test_endless_empty_continuation_frames_are_a_connection_error() -> None:
+    async with serving() as harness:
+        peer = await harness.connect()
+        block = peer.request(1)[9:]
+        # 200,000 empty CONTINUATIONs (1.8 MB); a CONTINUATION flood, as CVE-2024-27316
+        peer.send(frame(HEADERS, 0, 1, block) + frame(CONTINUATION, 0, 1) * 200_000)
+        # a connection error, some time within the flood: the block's budget is spent
+        await peer.until(lambda: peer.goaway() is not None or peer.closed, within=1.5)
+
+
+@pytest.mark.parametrize(
+    "interruption",
+    [
+        frame(PING, 0, 0, b"12345678"),
+        frame(DATA, 0, 1, message(b"x")),
+        frame(HEADERS, END_HEADERS, 3, b""),
+        frame(CONTINUATION, END_HEADERS, 3, b""),  # a CONTINUATION of another stream
+    ],
+    ids=["ping", "data", "headers", "continuation-of-another-stream"],
+)
+async def test_a_header_block_interrupted_is_a_goaway_protocol_error(interruption: bytes) -> None:
+    async with serving() as harness:
+        peer = await harness.connect()
+        block = peer.request(1)[9:]
+        peer.send(frame(HEADERS, 0, 1, block[:5]) + interruption)
+        # before: the block's two halves joined across the frame; after: PROTOCOL_ERROR
+        await _expect_goaway(peer, PROTOCOL_ERROR)
+        await harness.assert_serves()
+
+
+async def test_a_continuation_without_headers_is_a_goaway_protocol_error() -> None:
+    async with serving() as harness:
+        peer = await harness.connect()
+        peer.send(frame(CONTINUATION, END_HEADERS, 1, peer.request(1)[9:]))
+        await _expect_goaway(peer, PROTOCOL_ERROR)
+        await harness.assert_serves()
+
+
+# -- flow control: a handler that does not read bounds what the peer may send --
+
+
+def _window_updates(peer: Peer, stream_id: int) -> int:
+    return sum(int.from_bytes(f[3], "big") for f in peer.of(WINDOW_UPDATE, stream_id))
+
+
+async def test_a_handler_that_does_not_read_gets_no_more_than_its_window() -> None:
+    assert h2grpc.STREAM_WINDOW % 16_384 == 0
+    async with serving() as harness:
+        peer = await harness.connect()
+        # the stream's whole window in 16 KiB DATA frames, one message each, to a handler
+        # that never reads them
+        peer.send(peer.request(1, f"{SERVICE}/Never"))
+        full = frame(DATA, 0, 1, message(b"m" * (16_384 - 5)))
+        peer.send(full * (h2grpc.STREAM_WINDOW // 16_384))
+        await peer.ping()
+        # nothing read, nothing credited back: the peer may send no more on this stream
+        assert _window_updates(peer, 1) == 0
+        assert peer.reset(1) is None
+        # one byte past the window: before, buffered; after, RST_STREAM FLOW_CONTROL_ERROR
+        peer.send(frame(DATA, 0, 1, b"x"))
+        await peer.until(lambda: peer.reset(1) is not None)
+        assert peer.reset(1) == FLOW_CONTROL_ERROR
+        await harness.no_calls()
+        # the connection is still good: a call on a new stream of it is served
+        peer.send(peer.request(3, f"{SERVICE}/Unary") + frame(DATA, END_STREAM, 3, message(b"hi")))
+        assert await peer.status(3) == "0"
+        assert peer.of(DATA, 3)[0][3] == message(b"hi")
+        await harness.assert_serves()
+
+
+async def test_a_handler_that_reads_returns_the_window() -> None:
+    # the control: the same data to a handler that reads is credited back as it is read
+    async with serving() as harness:
+        peer = await harness.connect()
+        peer.send(peer.request(1, f"{SERVICE}/Drain"))
+        full = frame(DATA, 0, 1, message(b"m" * (16_384 - 5)))
+        for _ in range(3):
+            peer.send(full * (h2grpc.STREAM_WINDOW // 16_384))
+            await peer.until(lambda: _window_updates(peer, 1) >= h2grpc.STREAM_WINDOW // 2)
+        assert peer.reset(1) is None
+        peer.send(frame(DATA, END_STREAM, 1))
+        assert await peer.status(1) == "0"
+
+
+# -- gRPC messages --
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        frame(DATA, 0, 1, message(b"x" * 1_025)),
+        frame(DATA, 0, 1, message(b"x" * 500)[:505] + b"\x00" + (1025).to_bytes(4, "big")),
+        frame(DATA, 0, 1, b"\x00\xff\xff\xff\xff"),  # 4 GiB declared, 5 bytes sent
+    ],
+    ids=["1025-bytes", "second-message-1025", "declared-4-GiB"],
+)
+async def test_a_message_beyond_max_receive_message_length_is_resource_exhausted(
+    data: bytes,
+) -> None:
+    async with serving(max_receive_message_length=1_024) as harness:
+        peer = await harness.connect()
+        peer.send(peer.request(1))
+        await peer.ping()  # the call has started
+        peer.send(data)
+        # before: buffered until whole; after: grpc-status 8 in the trailers, once declared
+        assert await peer.status(1) == "8"
+        assert not [f for f in peer.of(DATA, 1) if len(f[3]) > 1_029]
+        await harness.no_calls()
+        # a message of the limit exactly is served
+        peer.send(peer.request(3) + frame(DATA, END_STREAM, 3, message(b"y" * 1_024)))
+        assert await peer.status(3) == "0"
+        await harness.assert_serves()
+
+
+@pytest.mark.parametrize(
+    ("flag", "extra", "status"),
+    [
+        (1, (), "12"),  # compressed, though grpc-encoding says identity
+        (1, (("grpc-encoding", "identity"),), "12"),
+        (0x80, (), "13"),  # a flag byte gRPC does not define
+        (0, (("grpc-encoding", "gzip"),), "12"),
+    ],
+    ids=["compressed", "compressed-identity", "bad-flag", "gzip-encoding"],
+)
+async def test_a_compressed_message_is_an_error_status(
+    flag: int, extra: tuple[tuple[str, str], ...], status: str
+) -> None:
+    async with serving() as harness:
+        peer = await harness.connect()
+        peer.send(peer.request(1, extra=extra))
+        await peer.ping()
+        peer.send(frame(DATA, END_STREAM, 1, message(b"\x1f\x8b", flag)))
+        # before: a handler fed bytes it cannot read (or a crash); after: an error status
+        assert await peer.status(1) == status
+        assert not peer.of(DATA, 1)
+        await harness.no_calls()
+        await harness.assert_serves()
+
+
+# -- requests that are not gRPC calls --
+
+
+@pytest.mark.parametrize("end_stream", [True, False], ids=["half-closed", "open"])
+@pytest.mark.parametrize(
+    ("request_options", "status"),
+    [
+        ({"path": f"{SERVICE}/Missing"}, "12"),
+        ({"path": ""}, "12"),
+        ({"method": "GET"}, "http 405"),
+        ({"method": "PUT"}, "http 405"),
+        ({"content_type": None}, "http 415"),
+        ({"content_type": "application/json"}, "http 415"),
+    ],
+    ids=["unknown-method", "empty-path", "get", "put", "no-content-type", "json"],
+)
+async def test_a_request_that_is_not_a_served_call_is_refused(
+    request_options: dict[str, Any], status: str, end_stream: bool
+) -> None:
+    async with serving() as harness:
+        peer = await harness.connect()
+        peer.send(peer.request(1, **request_options, end_stream=end_stream))
+        # open: the answer waits for the peer's END_STREAM, or at most _PARK_DELAY
+        assert await peer.status(1) == status
+        assert not harness.server.active_calls
+        await harness.assert_serves()
+
+
+# -- a peer that never reads what it asks for --
+
+
+async def _push_unread_requests(harness: Harness, path: str | bytes) -> tuple[int, int]:
+    """Sends requests answered at once (trailers only, with END_STREAM), up to 50 MB, on a
+    connection whose answers are never read; returns the bytes sent and the largest write
+    buffer seen on the server's side. Stops early once the server has stopped reading (or
+    its buffer has passed ``4 * BOUND``)."""
+    # a small receive buffer: the server meets the peer that does not read sooner
+    peer = await harness.connect(receive_buffer=4_096)
+    await peer.ping()
+    assert peer.transport is not None
+    peer.transport.pause_reading()  # never read again
+    (connection,) = harness.server.connections
+    server_side = connection._transport
+    assert server_side is not None
+    peer.send(peer.request(1, path, end_stream=True))
+    block = peer.request(3, path, end_stream=True)[9:]  # the same headers, now all indexed
+    stream_id, sent, peak = 3, 0, 0
+    async with asyncio.timeout(DEADLINE):
+        while sent < 50 * MIB and peak < 4 * BOUND:
+            peak = max(peak, server_side.get_write_buffer_size())
+            if not peer.writable:
+                if not server_side.is_reading():
+                    break  # the server stopped reading: the peer can push no more
+                await asyncio.sleep(0.005)
+                continue
+            batch = b"".join(
+                frame(HEADERS, END_HEADERS | END_STREAM, stream_id + 2 * n, block)
+                for n in range(2_000)
+            )
+            stream_id += 4_000
+            peer.send(batch)
+            sent += len(batch)
+            await asyncio.sleep(0)
+    return sent, peak
+
+
+BOUND = 4 * MIB  # what the server may hold for a peer that does not read
+
+
+async def test_a_peer_that_never_reads_stops_being_read() -> None:
+    async with serving() as harness:
+        sent, peak = await _push_unread_requests(harness, f"{SERVICE}/Missing")
+        # before: every request answered into the transport's buffer, 50 MB of requests
+        # into hundreds of MB held; after: the server stops reading once its buffer is full
+        assert sent < 50 * MIB
+        assert peak < BOUND, f"{peak / MIB:.1f} MiB held for a peer that does not read"
+        await harness.assert_serves()
+
+
+async def test_a_peer_that_never_reads_cannot_amplify_what_is_held() -> None:
+    async with serving() as harness:
+        # a :path of 3,800 bytes 0xFF, indexed: 15 bytes a request, 23 KB an answer
+        sent, peak = await _push_unread_requests(harness, b"/" + b"\xff" * 3_800)
+        assert peak < BOUND, f"{peak / MIB:.1f} MiB held for {sent / MIB:.1f} MiB sent"
+
+
+# -- deadlines and limits --
+
+
+@pytest.mark.parametrize("end_stream", [True, False], ids=["half-closed", "open"])
+async def test_grpc_timeout_ends_a_call_whose_handler_waits_for_ever(end_stream: bool) -> None:
+    async with serving() as harness:
+        peer = await harness.connect()
+        started = time.monotonic()
+        timeout = (("grpc-timeout", "100m"),)
+        peer.send(peer.request(1, f"{SERVICE}/Never", extra=timeout, end_stream=end_stream))
+        # before: the call held as long as the peer keeps the stream; after: DEADLINE_EXCEEDED
+        assert await peer.status(1) == "4"
+        assert time.monotonic() - started >= 0.1
+        await harness.no_calls()
+        await harness.assert_serves()
+
+
+def _advertised(peer: Peer, setting: int) -> int | None:
+    for kind, flags, _, payload in peer.frames:
+        if kind == SETTINGS and not flags & ACK:
+            for offset in range(0, len(payload), 6):
+                if int.from_bytes(payload[offset : offset + 2], "big") == setting:
+                    return int.from_bytes(payload[offset + 2 : offset + 6], "big")
+    return None
+
+
+async def test_a_stream_beyond_max_streams_per_connection_is_refused() -> None:
+    async with serving(max_streams_per_connection=2) as harness:
+        peer = await harness.connect()
+        peer.send(peer.request(1, f"{SERVICE}/Never") + peer.request(3, f"{SERVICE}/Never"))
+        await peer.ping()
+        assert _advertised(peer, 0x3) == 2  # SETTINGS_MAX_CONCURRENT_STREAMS
+        # a third stream, past the limit the server advertised: REFUSED_STREAM
+        peer.send(peer.request(5, f"{SERVICE}/Never"))
+        await peer.until(lambda: peer.reset(5) is not None)
+        assert peer.reset(5) == REFUSED_STREAM
+        assert harness.server.active_calls == 2
+        # one of the two reset by the peer: a new stream is served again
+        peer.send(_rst(1))
+        await peer.ping()
+        peer.send(peer.request(7, f"{SERVICE}/Unary") + frame(DATA, END_STREAM, 7, message(b"ok")))
+        assert await peer.status(7) == "0"
+        assert peer.reset(7) is None
+        await harness.assert_serves()
+
+
+async def test_a_call_beyond_max_concurrent_rpcs_is_resource_exhausted() -> None:
+    async with serving(max_concurrent_rpcs=1) as harness:
+        peer = await harness.connect()
+        peer.send(peer.request(1, f"{SERVICE}/Never"))
+        await peer.ping()
+        # a second call, on the same connection or through grpc.aio: RESOURCE_EXHAUSTED
+        peer.send(peer.request(3, f"{SERVICE}/Never", end_stream=True))
+        assert await peer.status(3) == "8"
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await harness.assert_serves()
+        assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        # the first call over: served again
+        peer.send(_rst(1))
+        await harness.no_calls()
+        await harness.assert_serves()
