@@ -197,8 +197,10 @@ async def test_a_new_replica_routes_warm_at_once_and_a_stopped_one_hands_over(
         with Stack.run(second_options) as second:
             async with aiohttp.ClientSession() as session:
                 served, decision = await _post(session, second.url, SYSTEM)  # its first
-            assert served == holder, decision
+            # warm: it sees the holder's blocks, and goes to a server holding them all (the
+            # warm-up may have left the prompt on a second server too: either is warm)
             assert _prefix_score(decision, first.simulator_addresses[holder]) == 1.0, decision
+            assert _prefix_score(decision, first.simulator_addresses[served]) == 1.0, decision
             loaded = metric_sum(
                 second.epp_metrics_url, "inference_extension_kv_index_loaded_blocks_total"
             )
