@@ -49,6 +49,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from envoy.type.v3 import http_status_pb2
 
+from adapters.envoy.loglimit import LogLimiter
 from ports.errors import ErrorCode, RequestError
 from ports.observer import REQUEST_ID, NoopObserver, Observer, Span
 from ports.requests import (
@@ -342,6 +343,7 @@ class _Stream:
         "_headers",
         "_headers_seen",
         "_limits",
+        "_log",
         "_metadata",
         "_observer",
         "_processor",
@@ -357,10 +359,15 @@ class _Stream:
     )
 
     def __init__(
-        self, processor: RequestProcessor, observer: Observer, limits: StreamLimits
+        self,
+        processor: RequestProcessor,
+        observer: Observer,
+        limits: StreamLimits,
+        log: LogLimiter,
     ) -> None:
         self._processor = processor
         self._observer = observer
+        self._log = log
         self._limits = limits
         self._body_bytes = 0
         self._response_buffered = 0
@@ -469,7 +476,7 @@ class _Stream:
     def _too_large(self, limit: int) -> list[Any]:
         self._finished = True
         self._body_chunks.clear()
-        logger.info("request %s refused: its body exceeds %d bytes", self._request_id, limit)
+        self._log.info("request %s refused: its body exceeds %d bytes", self._request_id, limit)
         if self._span is not None:
             self._span.record_error(f"PayloadTooLarge: the request body exceeds {limit} bytes")
         return [_payload_too_large(limit)]
@@ -508,7 +515,7 @@ class _Stream:
             self._finished = True
             if self._span is not None:
                 self._span.record_error(f"{decision.error.code.value}: {decision.error.message}")
-            logger.info(
+            self._log.info(
                 "request %s refused: %s - %s",
                 self._request_id,
                 decision.error.code.value,
@@ -600,7 +607,7 @@ class _Stream:
         rest chunk by chunk as it comes."""
         assert self._exchange is not None
         self._response_passthrough = True
-        logger.info(
+        self._log.info(
             "request %s: response larger than %d bytes passed through unbuffered (no token "
             "usage read from it)",
             self._request_id,
@@ -653,6 +660,8 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
         # unrouted streams, oldest first: the task serving each (dicts keep insertion order)
         self._unrouted: dict[_Stream, asyncio.Task[Any]] = {}
         self._evicted: set[_Stream] = set()
+        # the lines a peer causes once per stream or request, at a bounded rate
+        self._log = LogLimiter(logger)
 
     @property
     def unrouted_streams(self) -> int:
@@ -677,7 +686,7 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
         # A coroutine handler on grpc.aio's reader/writer API: ``context.read()`` and
         # ``context.write()`` skip the two async generators of the iterator API, and one
         # idle watch per stream replaces a timeout per message (docs/decisions/0013).
-        stream = _Stream(self._processor, self._observer, self._limits)
+        stream = _Stream(self._processor, self._observer, self._limits, self._log)
         self._admit_unrouted(stream)
         try:
             await self._serve(stream, context)
@@ -688,7 +697,9 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
             if current is not None:
                 current.uncancel()
             limit = self._limits.max_unrouted_streams
-            logger.info("ext_proc stream closed: over %d streams without a routed request", limit)
+            self._log.info(
+                "ext_proc stream closed: over %d streams without a routed request", limit
+            )
             await context.abort(
                 grpc.StatusCode.RESOURCE_EXHAUSTED,
                 f"more than {limit} streams without a routed request; the oldest is closed "
@@ -716,7 +727,9 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
                         if not watch.expired:
                             raise
                         watch.uncancel()
-                        logger.info("ext_proc stream closed: no message from Envoy for %gs", idle)
+                        self._log.info(
+                            "ext_proc stream closed: no message from Envoy for %gs", idle
+                        )
                         await context.abort(
                             grpc.StatusCode.DEADLINE_EXCEEDED,
                             f"no message from Envoy for {idle:g}s (--stream-idle-timeout)",
@@ -731,7 +744,7 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
                     await context.abort(grpc.StatusCode.UNKNOWN, str(exc))
                     return
                 except StreamProtocolError as exc:
-                    logger.info("ext_proc stream refused: %s", exc.message)
+                    self._log.info("ext_proc stream refused: %s", exc.message)
                     await context.abort(exc.code, exc.message)
                     return
                 if not stream.unrouted and stream in self._unrouted:

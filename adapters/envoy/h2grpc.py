@@ -45,6 +45,8 @@ from urllib.parse import quote
 import grpc
 import hpack
 
+from adapters.envoy.loglimit import LogLimiter
+
 __all__ = ["H2GrpcServer", "MethodHandler", "RpcContext"]
 
 logger = logging.getLogger(__name__)
@@ -115,6 +117,7 @@ _RESPONSE_HEADERS = _never_indexed([(":status", "200"), ("content-type", "applic
 _TRAILERS_OK = _never_indexed([("grpc-status", "0")])
 
 
+@functools.lru_cache(maxsize=256)  # statuses repeat: a refused stream's is a fixed text
 def _status_block(code: grpc.StatusCode, details: str, *, trailers_only: bool) -> bytes:
     headers = [(":status", "200"), ("content-type", "application/grpc")] if trailers_only else []
     headers.append(("grpc-status", str(code.value[0])))
@@ -132,6 +135,7 @@ def _method_not_found(path: bytes) -> str:
     return "Method not found"
 
 
+@functools.lru_cache(maxsize=32)
 def _http_status_block(status: int) -> bytes:
     return _never_indexed([(":status", str(status))])
 
@@ -1032,7 +1036,7 @@ class _Connection(asyncio.Protocol):
         self._maybe_close()
 
     def _fail_connection(self, code: int, reason: str) -> None:
-        logger.info("HTTP/2 connection closed: %s", reason)
+        self.server.log.info("HTTP/2 connection closed: %s", reason)
         if self._transport is None or self._closing:
             return
         self._out.append(
@@ -1103,6 +1107,7 @@ class H2GrpcServer:
         self.no_connections = asyncio.Event()
         self.no_connections.set()
         self.draining = False
+        self.log = LogLimiter(logger)  # a line per connection a peer breaks: a bounded rate
         self._server: asyncio.Server | None = None
 
     async def start(self, host: str, port: int) -> int:

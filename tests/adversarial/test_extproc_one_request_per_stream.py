@@ -8,6 +8,9 @@ was never closed: its running count and in-flight load stayed booked, and with
 
 from __future__ import annotations
 
+import logging
+import math
+import time
 from typing import Any
 
 import grpc
@@ -163,3 +166,22 @@ async def test_messages_out_of_protocol_are_refused_with_a_clear_error(
     assert all(e.close_calls == 1 for e in processor.exchanges)
     assert director.running(MODEL) == 0
     assert in_flight(datastore) == {}
+
+
+async def test_a_flood_of_refused_streams_writes_a_bounded_number_of_log_lines(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # before: one line per refused stream, formatted and written on the event loop, so a
+    # peer chose how fast the EPP wrote its log; after: 10 a second, then a count
+    caplog.set_level(logging.INFO, logger="adapters.envoy.extproc")
+    director, _ = director_over()
+    streams = 200
+    async with extproc_channel(CountingProcessor(director)) as channel:
+        started = time.monotonic()
+        for _ in range(streams):
+            _, code, _ = await _run(channel, request_body(b"{}", end_of_stream=True))
+            assert code == grpc.StatusCode.FAILED_PRECONDITION
+        seconds = time.monotonic() - started
+    refused = [m for m in caplog.messages if m.startswith("ext_proc stream refused")]
+    windows = math.ceil(seconds) + 1  # 1 s windows the flood touched
+    assert 1 <= len(refused) <= 10 * windows < streams, (len(refused), seconds)
