@@ -86,6 +86,8 @@ _CONTROL_REFILL = 10
 _PARK_DELAY = 0.5
 _GOAWAY_PING = b"goaway\x00\x00"
 _GOAWAY_PING_TIMEOUT = 2.0  # seconds the final GOAWAY waits for the PING's answer
+_DECODED_BLOCKS = 16  # header blocks kept decoded per connection
+_DECODED_BLOCK_MAX = 1024  # bytes: larger blocks are decoded each time
 _CLOSE_LINGER = 1.0  # seconds a finished connection waits for the peer to close it
 _RAPID_RESETS = 200  # resets beyond which a peer resetting more than it completes is cut
 
@@ -390,6 +392,10 @@ class _Connection(asyncio.Protocol):
         self._closing = False
         self._decoder = hpack.Decoder(max_header_list_size=MAX_HEADER_LIST_SIZE)
         self._decoder.max_allowed_table_size = 4096
+        # header blocks decoded without changing the dynamic table (a gateway repeats the
+        # same block for every stream): decoding one again gives the same headers as long
+        # as the table has not changed since, so they are kept until it does
+        self._decoded: dict[bytes, list[tuple[bytes, bytes]]] = {}
         self._header_stream = 0  # a header block in progress (HEADERS without END_HEADERS)
         self._header_flags = 0
         self._header_parts: list[bytes] = []
@@ -627,12 +633,9 @@ class _Connection(asyncio.Protocol):
         self._header_stream = 0
         block = b"".join(self._header_parts)
         self._header_parts = []
-        try:
-            headers = cast(list[tuple[bytes, bytes]], self._decoder.decode(block, raw=True))
-        except hpack.OversizedHeaderListError:
-            raise _ConnectionError(_ENHANCE_YOUR_CALM, "header list too large") from None
-        except hpack.HPACKError as exc:
-            raise _ConnectionError(_COMPRESSION_ERROR, f"header block: {exc}") from None
+        headers = self._decoded.get(block)
+        if headers is None:
+            headers = self._decode(block)
         end_stream = bool(self._header_flags & _END_STREAM)
         self._control = min(self._control + _CONTROL_REFILL, _CONTROL_BUDGET)
         if self._parked and stream_id in self._parked:
@@ -649,6 +652,26 @@ class _Connection(asyncio.Protocol):
             raise _ConnectionError(_STREAM_CLOSED, "HEADERS on a closed stream")
         self._last_stream = stream_id
         self._start_call(stream_id, headers, end_stream)
+
+    def _decode(self, block: bytes) -> list[tuple[bytes, bytes]]:
+        table = self._decoder.header_table
+        entries = table.dynamic_entries
+        newest, count, size = entries[0] if entries else None, len(entries), table.maxsize
+        try:
+            headers = cast(list[tuple[bytes, bytes]], self._decoder.decode(block, raw=True))
+        except hpack.OversizedHeaderListError:
+            raise _ConnectionError(_ENHANCE_YOUR_CALM, "header list too large") from None
+        except hpack.HPACKError as exc:
+            raise _ConnectionError(_COMPRESSION_ERROR, f"header block: {exc}") from None
+        entries = table.dynamic_entries
+        # an entry added is a new tuple at the front; a size update changes maxsize
+        newest_now = entries[0] if entries else None
+        if newest_now is newest and len(entries) == count and table.maxsize == size:
+            if len(block) <= _DECODED_BLOCK_MAX and len(self._decoded) < _DECODED_BLOCKS:
+                self._decoded[block] = headers
+        elif self._decoded:
+            self._decoded.clear()
+        return headers
 
     def _start_call(
         self, stream_id: int, headers: list[tuple[bytes, bytes]], end_stream: bool

@@ -732,3 +732,39 @@ async def test_a_call_beyond_max_concurrent_rpcs_is_resource_exhausted() -> None
         peer.send(_rst(1))
         await harness.no_calls()
         await harness.assert_serves()
+
+
+# -- header blocks a gateway repeats --
+
+
+async def test_a_repeated_header_block_is_decoded_against_the_table_as_it_is_now() -> None:
+    # A gateway sends the same bytes for every stream's HEADERS, all indexed in HPACK's
+    # dynamic table, and the server keeps what they decoded to. Once a block changes the
+    # table, the same bytes name other entries: what was kept must not be used.
+    mirror = hpack.Decoder()  # decodes what the server is sent, as a fresh peer would
+
+    def path_of(headers_frame: bytes) -> bytes:
+        return dict(mirror.decode(headers_frame[9:], raw=True))[b":path"]
+
+    async with serving() as harness:
+        peer = await harness.connect()
+        unary = f"{SERVICE}/Unary"
+        for stream_id in (1, 3, 5):  # the first adds the entries, the next two only index
+            opening = peer.request(stream_id, unary)
+            assert path_of(opening) == unary.encode()
+            peer.send(opening + frame(DATA, END_STREAM, stream_id, message(b"hi")))
+            assert await peer.status(stream_id) == "0"
+        repeated = opening[9:]
+        # a block that adds an entry: every dynamic index moves by one
+        moved = peer.request(7, f"{SERVICE}/Missing")
+        assert path_of(moved) == f"{SERVICE}/Missing".encode()
+        peer.send(moved + frame(DATA, END_STREAM, 7, message(b"hi")))
+        assert await peer.status(7) == str(grpc.StatusCode.UNIMPLEMENTED.value[0])
+        # the same bytes as streams 3 and 5 now decode to another :path
+        again = frame(HEADERS, END_HEADERS, 9, repeated)
+        now = path_of(again)
+        assert now != unary.encode()
+        peer.send(again + frame(DATA, END_STREAM, 9, message(b"hi")))
+        # before: a stale copy would have served it as Unary ("0")
+        assert await peer.status(9) == str(grpc.StatusCode.UNIMPLEMENTED.value[0])
+        await harness.assert_serves()

@@ -10,6 +10,7 @@ import contextlib
 import functools
 import json
 import os
+import random
 import re
 import signal
 import socket
@@ -67,7 +68,22 @@ def wait_for(
         time.sleep(interval)
 
 
+# Below Linux's ephemeral range (32768-60999 by default): a port handed out here and bound
+# a moment later cannot meanwhile become the source port of some outgoing connection.
+_LISTEN_PORTS = range(20000, 32768)
+
+
 def free_port(host: str = "127.0.0.1") -> int:
+    """A port free on ``host`` now, outside the range outgoing connections take theirs from."""
+    rng = random.Random()
+    for _ in range(100):
+        port = rng.choice(_LISTEN_PORTS)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue
+            return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
