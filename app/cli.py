@@ -11,7 +11,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from app.durations import parse_duration
-from app.settings import CIPHER_SUITES, Settings
+from app.settings import CIPHER_SUITES, EXTPROC_TRANSPORTS, Settings
 from domain.datastore.static_source import parse_endpoint_list
 
 __all__ = ["build_parser", "main", "parse_settings"]
@@ -205,11 +205,11 @@ def build_parser() -> argparse.ArgumentParser:
     _add_bool(parser, "--health-checking", False, "also serve gRPC health on the ext_proc port")
     parser.add_argument(
         "--extproc-transport",
-        choices=("grpcio", "native"),
+        choices=EXTPROC_TRANSPORTS,
         default="native",
         help="what serves the ext_proc port: grpcio (grpc.aio), or native (the EPP's own "
         "HTTP/2 framing, about a third of grpcio's CPU per message; docs/decisions/0020) "
-        "(default grpcio)",
+        "(default native)",
     )
     config = parser.add_mutually_exclusive_group()
     config.add_argument("--config-file", type=Path, default=None, help="EndpointPickerConfig file")

@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-__all__ = ["Settings"]
+__all__ = ["CIPHER_SUITES", "EXTPROC_TRANSPORTS", "Settings"]
 
 Port = int
 
@@ -22,6 +22,10 @@ CIPHER_SUITES = {
     "TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256": "ECDHE-ECDSA-CHACHA20-POLY1305",
     "TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305_SHA256": "ECDHE-RSA-CHACHA20-POLY1305",
 }
+
+
+#: ``--extproc-transport``: grpc.aio, or the EPP's own HTTP/2 framing (docs/decisions/0020).
+EXTPROC_TRANSPORTS = ("grpcio", "native")
 
 
 class Settings(BaseModel):

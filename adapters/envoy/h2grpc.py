@@ -677,11 +677,8 @@ class _Connection(asyncio.Protocol):
         self, stream_id: int, headers: list[tuple[bytes, bytes]], end_stream: bool
     ) -> None:
         server = self.server
-        if self._goaway_sent:
-            self._send(_frame(_RST_STREAM, 0, stream_id, _REFUSED_STREAM.to_bytes(4, "big")))
-            return
         limit = server.max_streams_per_connection
-        if limit and len(self._calls) >= limit:
+        if self._goaway_sent or (limit and len(self._calls) >= limit):
             self._send(_frame(_RST_STREAM, 0, stream_id, _REFUSED_STREAM.to_bytes(4, "big")))
             return
         method = path = content_type = b""

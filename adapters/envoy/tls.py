@@ -150,6 +150,11 @@ class CertificateReloader:
         self.current = initial
         self.reloads = 0
 
+    @property
+    def client_ca(self) -> bytes | None:
+        """The CA clients' certificates must be signed by (``--grpc-client-ca-file``), or None."""
+        return self._client_ca
+
     def credentials(self) -> grpc.ServerCredentials:
         # gRPC documents ``None`` from the fetcher as "no change"; its stubs do not.
         fetch = cast(Callable[[], grpc.ServerCertificateConfiguration], self.fetch)
@@ -235,7 +240,7 @@ def reloading_ssl_context(
 ) -> ssl.SSLContext:
     """A context that serves the reloader's pair, renewed at the next handshake after the
     files change (checked at each handshake, as with grpcio's dynamic credentials)."""
-    client_ca = reloader._client_ca
+    client_ca = reloader.client_ca
     base = ssl_context(reloader.current, client_ca, ciphers)
     served = [base]
 

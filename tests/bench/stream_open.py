@@ -25,14 +25,22 @@ import hpack
 
 from adapters.envoy import h2grpc
 from adapters.envoy.h2grpc import H2GrpcServer, MethodHandler
+from tests.support.h2frames import (
+    DATA,
+    END_HEADERS,
+    END_STREAM,
+    HEADERS,
+    INITIAL_WINDOW_SIZE,
+    MAX_WINDOW,
+    PREFACE,
+    WINDOW_UPDATE,
+    frame,
+    message,
+    settings,
+)
 
 PATH = "/envoy.service.ext_proc.v3.ExternalProcessor/Process"
 BATCH = 100
-
-
-def _frame(kind: int, flags: int, stream_id: int, payload: bytes) -> bytes:
-    head = len(payload).to_bytes(3, "big") + bytes((kind, flags)) + stream_id.to_bytes(4, "big")
-    return head + payload
 
 
 def _gateway_blocks() -> tuple[bytes, bytes]:
@@ -73,7 +81,7 @@ class _Client(asyncio.Protocol):
             if len(self.buffer) - offset < 9 + size:
                 break
             kind, flags = self.buffer[offset + 3], self.buffer[offset + 4]
-            if kind == 0x1 and flags & 0x1:  # HEADERS with END_STREAM: a call's status
+            if kind == HEADERS and flags & END_STREAM:  # a call's status
                 self.ended += 1
             offset += 9 + size
         del self.buffer[:offset]
@@ -86,20 +94,19 @@ async def _round(port: int, streams: int, keep: bool) -> float:
     _, client = await loop.create_connection(_Client, "127.0.0.1", port)
     assert client.transport is not None
     # the largest windows: the replies never wait for the client to give credit back
-    window = 2**31 - 1
-    settings = _frame(0x4, 0, 0, (4).to_bytes(2, "big") + window.to_bytes(4, "big"))
-    credit = _frame(0x8, 0, 0, (window - 65_535).to_bytes(4, "big"))
-    client.transport.write(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + settings + credit)
+    opening = settings((INITIAL_WINDOW_SIZE, MAX_WINDOW))
+    credit = frame(WINDOW_UPDATE, 0, 0, (MAX_WINDOW - 65_535).to_bytes(4, "big"))
+    client.transport.write(PREFACE + opening + credit)
     first, repeated = _gateway_blocks()
-    body = b"\x00" + (2).to_bytes(4, "big") + b"hi"
+    body = message(b"hi")
     started = time.process_time()
     for batch_start in range(0, streams, BATCH):
         frames = []
         for n in range(batch_start, min(streams, batch_start + BATCH)):
             stream_id = 2 * n + 1
             block = first if n == 0 else repeated
-            frames.append(_frame(0x1, 0x4, stream_id, block))
-            frames.append(_frame(0x0, 0x1, stream_id, body))
+            frames.append(frame(HEADERS, END_HEADERS, stream_id, block))
+            frames.append(frame(DATA, END_STREAM, stream_id, body))
         client.transport.write(b"".join(frames))
         while client.ended < min(streams, batch_start + BATCH):
             client.changed.clear()
