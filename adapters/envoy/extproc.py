@@ -36,10 +36,11 @@ cannot fill the server and keep newer ones (Envoy's) out.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 import re
 import uuid
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncIterator, Coroutine, Generator, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -49,6 +50,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from envoy.type.v3 import http_status_pb2
 
+from adapters.envoy.h2grpc import RpcContext
 from adapters.envoy.loglimit import LogLimiter
 from ports.errors import ErrorCode, RequestError
 from ports.observer import REQUEST_ID, NoopObserver, Observer, Span
@@ -338,6 +340,7 @@ class _Stream:
         "_body_bytes",
         "_body_chunks",
         "_body_done",
+        "_context",
         "_exchange",
         "_finished",
         "_headers",
@@ -356,6 +359,7 @@ class _Stream:
         "_response_started",
         "_span",
         "_streaming",
+        "watch",
     )
 
     def __init__(
@@ -377,6 +381,8 @@ class _Stream:
         self._headers_seen = False
         self._raw_headers: dict[str, bytes] = {}  # request header values that are not UTF-8
         self._response_started = False
+        self._context: contextvars.Context | None = None  # the task's, for ``inline``
+        self.watch: _IdleWatch | None = None  # the stream's idle watch, for ``inline``
         self._metadata: dict[str, dict[str, object]] = {}
         self._body_chunks: list[bytes] = []
         self._body_done = False
@@ -424,6 +430,7 @@ class _Stream:
                 if self._response_started:
                     raise _out_of_order("response_headers twice")
                 self._response_started = True
+                self._context = contextvars.copy_context()
                 return await self._on_response_headers(request.response_headers)
             if not self._response_started:
                 raise _out_of_order(f"{kind} before response_headers")
@@ -433,6 +440,35 @@ class _Stream:
         if kind == "request_trailers" and not self._headers_seen:
             raise _out_of_order("request_trailers before request_headers")
         return []  # request trailers (and anything unknown) get no reply
+
+    def inline(self, request: Any) -> Any:
+        """``RpcContext.inline``: a response-body chunk (not the last) answered in the
+        transport's read, without waking the stream's task: an SSE chunk of a streamed
+        response sent on, or a chunk of another response buffered. Its work (the exchange's
+        ``response_body``) runs here as far as it goes without waiting; if it must wait, it
+        is handed to the task to finish (``_Unfinished``). Any other message, and the end
+        of the response, are returned for the task to handle."""
+        watch = self.watch
+        if watch is not None:  # a message came: one wait for Envoy ends, the next begins
+            watch.waiting_since = watch.loop.time()
+        if (
+            not self._response_started
+            or self._response_done
+            or request.WhichOneof("request") != "response_body"
+        ):
+            return request
+        message = request.response_body
+        if message.end_of_stream or self._context is None:
+            return request
+        work = self._on_response_body(message)
+        try:
+            # in the task's context variables (the request id log records carry, the span)
+            waiting = self._context.run(work.send, None)
+        except StopIteration as done:
+            return done.value
+        except Exception as exc:  # raised in the task instead, as ``handle`` would
+            return _Unfinished(None, None, exc)
+        return _Unfinished(work, waiting, None)
 
     async def close(self) -> None:
         self._body_chunks.clear()
@@ -645,6 +681,43 @@ class _Stream:
         return replies
 
 
+class _Unfinished:
+    """A message's work ``_Stream.inline`` began and could not finish without waiting:
+    awaited by the stream's task, it goes on from where it stopped (or raises what it
+    raised)."""
+
+    __slots__ = ("_error", "_waiting", "_work")
+
+    def __init__(
+        self,
+        work: Coroutine[Any, Any, list[Any]] | None,
+        waiting: Any,
+        error: Exception | None,
+    ) -> None:
+        self._work = work
+        self._waiting = waiting
+        self._error = error
+
+    def __await__(self) -> Generator[Any, Any, list[Any]]:
+        if self._error is not None:
+            raise self._error
+        work = self._work
+        assert work is not None
+        waiting = self._waiting
+        while True:
+            # what ``await work`` would do from here: pass the task's wake-ups (and
+            # cancellation) on to the coroutine until it returns
+            try:
+                try:
+                    sent = yield waiting
+                except BaseException as exc:  # thrown in by the task (its cancellation)
+                    waiting = work.throw(exc)
+                else:
+                    waiting = work.send(sent)
+            except StopIteration as done:
+                return cast(list[Any], done.value)
+
+
 class ExtProcServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
     """The ``envoy.service.ext_proc.v3.ExternalProcessor`` service."""
 
@@ -714,6 +787,9 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
         idle = self._limits.idle_timeout
         watch = _IdleWatch(idle) if idle else None
         read, write = context.read, context.write
+        if isinstance(context, RpcContext):  # the native transport answers chunks inline
+            stream.watch = watch
+            context.inline = stream.inline
         try:
             while True:
                 # Only the wait for Envoy's next message counts as idle, never routing.
@@ -739,7 +815,10 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
                 if request is grpc.aio.EOF:
                     return
                 try:
-                    replies = await stream.handle(request)
+                    if type(request) is _Unfinished:
+                        replies = await request
+                    else:
+                        replies = await stream.handle(request)
                 except StreamAbortedError as exc:
                     await context.abort(grpc.StatusCode.UNKNOWN, str(exc))
                     return

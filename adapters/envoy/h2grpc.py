@@ -167,10 +167,29 @@ class MethodHandler:
     streaming: bool
 
 
+class _Replies:
+    """Replies an ``inline`` answer could not send at once: ``read()`` does not return
+    them, it writes them (waiting for the window) and reads on."""
+
+    __slots__ = ("replies",)
+
+    def __init__(self, replies: list[Any]) -> None:
+        self.replies = replies
+
+
 class RpcContext:
     """One call, as its handler sees it: ``read()`` the next request (``grpc.aio.EOF`` after
     the peer's half-close), ``write()`` a response (a message, or bytes the serializer passes
-    through), ``abort()`` with a status."""
+    through), ``abort()`` with a status.
+
+    ``inline``, when the handler sets it, answers messages inside the transport's read,
+    without waking the handler's task (a task wake costs more than a small message's
+    work). It is called with each message that arrives while the handler waits in
+    ``read()`` with nothing queued and the stream can send at once. It returns either a
+    list of replies, written at once, or what ``read()`` is to return in the message's
+    place (the message itself when it is not answered inline). It runs in the transport's
+    context, not the task's (the handler sets the context variables it needs), and must
+    not raise."""
 
     __slots__ = (
         "_connection",
@@ -192,6 +211,7 @@ class RpcContext:
         "_window",
         "half_closed",
         "handler",
+        "inline",
         "stream_id",
         "task",
     )
@@ -219,25 +239,30 @@ class RpcContext:
         self._pending_status: bytes | None = None  # and the status after it
         self._window: asyncio.Future[None] | None = None  # the writer waiting for it
         self._deadline: asyncio.TimerHandle | None = None
+        self.inline: Callable[[Any], Any] | None = None
 
     # -- what the handler calls --
 
     async def read(self) -> Any:
         queue = self._queue
-        if not queue:
-            if self.half_closed:
-                return grpc.aio.EOF
-            self._reader = self._connection.loop.create_future()
-            try:
-                await self._reader
-            finally:
-                self._reader = None
+        while True:
             if not queue:
-                return grpc.aio.EOF
-        size, message = queue.popleft()
-        self._queued_bytes -= size
-        self._return_credit()
-        return message
+                if self.half_closed:
+                    return grpc.aio.EOF
+                self._reader = self._connection.loop.create_future()
+                try:
+                    await self._reader
+                finally:
+                    self._reader = None
+                if not queue:
+                    return grpc.aio.EOF
+            size, message = queue.popleft()
+            self._queued_bytes -= size
+            self._return_credit()
+            if type(message) is not _Replies:
+                return message
+            for reply in message.replies:
+                await self.write(reply)
 
     def _return_credit(self) -> None:
         # Everything received is credited back but the messages no one has read: a handler
@@ -355,8 +380,56 @@ class RpcContext:
             raise _AbortError(
                 grpc.StatusCode.INTERNAL, f"cannot parse the request: {exc}"
             ) from None
+        inline = self.inline
+        if (
+            inline is not None
+            and self._reader is not None
+            and not self._queue
+            and not self._pending
+            and not self._ended
+        ):
+            connection = self._connection
+            if not connection._paused and not connection._closing:
+                result = inline(request)
+                if type(result) is not list:
+                    request = result
+                elif self._write_now(result):
+                    return
+                else:
+                    # out of window: the task writes them (and waits), reading no more
+                    request = _Replies(result)
         self._queue.append((size, request))
         self._queued_bytes += size
+
+    def _write_now(self, replies: list[Any]) -> bool:
+        """Writes ``replies`` if they fit the windows now, as ``write()``'s common case does
+        (False, nothing written, if not)."""
+        connection = self._connection
+        serialize = self.handler.serializer
+        frames = []
+        size = 0
+        for reply in replies:
+            data = serialize(reply)
+            framed = len(data) + 5
+            if (
+                framed > connection._peer_frame_size
+                or len(data) > connection.max_send_message_length
+            ):
+                return False
+            frames.append(
+                framed.to_bytes(3, "big") + self._data_head + len(data).to_bytes(4, "big") + data
+            )
+            size += framed
+        if size > self._send_window or size > connection._send_window:
+            return False
+        if not self._headers_sent:
+            self._headers_sent = True
+            connection.send_headers(self.stream_id, _RESPONSE_HEADERS, end_stream=False)
+        self._send_window -= size
+        connection._send_window -= size
+        for frame in frames:
+            connection._send(frame)
+        return True
 
     def fail(self) -> None:
         """The stream is gone (reset, or the connection closed): wake and cancel the handler."""

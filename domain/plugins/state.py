@@ -46,13 +46,15 @@ class RequestState:
 
     def put(self, owner: str, key: StateKey[T], value: T, *, profile: str = "") -> None:
         """Store ``value`` for plugin ``owner`` (its name), optionally per profile run."""
-        self._data[(owner, profile, cast(StateKey[object], key))] = value
+        self._data[(owner, profile, cast("StateKey[object]", key))] = value
 
     def get(self, owner: str, key: StateKey[T], *, profile: str = "") -> T | None:
-        return cast(T | None, self._data.get((owner, profile, cast(StateKey[object], key))))
+        return cast("T | None", self._data.get((owner, profile, cast("StateKey[object]", key))))
 
     def pop(self, owner: str, key: StateKey[T], *, profile: str = "") -> T | None:
-        return cast(T | None, self._data.pop((owner, profile, cast(StateKey[object], key)), None))
+        return cast(
+            "T | None", self._data.pop((owner, profile, cast("StateKey[object]", key)), None)
+        )
 
     def __len__(self) -> int:
         return len(self._data)

@@ -78,6 +78,21 @@ async def _never_reads(_: Any, context: Any) -> None:
     await asyncio.Event().wait()
 
 
+async def _inline_echo(_: Any, context: Any) -> None:
+    # messages answered in the transport's read, but those that came while the handler
+    # was not waiting in read() (before it first did, say)
+    inline: list[Any] = []
+
+    def answer(request: Any) -> list[Any]:
+        inline.append(request)
+        return [request]
+
+    context.inline = answer
+    while (request := await context.read()) is not grpc.aio.EOF:
+        await context.write(request)
+    assert inline, "nothing was answered inline"
+
+
 def _handler(function: Callable[[Any, Any], Any], *, streaming: bool) -> MethodHandler:
     return MethodHandler(function, bytes, bytes, streaming=streaming)
 
@@ -87,6 +102,7 @@ HANDLERS = {
     f"{SERVICE}/Stream": _handler(_stream_echo, streaming=True),
     f"{SERVICE}/Drain": _handler(_drain, streaming=True),
     f"{SERVICE}/Never": _handler(_never_reads, streaming=True),
+    f"{SERVICE}/Inline": _handler(_inline_echo, streaming=True),
     PROCESS: _handler(_stream_echo, streaming=True),
 }
 
@@ -529,6 +545,52 @@ async def test_a_handler_that_reads_returns_the_window() -> None:
         assert peer.reset(1) is None
         peer.send(frame(DATA, END_STREAM, 1))
         assert await peer.status(1) == "0"
+
+
+# -- messages answered inline (RpcContext.inline) --
+
+
+def _echoed(peer: Peer, stream_id: int) -> bytes:
+    return b"".join(f[3] for f in peer.of(DATA, stream_id))
+
+
+async def test_messages_answered_inline_come_back_in_order() -> None:
+    async with serving() as harness:
+        peer = await harness.connect()
+        sent = [message(b"m%d" % n) for n in range(200)]
+        peer.send(peer.request(1, f"{SERVICE}/Inline"))
+        await peer.ping()  # the handler waits in read()
+        peer.send(b"".join(frame(DATA, 0, 1, m) for m in sent[:100]))
+        peer.send(frame(DATA, 0, 1, b"".join(sent[100:])))  # many messages in one frame
+        peer.send(frame(DATA, END_STREAM, 1))
+        assert await peer.status(1) == "0"
+        assert _echoed(peer, 1) == b"".join(sent)
+
+
+async def test_inline_answers_a_peer_does_not_take_stop_its_stream() -> None:
+    # The peer opens no window for the answers: the first ones fill it, the next waits in
+    # the handler, and the messages after it are neither answered nor credited back, so
+    # the peer can send no more than one stream window beyond what was answered.
+    async with serving() as harness:
+        peer = await harness.connect()
+        size = 16_384 - 5
+        sent = [message(bytes([65 + n % 26]) * size) for n in range(h2grpc.STREAM_WINDOW // 16_384)]
+        peer.send(peer.request(1, f"{SERVICE}/Inline"))
+        await peer.ping()  # the handler waits in read()
+        peer.send(b"".join(frame(DATA, 0, 1, m) for m in sent))
+        await peer.ping(b"all sent")
+        answered = len(_echoed(peer, 1))
+        assert answered <= 65_535  # the peer's window for the answers
+        # before the back-pressure: every message credited back as answered (or buffered)
+        assert _window_updates(peer, 1) <= answered + 16_384
+        assert peer.reset(1) is None
+        # the peer opens its windows: the rest is answered, in order
+        grant = (64 * MIB).to_bytes(4, "big")
+        peer.send(frame(WINDOW_UPDATE, 0, 0, grant) + frame(WINDOW_UPDATE, 0, 1, grant))
+        peer.send(frame(DATA, END_STREAM, 1))
+        assert await peer.status(1) == "0"
+        assert _echoed(peer, 1) == b"".join(sent)
+        await harness.assert_serves()
 
 
 # -- gRPC messages --

@@ -178,6 +178,32 @@ async def test_a_routed_stream_waiting_for_a_long_response_stays_open_until_idle
     await processor.wait_all_closed()
 
 
+async def test_a_stream_whose_response_chunks_keep_coming_is_not_idle() -> None:
+    processor = _processor()
+    limits = StreamLimits(idle_timeout=0.4)
+    async with extproc_channel(processor, limits=limits) as channel:
+        call = await _routed(channel)
+        await call.write(
+            response_headers([(":status", "200"), ("content-type", "text/event-stream")])
+        )
+        assert (await call.read()).WhichOneof("response") == "response_headers"
+        started = time.monotonic()
+        chunks = 0
+        # Envoy's pace for a slow stream: a chunk every 0.1 s, for three idle timeouts
+        while time.monotonic() - started < 1.2:
+            await asyncio.sleep(0.1)
+            await call.write(response_body(b'data: {"choices":[]}\n\n', end_of_stream=False))
+            reply = await asyncio.wait_for(call.read(), 5)
+            assert reply is not grpc.aio.EOF, await call.details()
+            assert streamed(reply, "response_body") == (b'data: {"choices":[]}\n\n', False)
+            chunks += 1
+        await call.write(response_body(b"data: [DONE]\n\n", end_of_stream=True))
+        replies, code, details = await read_all(call)
+    assert code == grpc.StatusCode.OK, (code, details)
+    assert streamed(replies[-1], "response_body") == (b"data: [DONE]\n\n", True)
+    assert chunks >= 10
+
+
 async def test_streams_beyond_the_limit_are_refused() -> None:
     processor = _processor()
     async with extproc_channel(processor, max_concurrent_streams=2) as channel:

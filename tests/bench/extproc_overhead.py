@@ -17,6 +17,9 @@ Then a streamed row: ``--stream-requests`` completions of ``--stream-tokens`` to
 and per SSE chunk. The chunks are the response-body messages Envoy sent the EPP (its
 ``ext_proc.stream_msgs_sent`` counter, per request, less the non-streamed requests' count);
 the CPU per chunk is the streamed request's CPU beyond a non-streamed one's, divided by them.
+Both figures are also given net of the EPP's idle CPU (its scrapes and refreshes, measured
+for ``--idle-seconds`` with no traffic before the rounds): a streamed round lasts longer
+than a non-streamed one of the same size, so more of that background falls into it.
 
 With ``--profile DIR``, py-spy (the ``bench`` extra) samples the EPP during its rounds and
 writes collapsed stacks to ``DIR/plain.txt`` and ``DIR/streamed.txt`` (one
@@ -177,7 +180,7 @@ def main() -> None:
         help="extra EPP flag, repeatable (e.g. --epp-arg=--tracing=false)",
     )
     parser.add_argument(
-        "--idle-seconds", type=float, default=3.0, help="--workers: idle CPU measured this long"
+        "--idle-seconds", type=float, default=3.0, help="idle CPU measured this long (net figures)"
     )
     parser.add_argument(
         "--workers",
@@ -206,6 +209,10 @@ def main() -> None:
         # Warm up both paths (connections, code paths).
         _run("warmup", epp_url, 300, args.concurrency, None, None)
         _run("warmup", direct_url, 300, args.concurrency, destinations, None)
+        # what the EPP spends with no traffic (scrapes, refreshes): the "net" figures
+        idle_started, idle_before = time.monotonic(), cpu_seconds(epp_pid)
+        time.sleep(args.idle_seconds)
+        idle_rate = (cpu_seconds(epp_pid) - idle_before) / (time.monotonic() - idle_started)
         epp_runs, direct_runs = [], []
         stream_runs, stream_direct_runs = [], []
         messages = {"plain": 0, "stream": 0}
@@ -283,7 +290,12 @@ def main() -> None:
     table(epp, direct)
     assert epp.epp_cpu_seconds is not None
     per_request = epp.epp_cpu_seconds / epp.requests
+    net_request = per_request - idle_rate * epp.seconds / epp.requests
     print(f"EPP CPU seconds per 1,000 requests: {per_request * 1000:.3f}")
+    print(
+        f"  net of the EPP's idle CPU ({idle_rate * 100:.1f}% of a core with no traffic, "
+        f"over {args.idle_seconds:g} s before the rounds): {net_request * 1000:.3f}"
+    )
     print(
         f"(median of per-request latency over all rounds; stdev EPP "
         f"{statistics.pstdev(epp.latencies_ms):.2f} ms)"
@@ -305,7 +317,10 @@ def main() -> None:
         )
         if chunks > 0:
             per_chunk = (per_stream - per_request) / chunks
+            net_stream = per_stream - idle_rate * streamed.seconds / streamed.requests
+            net_chunk = (net_stream - net_request) / chunks
             print(f"EPP CPU us per SSE chunk: {per_chunk * 1e6:.1f} ({chunks:.1f} chunks each)")
+            print(f"  net of the EPP's idle CPU: {net_chunk * 1e6:.1f}")
 
 
 @dataclass(frozen=True)

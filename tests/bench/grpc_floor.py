@@ -6,8 +6,10 @@ response-body reply echoing its chunk, and nothing else. A client here (grpc.aio
 SSE-sized ``response_body`` message and waits for the reply, over ``--streams`` concurrent
 streams. Prints the server's CPU per message pair: the floor under the EPP's cost per SSE
 chunk, for each ``--transports``: ``grpcio`` (grpc.aio, docs/decisions/0013), ``native``
-(``adapters.envoy.h2grpc``, docs/decisions/0020) and ``h2`` (the same echo on the ``h2``
-library's HTTP/2 state machine, when it is installed: what a kept library would cost).
+(``adapters.envoy.h2grpc``, docs/decisions/0020), ``inline`` (the same, each message
+answered in the transport's read without waking the handler, docs/decisions/0021) and ``h2``
+(the same echo on the ``h2`` library's HTTP/2 state machine, when it is installed: what a
+kept library would cost).
 
     .venv/bin/python -m tests.bench.grpc_floor [--pairs 4000] [--streams 1,16]
 """
@@ -45,12 +47,26 @@ async def _echo(request_iterator: Any, context: Any) -> None:
         await context.write(_response_body_response(request.response_body.body, False))
 
 
+def _echo_reply(request: Any) -> list[Any]:
+    return [_response_body_response(request.response_body.body, False)]
+
+
+async def _inline_echo(request_iterator: Any, context: Any) -> None:
+    # the same echo answered in the transport's read (RpcContext.inline), as the EPP
+    # answers SSE chunks
+    context.inline = _echo_reply
+    await _echo(request_iterator, context)
+
+
 async def _serve(transport: str) -> None:
-    if transport == "native":
+    if transport in ("native", "inline"):
         native = H2GrpcServer(
             {
                 f"/{SERVICE}/Process": MethodHandler(
-                    _echo, pb.ProcessingRequest.FromString, serialize_reply, streaming=True
+                    _echo if transport == "native" else _inline_echo,
+                    pb.ProcessingRequest.FromString,
+                    serialize_reply,
+                    streaming=True,
                 )
             }
         )
@@ -141,7 +157,9 @@ def main() -> None:
     parser.add_argument("--pairs", type=int, default=4000, help="message pairs per row")
     parser.add_argument("--streams", default="1,16", help="concurrent streams, one row each")
     parser.add_argument(
-        "--transports", default="grpcio,native,h2", help="servers to compare, one column each"
+        "--transports",
+        default="grpcio,native,inline,h2",
+        help="servers to compare, one column each",
     )
     parser.add_argument("--rounds", type=int, default=3, help="alternating rounds; medians")
     parser.add_argument("--serve", help=argparse.SUPPRESS)

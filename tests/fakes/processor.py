@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from ports.endpoints import EndpointAddress
+from ports.observer import REQUEST_ID
 from ports.requests import (
     InboundRequest,
     Metadata,
@@ -45,6 +46,8 @@ class FakeExchange:
     route_cancelled: bool = False
     response_headers_calls: list[ResponseHeadersCall] = field(default_factory=list)
     response_body_calls: list[tuple[bytes, bool]] = field(default_factory=list)
+    #: ``REQUEST_ID`` as each ``response_body`` call saw it
+    response_body_request_ids: list[str] = field(default_factory=list)
     close_calls: int = 0
 
     @property
@@ -77,7 +80,10 @@ class FakeExchange:
 
     async def response_body(self, chunk: bytes, end_of_stream: bool) -> ResponseBodyReply:
         self.response_body_calls.append((chunk, end_of_stream))
+        self.response_body_request_ids.append(REQUEST_ID.get())
         self.processor.changed()
+        if self.processor.body_gate is not None:
+            await self.processor.body_gate.wait()
         metadata = self.processor.response_metadata if end_of_stream else None
         return ResponseBodyReply(body=chunk, dynamic_metadata=metadata)
 
@@ -96,6 +102,8 @@ class FakeProcessor:
     ``streaming=None`` decides streaming from the response ``content-type`` like the
     Director; ``response_headers`` are the extra response headers every exchange asks for;
     ``response_metadata`` is the dynamic metadata of the final response-body reply.
+    ``block_response_body=True`` makes every ``response_body()`` wait until
+    ``release_response_body()``.
     """
 
     def __init__(
@@ -107,11 +115,13 @@ class FakeProcessor:
         streaming: bool | None = None,
         response_headers: tuple[tuple[str, str], ...] = (),
         response_metadata: Metadata | None = None,
+        block_response_body: bool = False,
     ) -> None:
         self.decision: DecisionSource = decision or (
             lambda request: RoutingDecision(endpoints=(DEFAULT_ENDPOINT,), body=request.body or b"")
         )
         self.route_gate: asyncio.Event | None = asyncio.Event() if block_route else None
+        self.body_gate: asyncio.Event | None = asyncio.Event() if block_response_body else None
         self.is_ready = ready
         self.streaming = streaming
         self.response_headers = response_headers
@@ -145,6 +155,10 @@ class FakeProcessor:
     def release_route(self) -> None:
         assert self.route_gate is not None, "route() is not blocked"
         self.route_gate.set()
+
+    def release_response_body(self) -> None:
+        assert self.body_gate is not None, "response_body() is not blocked"
+        self.body_gate.set()
 
     def changed(self) -> None:
         self._changed.set()

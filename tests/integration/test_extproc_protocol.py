@@ -601,6 +601,50 @@ async def test_streaming_response_is_echoed_chunk_by_chunk(epp: grpc.aio.Channel
     await stream.finish()
 
 
+SSE_EVENTS = [b'data: {"choices":[{"text":"%d"}]}\n\n' % i for i in range(3)]
+
+
+async def test_streamed_chunks_whose_processing_waits_come_back_in_order(
+    connect: Connect,
+) -> None:
+    # The native transport answers a streamed chunk as it arrives, without waking the
+    # stream's task; work that has to wait is handed to the task and finished there.
+    fake = FakeProcessor(block_response_body=True)
+    stream = EnvoyStream(await connect(fake))
+    await stream.route(completion(stream=True))
+    await stream.send(response_headers([(":status", "200"), ("content-type", "text/event-stream")]))
+    assert (await stream.read()).WhichOneof("response") == "response_headers"
+    await stream.send(*(response_body(event, end_of_stream=False) for event in SSE_EVENTS))
+    await fake.wait_until(lambda: len(fake.last.response_body_calls) == 1)
+    pending = asyncio.ensure_future(stream.call.read())
+    done, _ = await asyncio.wait({pending}, timeout=0.2)
+    assert not done, "a chunk was answered before its processing ended"
+
+    fake.release_response_body()
+    replies = [await asyncio.wait_for(pending, DEADLINE)]
+    replies += [await stream.read() for _ in SSE_EVENTS[1:]]
+    assert [streamed(r, "response_body") for r in replies] == [(e, False) for e in SSE_EVENTS]
+    assert fake.last.response_body_calls == [(e, False) for e in SSE_EVENTS]
+    await stream.send(response_body(b"data: [DONE]\n\n", end_of_stream=True))
+    assert streamed(await stream.read(), "response_body") == (b"data: [DONE]\n\n", True)
+    await stream.expect_end()
+
+
+async def test_streamed_chunks_are_processed_with_the_request_id_set(connect: Connect) -> None:
+    # Log records written while a chunk is processed carry the request id, also where
+    # the chunk is answered without the stream's task.
+    fake = FakeProcessor()
+    stream = EnvoyStream(await connect(fake))
+    await stream.route(completion(stream=True), envoy_headers(("x-request-id", "req-chunks")))
+    await stream.send(response_headers([(":status", "200"), ("content-type", "text/event-stream")]))
+    await stream.read()
+    for index, event in enumerate(SSE_EVENTS):
+        await stream.send(response_body(event, end_of_stream=index == len(SSE_EVENTS) - 1))
+        await stream.read()
+    await stream.expect_end()
+    assert fake.last.response_body_request_ids == ["req-chunks"] * len(SSE_EVENTS)
+
+
 async def test_non_streaming_response_is_buffered_and_rechunked(epp: grpc.aio.Channel) -> None:
     stream = await routed(epp)
     await stream.send(response_headers([(":status", "200"), ("content-type", "application/json")]))
