@@ -133,7 +133,12 @@ class ResponseHeaderProcessor(Protocol):
 @runtime_checkable
 class ResponseBodyProcessor(Protocol):
     """Called per streamed chunk in order, or once for a buffered body; the call with
-    ``end_of_stream`` is the last, and always happens (``outcome`` says how it ended)."""
+    ``end_of_stream`` is the last, and always happens (``outcome`` says how it ended).
+
+    A call before the last may run outside the stream's task until it first waits (the
+    native transport answers chunks in its read, docs/decisions/0021): there,
+    ``asyncio.current_task()`` is None and ``asyncio.timeout()`` raises; use
+    ``asyncio.wait_for``. Context variables (the request id) are the stream's."""
 
     @property
     def typed_name(self) -> TypedName: ...
