@@ -7,7 +7,6 @@ import functools
 import os
 import re
 import signal
-import socket
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -23,6 +22,7 @@ from tests.e2e.test_kubernetes_e2e import MODEL_LABELS, POOL, model_pod, write_k
 from tests.integration.test_process import NOT_SERVING, Epp
 from tests.support.extproc import envoy_headers, request_body, request_headers, set_headers
 from tests.support.kube_api import INFERENCE_POOLS_V1, PODS, KubeApiServer, inference_pool_v1
+from tests.support.ports import bindable
 from tests.support.redis import RedisServer, redis_available
 from tests.support.stack import ChildProcess, Stack, StackOptions, free_port, wait_for
 
@@ -70,15 +70,6 @@ def _alive(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    return True
-
-
-def _bindable(port: int) -> bool:
-    with socket.socket() as probe:
-        try:
-            probe.bind(("127.0.0.1", port))
-        except OSError:
-            return False
     return True
 
 
@@ -175,9 +166,9 @@ def test_sigkill_of_the_supervisor_leaves_no_worker_holding_the_port(
     try:
         wait_for(lambda: _all_ready(epp.child), timeout=60, what="both workers ready")
         pids = [w["pid"] for w in _workers(epp.child)]
-        assert not _bindable(epp.grpc_port)
+        assert not bindable(epp.grpc_port)
         epp.child.signal(signal.SIGKILL)
-        wait_for(lambda: _bindable(epp.grpc_port), timeout=10, what="the ext_proc port free")
+        wait_for(lambda: bindable(epp.grpc_port), timeout=10, what="the ext_proc port free")
         wait_for(lambda: not any(_alive(p) for p in pids), timeout=10, what="workers gone")
     finally:
         epp.child.stop()

@@ -8,10 +8,8 @@ deadline, never with a fixed sleep. The binaries come from Debian's ``redis-serv
 
 from __future__ import annotations
 
-import random
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -22,6 +20,7 @@ from pathlib import Path
 from cryptography.hazmat.primitives import serialization
 
 from tests.support.certs import CertificateAuthority
+from tests.support.ports import free_port
 
 __all__ = [
     "ACL_PASSWORD",
@@ -51,23 +50,13 @@ def redis_available() -> bool:
     return shutil.which("redis-server") is not None and shutil.which("redis-cli") is not None
 
 
-def _bindable(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-        return True
+#: a cluster node's bus listens on its port plus this
+CLUSTER_BUS_OFFSET = 10000
 
 
 def _free_port() -> int:
-    """A free port whose cluster bus port (+10000) is free too (so at most 55535)."""
-    rng = random.Random()
-    for _ in range(200):
-        port = rng.randrange(20000, 55000)
-        if _bindable(port) and _bindable(port + 10000):
-            return port
-    raise RuntimeError("no free loopback port pair found")
+    """A free port whose cluster bus port (+10000) is free too."""
+    return free_port(offsets=(0, CLUSTER_BUS_OFFSET))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -10,10 +10,8 @@ import contextlib
 import functools
 import json
 import os
-import random
 import re
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -27,6 +25,8 @@ from typing import Any, TypeVar
 import grpc
 import yaml
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from tests.support.ports import free_port
 
 __all__ = [
     "DEPLOY_ENVOY_CONFIG",
@@ -66,27 +66,6 @@ def wait_for(
         if time.monotonic() > deadline:
             raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
         time.sleep(interval)
-
-
-# Below Linux's ephemeral range (32768-60999 by default): a port handed out here and bound
-# a moment later cannot meanwhile become the source port of some outgoing connection.
-_LISTEN_PORTS = range(20000, 32768)
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A port free on ``host`` now, outside the range outgoing connections take theirs from."""
-    rng = random.Random()
-    for _ in range(100):
-        port = rng.choice(_LISTEN_PORTS)
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            try:
-                s.bind((host, port))
-            except OSError:
-                continue
-            return port
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
 
 
 def envoy_binary() -> Path:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import socket
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 
@@ -36,6 +35,7 @@ from tests.support.kube_api import (
     pool_source,
     wait_until,
 )
+from tests.support.ports import free_port
 
 MODEL = {"app": "model"}
 BODY = b"vllm:num_requests_waiting 0\nvllm:num_requests_running 1\nvllm:kv_cache_usage_perc 0.5\n"
@@ -75,25 +75,9 @@ class ModelServer:
             writer.close()
 
 
-def _free_port_on_all(ips: tuple[str, ...]) -> int:
-    """A port free on every one of ``ips``."""
-    for _ in range(20):
-        with socket.socket() as probe:
-            probe.bind((ips[0], 0))
-            port: int = probe.getsockname()[1]
-        try:
-            for ip in ips:
-                with socket.socket() as other:
-                    other.bind((ip, port))
-        except OSError:
-            continue
-        return port
-    raise AssertionError(f"no port free on all of {ips}")
-
-
 @contextlib.asynccontextmanager
 async def model_servers(ips: tuple[str, ...]) -> AsyncIterator[tuple[int, dict[str, ModelServer]]]:
-    port = _free_port_on_all(ips)
+    port = free_port(*ips)
     servers = {ip: ModelServer(ip) for ip in ips}
     listening = [await asyncio.start_server(servers[ip].serve, ip, port) for ip in ips]
     try:
