@@ -11,11 +11,17 @@ from __future__ import annotations
 
 import random
 import socket
+from collections import deque
 from collections.abc import Sequence
 
 __all__ = ["LISTEN_PORTS", "bindable", "free_port"]
 
 LISTEN_PORTS = range(20000, 32768)
+
+#: Ports handed out lately by this process: not handed out again, since a server is often
+#: given its port some time before it binds it (a Redis Cluster's six nodes are all given
+#: theirs before the first starts).
+_RECENT: deque[int] = deque(maxlen=2048)
 
 
 def bindable(port: int, host: str = "127.0.0.1") -> bool:
@@ -34,8 +40,11 @@ def free_port(*hosts: str, offsets: Sequence[int] = (0,)) -> int:
     targets = hosts or ("127.0.0.1",)
     choices = range(LISTEN_PORTS.start, LISTEN_PORTS.stop - max(offsets))
     rng = random.Random()
+    recent = set(_RECENT)
     for _ in range(200):
         port = rng.choice(choices)
-        if all(bindable(port + offset, host) for host in targets for offset in offsets):
+        wanted = [port + offset for offset in offsets]
+        if recent.isdisjoint(wanted) and all(bindable(p, host) for host in targets for p in wanted):
+            _RECENT.extend(wanted)
             return port
     raise RuntimeError(f"no free port on {', '.join(targets)} (offsets {list(offsets)})")
