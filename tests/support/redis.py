@@ -234,6 +234,14 @@ class RedisCluster:
         return "redis+cluster://" + ",".join(n.address for n in self.nodes[: self._masters])
 
     def start(self, *, timeout: float = 20.0) -> None:
+        """Starts the nodes and joins them; on a failure, the nodes started are stopped."""
+        try:
+            self._start(timeout)
+        except BaseException:
+            self.close()
+            raise
+
+    def _start(self, timeout: float) -> None:
         for node in self.nodes:
             node.start()
         done = subprocess.run(
