@@ -37,7 +37,7 @@ import random
 import ssl
 import struct
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 from urllib.parse import quote
@@ -283,26 +283,14 @@ class RpcContext:
                 f"response of {len(data)} bytes exceeds the limit "
                 f"({connection.max_send_message_length})",
             )
-        if not self._headers_sent:
-            self._headers_sent = True
-            connection.send_headers(self.stream_id, _RESPONSE_HEADERS, end_stream=False)
-        framed = len(data) + 5
-        if (
-            not self._pending
-            and framed <= self._send_window
-            and framed <= connection._send_window
-            and framed <= connection._peer_frame_size
-            and not connection._closing
-        ):
+        if self._send_now((data,)):
             # the common case: one DATA frame, sent as it is built
-            self._send_window -= framed
-            connection._send_window -= framed
-            connection._send(
-                framed.to_bytes(3, "big") + self._data_head + len(data).to_bytes(4, "big") + data
-            )
             if connection._paused:
                 await connection._wait_drained()
             return
+        if not self._headers_sent:
+            self._headers_sent = True
+            connection.send_headers(self.stream_id, _RESPONSE_HEADERS, end_stream=False)
         await connection.send_data(self, b"\x00" + len(data).to_bytes(4, "big") + data)
 
     async def abort(self, code: grpc.StatusCode, details: str = "") -> None:
@@ -402,23 +390,25 @@ class RpcContext:
         self._queued_bytes += size
 
     def _write_now(self, replies: list[Any]) -> bool:
-        """Writes ``replies`` if they fit the windows now, as ``write()``'s common case does
-        (False, nothing written, if not)."""
-        connection = self._connection
+        """Writes ``replies`` if they fit the windows now (False, nothing written, if not;
+        ``write()`` then says why)."""
         serialize = self.handler.serializer
-        frames = []
+        data = [serialize(reply) for reply in replies]
+        limit = self._connection.max_send_message_length
+        return all(len(d) <= limit for d in data) and self._send_now(data)
+
+    def _send_now(self, messages: Sequence[bytes]) -> bool:
+        """Sends each message as one DATA frame (the response headers first, once) if they
+        all fit the stream's and the connection's windows and the peer's frame size now,
+        with nothing of this stream waiting before them; else sends nothing (False)."""
+        connection = self._connection
+        if self._pending or connection._closing:
+            return False
         size = 0
-        for reply in replies:
-            data = serialize(reply)
+        for data in messages:
             framed = len(data) + 5
-            if (
-                framed > connection._peer_frame_size
-                or len(data) > connection.max_send_message_length
-            ):
+            if framed > connection._peer_frame_size:
                 return False
-            frames.append(
-                framed.to_bytes(3, "big") + self._data_head + len(data).to_bytes(4, "big") + data
-            )
             size += framed
         if size > self._send_window or size > connection._send_window:
             return False
@@ -427,8 +417,10 @@ class RpcContext:
             connection.send_headers(self.stream_id, _RESPONSE_HEADERS, end_stream=False)
         self._send_window -= size
         connection._send_window -= size
-        for frame in frames:
-            connection._send(frame)
+        head = self._data_head
+        for data in messages:
+            framed = len(data) + 5
+            connection._send(framed.to_bytes(3, "big") + head + len(data).to_bytes(4, "big") + data)
         return True
 
     def fail(self) -> None:

@@ -39,16 +39,17 @@ CHUNK = (
 )
 
 
+def _echo_reply(request: Any) -> list[Any]:
+    return [_response_body_response(request.response_body.body, False)]
+
+
 async def _echo(request_iterator: Any, context: Any) -> None:
     while True:
         request = await context.read()
         if request is grpc.aio.EOF:
             return
-        await context.write(_response_body_response(request.response_body.body, False))
-
-
-def _echo_reply(request: Any) -> list[Any]:
-    return [_response_body_response(request.response_body.body, False)]
+        for reply in _echo_reply(request):
+            await context.write(reply)
 
 
 async def _inline_echo(request_iterator: Any, context: Any) -> None:
