@@ -339,6 +339,15 @@ def build_parser() -> argparse.ArgumentParser:
         "ext_proc streams whose request is not yet routed; past it the oldest is closed "
         "(0: no limit)",
     )
+    _add(
+        parser,
+        "--protocol-error-pause",
+        _duration,
+        "1s",
+        "after an ext_proc stream breaks the protocol (a second request on it, say), its "
+        "connection is not read for 10 ms, doubling with each such stream from that host, up "
+        "to this (native transport; 0: never)",
+    )
     parser.add_argument(
         "-v",
         "--v",

@@ -500,6 +500,7 @@ class Container(containers.DeclarativeContainer):
             max_response_buffer_bytes=settings.provided.max_response_buffer_bytes,
             idle_timeout=settings.provided.stream_idle_timeout,
             max_unrouted_streams=settings.provided.max_unrouted_streams,
+            protocol_error_pause=settings.provided.protocol_error_pause,
         ),
         max_concurrent_streams=settings.provided.max_concurrent_streams,
         reload_certificate_from=providers.Callable(_reload_from, settings),

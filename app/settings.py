@@ -66,6 +66,7 @@ class Settings(BaseModel):
     max_concurrent_streams: int = Field(default=10_000, ge=0)
     max_streams_per_connection: int = Field(default=100, ge=0)
     max_unrouted_streams: int = Field(default=1000, ge=0)
+    protocol_error_pause: float = Field(default=1.0, ge=0)
     verbosity: int = Field(default=0, ge=0)
     log_format: Literal["text", "json"] = "text"
     tracing: bool = True

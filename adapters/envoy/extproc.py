@@ -8,7 +8,10 @@ headers), ``envoy.lb`` dynamic metadata, and the body as ``streamed_response`` c
 A stream carries exactly one request: a message out of that protocol (a second
 ``request_headers``, a body before the headers, a response message before the request was
 routed, response headers twice) ends the stream with ``FAILED_PRECONDITION``, and a header
-name or value holding CR, LF or NUL with ``INVALID_ARGUMENT``; the details say which. The
+name or value holding CR, LF or NUL with ``INVALID_ARGUMENT``; the details say which. No
+gateway does either, so on the native transport the peer's connection is then not read for a
+while (``RpcContext.penalize_peer``, at most ``protocol_error_pause``): a peer that does it in
+a loop gets little of the EPP. The
 exchange opened for the request is closed exactly once, however the stream ends. Once the
 response has ended (its end of stream, or its trailers, answered), the stream ends with OK
 at once, without waiting for Envoy to half-close it: Envoy resets a stream still open when its
@@ -98,13 +101,16 @@ _OVERWRITE = base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD
 @dataclass(frozen=True, slots=True, kw_only=True)
 class StreamLimits:
     """What one ext_proc stream may hold (``--max-request-body-bytes``,
-    ``--max-response-buffer-bytes``, ``--stream-idle-timeout``), and how many streams may
-    wait for their request at once (``--max-unrouted-streams``); 0 means no limit."""
+    ``--max-response-buffer-bytes``, ``--stream-idle-timeout``), how many streams may
+    wait for their request at once (``--max-unrouted-streams``), and the longest a connection
+    is not read after a stream broke the protocol (``--protocol-error-pause``); 0 means no
+    limit (no pause)."""
 
     max_request_body_bytes: int = 16 * 1024 * 1024
     max_response_buffer_bytes: int = 16 * 1024 * 1024
     idle_timeout: float = 600.0
     max_unrouted_streams: int = 1000
+    protocol_error_pause: float = 1.0
 
 
 def _payload_too_large(limit: int) -> Any:
@@ -824,6 +830,8 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
                     return
                 except StreamProtocolError as exc:
                     self._log.info("ext_proc stream refused: %s", exc.message)
+                    if isinstance(context, RpcContext):  # no gateway does this: slow it down
+                        context.penalize_peer(self._limits.protocol_error_pause)
                     await context.abort(exc.code, exc.message)
                     return
                 if not stream.unrouted and stream in self._unrouted:

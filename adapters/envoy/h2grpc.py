@@ -90,6 +90,12 @@ _DECODED_BLOCKS = 16  # header blocks kept decoded per connection
 _DECODED_BLOCK_MAX = 1024  # bytes: larger blocks are decoded each time
 _CLOSE_LINGER = 1.0  # seconds a finished connection waits for the peer to close it
 _RAPID_RESETS = 200  # resets beyond which a peer resetting more than it completes is cut
+# A connection whose peer broke the protocol of a call (``RpcContext.penalize_peer``) is not
+# read for a while: _PENALTY_FIRST seconds, doubling with each strike of its host up to the
+# handler's bound; a host's strikes are forgotten after _PENALTY_FORGET seconds without one.
+_PENALTY_FIRST = 0.01
+_PENALTY_FORGET = 30.0
+_PENALTY_HOSTS = 4096  # hosts whose strikes are kept (the oldest forgotten first)
 
 # a frame header: length (24 bits) and type as one word, flags, stream id (RFC 9113 4.1)
 _FRAME_HEADER = struct.Struct(">IBI")
@@ -296,6 +302,13 @@ class RpcContext:
     async def abort(self, code: grpc.StatusCode, details: str = "") -> None:
         raise _AbortError(code, details)
 
+    def penalize_peer(self, longest: float) -> None:
+        """The peer broke the call's protocol (no gateway does): its connection is not read
+        for a while (10 ms, doubling with each such call from its host in a row, at most
+        ``longest`` seconds), so a peer that breaks it in a loop gets little of the event
+        loop. Its calls already read go on."""
+        self._connection.penalize(longest)
+
     # -- what the connection calls --
 
     def receive(self, payload: bytes, end_stream: bool) -> None:
@@ -477,12 +490,16 @@ class _Connection(asyncio.Protocol):
         self._first_block = True
         # error statuses waiting for the peer's half-close, and their timers
         self._parked: dict[int, tuple[bytes, asyncio.TimerHandle]] = {}
+        self._host = ""
+        self._penalty: asyncio.TimerHandle | None = None  # reading paused till it fires
 
     # -- asyncio.Protocol --
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports are not asyncio.Transport subclasses, but have its methods
         self._transport = transport = cast(asyncio.Transport, transport)
+        peer = transport.get_extra_info("peername")
+        self._host = str(peer[0]) if isinstance(peer, tuple) and peer else ""
         self.server.connections.add(self)
         self.server.no_connections.clear()
         settings = [(_ENABLE_PUSH, 0), (_INITIAL_WINDOW_SIZE, STREAM_WINDOW)]
@@ -511,6 +528,8 @@ class _Connection(asyncio.Protocol):
             self.server.no_connections.set()
         for timer in self._timers:
             timer.cancel()
+        if self._penalty is not None:
+            self._penalty.cancel()
         for _, timer in self._parked.values():
             timer.cancel()
         self._parked.clear()
@@ -529,12 +548,15 @@ class _Connection(asyncio.Protocol):
 
     def resume_writing(self) -> None:
         self._paused = False
-        if self._transport is not None and not self._closing:
+        if self._transport is not None and not self._closing and self._penalty is None:
             self._transport.resume_reading()
         if self._drained is not None and not self._drained.done():
             self._drained.set_result(None)
 
     def data_received(self, data: bytes) -> None:
+        if self._penalty is not None:  # read before the pause took hold: kept for its end
+            self._buffer += data
+            return
         if self._buffer:
             data = self._buffer + data
             self._buffer = b""
@@ -567,6 +589,8 @@ class _Connection(asyncio.Protocol):
                 self._on_frame(kind, flags, stream_id, payload)
                 if self._closing:
                     return
+                if self._penalty is not None:
+                    break  # the rest waits for the penalty's end
             if position < end:
                 self._buffer = data[position:]
         except _ConnectionError as exc:
@@ -574,6 +598,37 @@ class _Connection(asyncio.Protocol):
 
     def eof_received(self) -> bool | None:
         return False
+
+    # -- a peer that breaks the protocol --
+
+    def penalize(self, longest: float) -> None:
+        if self._closing or self._transport is None or longest <= 0:
+            return
+        strikes = self.server.strike(self._host, self.loop.time())
+        delay = min(_PENALTY_FIRST * 2.0 ** min(strikes - 1, 30), longest)
+        if self._penalty is not None:
+            if self._penalty.when() >= self.loop.time() + delay:
+                return
+            self._penalty.cancel()
+        else:
+            self._transport.pause_reading()
+        self._penalty = self.loop.call_later(delay, self._end_penalty)
+        self.server.log.info(
+            "ext_proc connection from %s not read for %g ms: a call broke the protocol "
+            "(%d strikes of that host)",
+            self._host or "?",
+            round(delay * 1000, 1),
+            strikes,
+        )
+
+    def _end_penalty(self) -> None:
+        self._penalty = None
+        if self._closing or self._transport is None:
+            return
+        if not self._paused:
+            self._transport.resume_reading()
+        if self._buffer:
+            self.data_received(b"")  # the frames left unread when the penalty began
 
     # -- frames in --
 
@@ -1193,7 +1248,19 @@ class H2GrpcServer:
         self.no_connections.set()
         self.draining = False
         self.log = LogLimiter(logger)  # a line per connection a peer breaks: a bounded rate
+        # strikes per peer host (see _Connection.penalize): count, time of the last
+        self._strikes: dict[str, tuple[int, float]] = {}
         self._server: asyncio.Server | None = None
+
+    def strike(self, host: str, now: float) -> int:
+        """Counts a protocol break by a peer on ``host``; returns its strikes in a row (those
+        not forgotten after ``_PENALTY_FORGET`` seconds without one)."""
+        count, last = self._strikes.pop(host, (0, now))
+        count = count + 1 if now - last < _PENALTY_FORGET else 1
+        self._strikes[host] = (count, now)  # re-inserted: the dict stays oldest first
+        if len(self._strikes) > _PENALTY_HOSTS:
+            del self._strikes[next(iter(self._strikes))]
+        return count
 
     async def start(self, host: str, port: int) -> int:
         """Binds and listens; returns the port bound. Raises ``OSError`` if it cannot."""

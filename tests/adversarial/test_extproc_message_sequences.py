@@ -21,6 +21,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from adapters.envoy.extproc import StreamLimits
 from tests.adversarial.extproc_support import (
     CountingProcessor,
     director_over,
@@ -140,7 +141,9 @@ async def _drive(channel: grpc.aio.Channel, script: list[str]) -> Outcome:
 def test_every_exchange_is_closed_once_whatever_the_message_sequence() -> None:
     with asyncio.Runner() as runner:
         processor = CountingProcessor(runner.run(_director())[0])
-        server = runner.run(_enter(extproc_channel(processor)))
+        # the sequences break the protocol on purpose, on one connection: not paused for it
+        limits = StreamLimits(protocol_error_pause=0)
+        server = runner.run(_enter(extproc_channel(processor, limits=limits)))
         channel, stack = server
         try:
 

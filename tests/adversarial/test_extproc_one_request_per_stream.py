@@ -18,6 +18,7 @@ import pytest
 from envoy.config.core.v3 import base_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
+from adapters.envoy.extproc import StreamLimits
 from tests.adversarial.extproc_support import (
     CountingProcessor,
     director_over,
@@ -176,7 +177,9 @@ async def test_a_flood_of_refused_streams_writes_a_bounded_number_of_log_lines(
     caplog.set_level(logging.INFO, logger="adapters.envoy.extproc")
     director, _ = director_over()
     streams = 200
-    async with extproc_channel(CountingProcessor(director)) as channel:
+    # one connection, not paused for it (that is the next test's)
+    limits = StreamLimits(protocol_error_pause=0)
+    async with extproc_channel(CountingProcessor(director), limits=limits) as channel:
         started = time.monotonic()
         for _ in range(streams):
             _, code, _ = await _run(channel, request_body(b"{}", end_of_stream=True))

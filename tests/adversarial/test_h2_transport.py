@@ -93,6 +93,14 @@ async def _inline_echo(_: Any, context: Any) -> None:
     assert inline, "nothing was answered inline"
 
 
+async def _breaks_protocol(_: Any, context: Any) -> None:
+    # what the ext_proc servicer does with a stream out of its protocol; the message says
+    # the longest pause
+    longest = float(await context.read())
+    context.penalize_peer(longest)
+    await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "out of protocol")
+
+
 def _handler(function: Callable[[Any, Any], Any], *, streaming: bool) -> MethodHandler:
     return MethodHandler(function, bytes, bytes, streaming=streaming)
 
@@ -103,6 +111,7 @@ HANDLERS = {
     f"{SERVICE}/Drain": _handler(_drain, streaming=True),
     f"{SERVICE}/Never": _handler(_never_reads, streaming=True),
     f"{SERVICE}/Inline": _handler(_inline_echo, streaming=True),
+    f"{SERVICE}/Break": _handler(_breaks_protocol, streaming=True),
     PROCESS: _handler(_stream_echo, streaming=True),
 }
 
@@ -831,3 +840,71 @@ async def test_a_repeated_header_block_is_decoded_against_the_table_as_it_is_now
         # before: a stale copy would have served it as Unary ("0")
         assert await peer.status(9) == str(grpc.StatusCode.UNIMPLEMENTED.value[0])
         await harness.assert_serves()
+
+
+# -- a peer that breaks the protocol of its calls (RpcContext.penalize_peer) --
+
+FAILED_PRECONDITION = str(grpc.StatusCode.FAILED_PRECONDITION.value[0])
+
+
+def _break(peer: Peer, stream_id: int, longest: float) -> None:
+    peer.send(
+        peer.request(stream_id, f"{SERVICE}/Break")
+        + frame(DATA, END_STREAM, stream_id, message(str(longest).encode()))
+    )
+
+
+async def test_a_connection_that_broke_a_call_is_not_read_while_others_are_served(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(h2grpc, "_PENALTY_FIRST", 3600.0)  # the pause outlasts the test
+    async with serving() as harness:
+        peer = await harness.connect()
+        _break(peer, 1, 3600.0)
+        assert await peer.status(1) == FAILED_PRECONDITION
+        peer.send(frame(PING, 0, 0, b"paused?\x00"))
+        peer.send(peer.request(3, f"{SERVICE}/Stream") + frame(DATA, END_STREAM, 3, message(b"x")))
+        await harness.assert_serves()  # another connection, served meanwhile
+        await harness.assert_serves()
+        assert not any(f[1] & ACK and f[3] == b"paused?\x00" for f in peer.of(PING))
+        assert peer.trailers(3) is None
+        assert not peer.closed
+
+
+async def test_a_paused_connection_is_read_again_when_the_pause_ends() -> None:
+    async with serving() as harness:
+        peer = await harness.connect()
+        _break(peer, 1, 0.05)
+        assert await peer.status(1) == FAILED_PRECONDITION
+        # sent while the connection is paused: served after it
+        peer.send(peer.request(3, f"{SERVICE}/Stream") + frame(DATA, 0, 3, message(b"later")))
+        peer.send(frame(DATA, END_STREAM, 3))
+        assert await peer.status(3) == "0"
+        assert _echoed(peer, 3) == message(b"later")
+        assert harness.server.active_calls == 0
+
+
+async def test_no_pause_when_the_longest_is_zero(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(h2grpc, "_PENALTY_FIRST", 3600.0)
+    async with serving() as harness:
+        peer = await harness.connect()
+        _break(peer, 1, 0.0)
+        assert await peer.status(1) == FAILED_PRECONDITION
+        await peer.ping()  # answered: the connection is read
+        peer.send(peer.request(3, f"{SERVICE}/Stream") + frame(DATA, END_STREAM, 3, message(b"x")))
+        assert await peer.status(3) == "0"
+
+
+def test_a_hosts_strikes_count_in_a_row_and_are_forgotten() -> None:
+    server = H2GrpcServer(HANDLERS)
+    assert [server.strike("10.0.0.1", t) for t in (0.0, 1.0, 2.0)] == [1, 2, 3]
+    assert server.strike("10.0.0.2", 2.0) == 1  # another host: its own count
+    # a strike within the forget window of the last one continues the count
+    assert server.strike("10.0.0.1", 2.0 + h2grpc._PENALTY_FORGET - 1) == 4
+    # none for that long: forgotten
+    assert server.strike("10.0.0.1", 3.0 + 2 * h2grpc._PENALTY_FORGET) == 1
+    # the hosts kept are bounded: the one struck longest ago is forgotten first
+    for n in range(h2grpc._PENALTY_HOSTS):
+        server.strike(f"h{n}", 100.0)
+    assert server.strike("10.0.0.2", 101.0) == 1
+    assert server.strike(f"h{h2grpc._PENALTY_HOSTS - 1}", 101.0) == 2

@@ -18,7 +18,10 @@ process so that the attacks' own work does not slow its clock. Then, in turn, fo
 - ``b-hostile-metrics``: one model server answers ``/metrics`` with one-byte chunks, a
   never-ending chunk-size line, or a 1 GiB declared chunk (in turn, per scrape);
 - ``c-second-request``: raw ext_proc streams (TLS, straight to the EPP) carrying a second
-  request after the first;
+  request after the first, four at a time on one connection (the EPP stops reading a
+  connection for a while after each such stream);
+- ``c2-second-request-reconnecting``: the same, each stream on a new connection (a TLS
+  handshake each);
 - ``d-100mb-body``: chunked 100 MB request bodies through Envoy;
 - ``e-100mb-response``: requests the other model server answers with a 100 MB non-streamed
   body (the prompt is the same each time, so the prefix-cache scorer keeps them where the
@@ -499,7 +502,10 @@ class Attack:
         pem = served or ssl.get_server_certificate(("127.0.0.1", self.stack.epp_port)).encode()
         return grpc.aio.secure_channel(target, grpc.ssl_channel_credentials(pem), options=options)
 
-    async def second_request(self, deadline: float) -> None:
+    async def second_request(self, deadline: float, reconnect: bool = False) -> None:
+        """Streams that each carry a valid request and then a second one. ``reconnect``: each
+        stream on a connection of its own (a TLS handshake each), so that no connection is
+        refused twice."""
         channel = self.channel(0)
         stub = pb_grpc.ExternalProcessorStub(channel)
         request = [
@@ -507,7 +513,17 @@ class Attack:
             request_body(completion(DEFAULT_MODEL), end_of_stream=True),
         ]
 
-        async def one(_: int) -> None:
+        async def one(i: int) -> None:
+            if reconnect:
+                own = self.channel(1000 + i)
+                try:
+                    await stream(pb_grpc.ExternalProcessorStub(own))
+                finally:
+                    await own.close()
+            else:
+                await stream(stub)
+
+        async def stream(stub: pb_grpc.ExternalProcessorStub) -> None:
             call = stub.Process(timeout=10)
             try:
                 for message in (*request, *request):
@@ -525,9 +541,12 @@ class Attack:
                 self.notes.append(f"grpc {code.name}: {(await call.details())[:160]}")
 
         try:
-            await self.workers(4, deadline, one)
+            await self.workers(32 if reconnect else 4, deadline, one)
         finally:
             await channel.close()
+
+    async def second_request_reconnecting(self, deadline: float) -> None:
+        await self.second_request(deadline, reconnect=True)
 
     async def idle_streams(self, deadline: float) -> None:
         channels = [self.channel(i) for i in range(10)]
@@ -702,6 +721,7 @@ PHASES = [
     Phase("a2-control-one-model", Attack.one_model_name),
     Phase("b-hostile-metrics", Attack.hostile_scrapes),
     Phase("c-second-request", Attack.second_request),
+    Phase("c2-second-request-reconnecting", Attack.second_request_reconnecting),
     Phase("d-100mb-body", Attack.huge_request_body),
     Phase("e-100mb-response", Attack.huge_response),
     Phase("f-5000-idle-streams", Attack.idle_streams),

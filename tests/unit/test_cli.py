@@ -37,11 +37,19 @@ def test_stream_limit_flags() -> None:
     defaults = parse_settings(STATIC)
     assert defaults.max_streams_per_connection == 100  # the shipped Envoy config's too
     assert defaults.max_unrouted_streams == 1000
+    assert defaults.protocol_error_pause == pytest.approx(1.0)
     settings = parse_settings(
-        [*STATIC, "--max-streams-per-connection", "0", "--max-unrouted-streams=50"]
+        [
+            *STATIC,
+            "--max-streams-per-connection",
+            "0",
+            "--max-unrouted-streams=50",
+            "--protocol-error-pause=250ms",
+        ]
     )
     assert settings.max_streams_per_connection == 0
     assert settings.max_unrouted_streams == 50
+    assert settings.protocol_error_pause == pytest.approx(0.25)
 
 
 @pytest.mark.parametrize(
