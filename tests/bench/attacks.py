@@ -34,7 +34,8 @@ process so that the attacks' own work does not slow its clock. Then, in turn, fo
 For each phase it prints the normal traffic's answers by status and its client-side latency
 p50/p99 (Envoy + the EPP's routing + a model server answering at once), the EPP's own
 scheduling time p50/p99 from ``inference_extension_scheduler_e2e_duration_seconds`` (bucket
-upper bounds; attack requests that were scheduled count too), the attack's outcomes, the
+upper bounds; attack requests that were scheduled count too), the size of the EPP's
+``/metrics`` after the phase (bytes and series), the attack's outcomes, the
 EPP's peak resident memory (VmHWM after resetting it through ``/proc/<pid>/clear_refs``, and
 the highest sampled VmRSS), the CPU seconds the EPP's event-loop thread, the EPP, Envoy and
 this script's attack clients used in the phase (on a small machine the attacker's own CPU
@@ -356,17 +357,27 @@ _BUCKET = re.compile(
 )
 
 
-def _scheduler_buckets(url: str) -> dict[float, float]:
+@dataclass(frozen=True, slots=True)
+class _Exposition:
+    """What the EPP's ``/metrics`` held: the scheduler histogram's buckets, its size."""
+
+    buckets: dict[float, float]
+    size: int = 0
+    series: int = 0
+
+
+def _scheduler_buckets(url: str) -> _Exposition:
     try:
-        with urllib.request.urlopen(url, timeout=5) as response:
+        with urllib.request.urlopen(url, timeout=30) as response:
             text = response.read().decode()
     except OSError:
-        return {}
+        return _Exposition({})
     buckets: dict[float, float] = {}
     for le, count in _BUCKET.findall(text):
         bound = float("inf") if le == "+Inf" else float(le)
         buckets[bound] = buckets.get(bound, 0.0) + float(count)
-    return buckets
+    series = sum(1 for line in text.splitlines() if line and not line.startswith("#"))
+    return _Exposition(buckets, len(text), series)
 
 
 def _bucket_quantiles(
@@ -752,7 +763,7 @@ async def _run_phase(
     hwm_reset = _reset_hwm(pid)
     log_start = len(stack.epp.log())
     envoy_log_start = len(stack.envoy.log()) if stack.envoy is not None else 0
-    buckets_before = await asyncio.to_thread(_scheduler_buckets, stack.epp_metrics_url)
+    before = await asyncio.to_thread(_scheduler_buckets, stack.epp_metrics_url)
     attack = Attack(stack, servers[0], servers[1], session)
     peak = [0]
     sampler = asyncio.create_task(_sample_rss(stack, peak))
@@ -772,15 +783,14 @@ async def _run_phase(
     new_pid = stack.epp.process.pid
     hwm = _status_kib(new_pid, "VmHWM") if (hwm_reset or new_pid != pid) else 0
     sampler.cancel()
-    buckets_after = await asyncio.to_thread(_scheduler_buckets, stack.epp_metrics_url)
-    if new_pid != pid:
-        buckets_before = {}
+    after = await asyncio.to_thread(_scheduler_buckets, stack.epp_metrics_url)
+    buckets_before = before.buckets if new_pid == pid else {}
     log = (stack.epp.log()[log_start:] if new_pid == pid else stack.epp.log()) or ""
     answers = _answers(normal_log, start, end)
     statuses = Counter(a.status for a in answers)
     ok = [a.ms for a in answers if a.status == "200"]
     p50, p99 = _percentile(ok, 0.5), _percentile(ok, 0.99)
-    scheduled, s50, s99 = _bucket_quantiles(buckets_before, buckets_after)
+    scheduled, s50, s99 = _bucket_quantiles(buckets_before, after.buckets)
     peak_mib = max(hwm, peak[0]) / 1024
     met = p99 < TARGET_P99_MS and peak_mib < TARGET_RSS_MIB and set(statuses) <= phase.statuses
     load = os.getloadavg()[0]
@@ -793,6 +803,7 @@ async def _run_phase(
         f"   EPP scheduling (histogram, {scheduled} decisions): p50 <= {s50:.2f} ms, "
         f"p99 <= {s99:.2f} ms"
     )
+    print(f"   EPP /metrics after the phase: {after.size / 1024:.0f} KiB, {after.series} series")
     if new_pid == pid:
         used = ", ".join(f"{who} {cpu_after[who] - cpu_before[who]:.2f}" for who in cpu_before)
         cores = os.cpu_count() or 1
