@@ -146,9 +146,9 @@ TRANSPORT = [DEFAULT_TRANSPORT]
 
 
 @contextlib.asynccontextmanager
-async def extproc_channel(processor: Any, **options: Any) -> AsyncIterator[grpc.aio.Channel]:
+async def extproc_server(processor: Any, **options: Any) -> AsyncIterator[str]:
     """The real ``GrpcServers`` on loopback for ``processor`` (``options``: more of its
-    keyword arguments, e.g. ``limits``), and a channel to it, served by ``TRANSPORT``."""
+    keyword arguments, e.g. ``limits``), served by ``TRANSPORT``; yields its address."""
     options.setdefault("transport", TRANSPORT[0])
     servers = GrpcServers(
         processor=processor,
@@ -159,12 +159,21 @@ async def extproc_channel(processor: Any, **options: Any) -> AsyncIterator[grpc.
         **options,
     )
     await servers.start()
-    channel = grpc.aio.insecure_channel(f"127.0.0.1:{servers.bound_grpc_port}")
     try:
-        yield channel
+        yield f"127.0.0.1:{servers.bound_grpc_port}"
     finally:
-        await channel.close()
         await servers.drain(0)
+
+
+@contextlib.asynccontextmanager
+async def extproc_channel(processor: Any, **options: Any) -> AsyncIterator[grpc.aio.Channel]:
+    """``extproc_server``, and a channel to it."""
+    async with extproc_server(processor, **options) as target:
+        channel = grpc.aio.insecure_channel(target)
+        try:
+            yield channel
+        finally:
+            await channel.close()
 
 
 def open_stream(channel: grpc.aio.Channel) -> Any:

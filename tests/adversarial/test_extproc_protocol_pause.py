@@ -19,10 +19,10 @@ import pytest
 
 from adapters.envoy import h2grpc
 from adapters.envoy.extproc import StreamLimits
-from adapters.envoy.server import GrpcServers
 from tests.adversarial.extproc_support import (
     CountingProcessor,
     director_over,
+    extproc_server,
     in_flight,
     open_stream,
     read_all,
@@ -40,25 +40,15 @@ def _request() -> list[Any]:
 @contextlib.asynccontextmanager
 async def _served(processor: Any, pause: float) -> AsyncIterator[tuple[Any, ...]]:
     """The native ext_proc server, and two channels to it on connections of their own."""
-    servers = GrpcServers(
-        processor=processor,
-        host="127.0.0.1",
-        grpc_port=0,
-        health_port=0,
-        certificate=None,
-        limits=StreamLimits(protocol_error_pause=pause),
-        transport="native",
-    )
-    await servers.start()
-    target = f"127.0.0.1:{servers.bound_grpc_port}"
-    own = [("grpc.use_local_subchannel_pool", 1)]
-    channels = [grpc.aio.insecure_channel(target, options=own) for _ in range(2)]
-    try:
-        yield tuple(channels)
-    finally:
-        for channel in channels:
-            await channel.close()
-        await servers.drain(0)
+    limits = StreamLimits(protocol_error_pause=pause)
+    async with extproc_server(processor, limits=limits, transport="native") as target:
+        own = [("grpc.use_local_subchannel_pool", 1)]
+        channels = [grpc.aio.insecure_channel(target, options=own) for _ in range(2)]
+        try:
+            yield tuple(channels)
+        finally:
+            for channel in channels:
+                await channel.close()
 
 
 async def _run(channel: grpc.aio.Channel, *messages: Any) -> tuple[list[Any], grpc.StatusCode]:
