@@ -38,8 +38,9 @@ the evicted members), then removes the endpoint from the evicted blocks with one
 (one request per node). ``claim`` sends the chain's node the walk-or-write script, then,
 when it wrote, the endpoint's node the recency push (two or three round trips on a cluster,
 one on a single server). With alternates, a cluster first sends the claim counts' node
-the choice (the counts are one key, in another slot than the chain): one more round trip,
-and a claim then lost to another owner leaves its count (decaying).
+the choice (the counts are one key, in another slot than the chain): one more round trip.
+A claim that then finds the chain held, whoever holds it, takes its count back: only the
+write counts, as on one server.
 ``remove_endpoint`` reads the set, then pipelines the removals.
 Those follow-ups are not atomic with the add: an endpoint re-added to a block by another
 process between the two steps can lose that block's entry (it is then matched a little
@@ -302,19 +303,20 @@ return ep
 )
 
 # Cluster, the chain's node: KEYS = every block key; ARGV = endpoint, now ms, ttl ms,
-# cutoff ms. The chain's owner if its first block is held, else the blocks' write.
+# cutoff ms. The chain's owner and 0 if its first block is held (by that endpoint too),
+# else the blocks' write and the endpoint and 1.
 _CLAIM_BLOCKS = LuaScript(
     "prefix-claim-blocks",
     _WALK
     + """
 local ep, now, ttl = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local owner = best(keys_walk(KEYS, tonumber(ARGV[4])))
-if owner then return owner end
+if owner then return {owner, 0} end
 for _, key in ipairs(KEYS) do
   redis.call('HSET', key, ep, now)
   redis.call('PEXPIRE', key, ttl)
 end
-return ep
+return {ep, 1}
 """,
 )
 
@@ -456,11 +458,13 @@ class RedisPrefixIndex:
         keys = [base + packed[i : i + 16] for i in range(0, len(packed), 16)]
         claim = _CLAIM_BLOCKS.run(self._client, keys, (endpoint, now, self._ttl_ms, cutoff))
         if others:
-            owner = _owner(await guarded("prefix claim", claim))
+            owner, won = _claimed(await guarded("prefix claim", claim))
         else:
             replies = await guarded("prefix claim", _gather([claim, choose]))
-            owner = _owner(replies[0])
-        if owner != endpoint:
+            owner, won = _claimed(replies[0])
+        if not won:
+            # held, maybe by this very endpoint (another process placing the chain at the
+            # same instant chose it too): the winner's count stands, not this one
             uncount = _UNCOUNT.run(
                 self._client, [self.claims_key()], (endpoint, _now_ms(), _HALF_LIFE_MS)
             )
@@ -528,6 +532,13 @@ def _members(operation: str, reply: object) -> list[bytes]:
         if len(members) == len(reply):
             return members
     raise SharedStateReplyError(f"redis {operation}: unexpected reply {reply!r:.100}")
+
+
+def _claimed(reply: object) -> tuple[str, bool]:
+    """A cluster claim's reply: the chain's owner, and whether this claim wrote it."""
+    if isinstance(reply, list) and len(reply) == 2 and reply[1] in (0, 1):
+        return _owner(reply[0]), reply[1] == 1
+    raise SharedStateReplyError(f"redis prefix claim: unexpected reply {reply!r:.100}")
 
 
 def _owner(reply: object) -> str:

@@ -357,9 +357,15 @@ async def test_claims_that_find_the_chain_held_do_not_count(backend: _Backend) -
     assert await indexes[0].claim(hashes, "a", 100) == "a"
     assert await indexes[1].claim(hashes, "b", 100, ["c"]) == "a"
     assert await indexes[2].claim(hashes, "d", 100) == "a"
+    # a loser that had picked the owner too (two processes placing one new chain at once
+    # both choose the least claimed endpoint): the chain still counts once
+    assert await indexes[1].claim(hashes, "a", 100) == "a"
+    assert await indexes[2].claim(hashes, "a", 100, ["c", "d"]) == "a"
     # a: 1 claim; b, c and d none: the pick wins each tie
     assert await indexes[1].claim(chain(901, 6), "b", 100, ["c"]) == "b"
     assert await indexes[2].claim(chain(902, 6), "d", 100, ["c"]) == "d"
+    # a, b and d: 1 claim each, so a, the pick, wins the tie with d
+    assert await indexes[0].claim(chain(903, 6), "a", 100, ["d"]) == "a"
 
 
 async def test_random_operations_agree_with_the_model(index: PrefixIndex) -> None:
