@@ -554,7 +554,9 @@ class _Connection(asyncio.Protocol):
             self._drained.set_result(None)
 
     def data_received(self, data: bytes) -> None:
-        if self._penalty is not None:  # read before the pause took hold: kept for its end
+        if self._penalty is not None:
+            # A pause starts in a call's task, between reads; a transport that still hands
+            # over bytes it had read is kept to the pause's end.
             self._buffer += data
             return
         if self._buffer:
@@ -589,8 +591,6 @@ class _Connection(asyncio.Protocol):
                 self._on_frame(kind, flags, stream_id, payload)
                 if self._closing:
                     return
-                if self._penalty is not None:
-                    break  # the rest waits for the penalty's end
             if position < end:
                 self._buffer = data[position:]
         except _ConnectionError as exc:
@@ -628,7 +628,7 @@ class _Connection(asyncio.Protocol):
         if not self._paused:
             self._transport.resume_reading()
         if self._buffer:
-            self.data_received(b"")  # the frames left unread when the penalty began
+            self.data_received(b"")  # what was kept meanwhile
 
     # -- frames in --
 

@@ -366,7 +366,7 @@ class _Exposition:
     series: int = 0
 
 
-def _scheduler_buckets(url: str) -> _Exposition:
+def _exposition(url: str) -> _Exposition:
     try:
         with urllib.request.urlopen(url, timeout=30) as response:
             text = response.read().decode()
@@ -763,7 +763,7 @@ async def _run_phase(
     hwm_reset = _reset_hwm(pid)
     log_start = len(stack.epp.log())
     envoy_log_start = len(stack.envoy.log()) if stack.envoy is not None else 0
-    before = await asyncio.to_thread(_scheduler_buckets, stack.epp_metrics_url)
+    before = await asyncio.to_thread(_exposition, stack.epp_metrics_url)
     attack = Attack(stack, servers[0], servers[1], session)
     peak = [0]
     sampler = asyncio.create_task(_sample_rss(stack, peak))
@@ -783,7 +783,7 @@ async def _run_phase(
     new_pid = stack.epp.process.pid
     hwm = _status_kib(new_pid, "VmHWM") if (hwm_reset or new_pid != pid) else 0
     sampler.cancel()
-    after = await asyncio.to_thread(_scheduler_buckets, stack.epp_metrics_url)
+    after = await asyncio.to_thread(_exposition, stack.epp_metrics_url)
     buckets_before = before.buckets if new_pid == pid else {}
     log = (stack.epp.log()[log_start:] if new_pid == pid else stack.epp.log()) or ""
     answers = _answers(normal_log, start, end)
