@@ -6,9 +6,11 @@ Keys (``P`` is the pool's key prefix; hashes are written as 16 lower-case hex di
   block. ``<root>`` is the first hash of the sequence given to ``match``/``add``: a chain's
   hashes each cover the whole prefix before them, so every block of one chain shares its
   root, and the hash tag ``{<root>}`` puts a chain in one cluster slot.
-- ``P:claims``: a hash, endpoint name -> ``"<count> <ms>"``: how many new chains were
+- ``P:claims:{P:claims}``: a hash, endpoint name -> ``"<count> <ms>"``: how many new chains were
   claimed for it lately (decayed by half every ``CLAIM_HALF_LIFE``); it expires 20
   half-lives after the last claim.
+- ``P:choice:{P:claims}:<root>`` (cluster only, in the counts' slot): a hash, ``endpoint`` -> the
+  endpoint chosen for the new chain ``<root>``; it expires six half-lives after the choice.
 - ``P:lru:{<endpoint>}``: a sorted set of ``<root>:<hash>`` members, scored by an add
   sequence number (the set's highest score plus 1, 2, ... for the hashes of one add, in
   order), so the lowest score is the least recently added. A sequence number, not a clock:
@@ -26,7 +28,7 @@ One round trip per call on a single server:
   is beyond ``capacity`` and remove the endpoint from those blocks;
 - ``claim``: one script: the chain's owner when its first block is held (the walk of
   ``match``, the endpoint counting the most), otherwise ``add``'s writes for the least
-  claimed lately of the endpoint and its alternates (``P:claims``); atomic, so of several
+  claimed lately of the endpoint and its alternates (``P:claims:{P:claims}``); atomic, so of several
   processes claiming one new chain at once exactly one writes it, and processes placing
   different new chains at once spread them;
 - ``remove_endpoint``: one script (removes the endpoint from every block of its set, then
@@ -39,8 +41,10 @@ the evicted members), then removes the endpoint from the evicted blocks with one
 when it wrote, the endpoint's node the recency push (two or three round trips on a cluster,
 one on a single server). With alternates, a cluster first sends the claim counts' node
 the choice (the counts are one key, in another slot than the chain): one more round trip.
-A claim that then finds the chain held, whoever holds it, takes its count back: only the
-write counts, as on one server.
+That node keeps the choice made for each new chain, so processes claiming one chain at
+once get the first one's choice, counted once; a claim that then finds the chain held by
+another endpoint than the one it counted takes its count back: only the owner's claim
+counts, as on one server.
 ``remove_endpoint`` reads the set, then pipelines the removals.
 Those follow-ups are not atomic with the add: an endpoint re-added to a block by another
 process between the two steps can lose that block's entry (it is then matched a little
@@ -244,13 +248,29 @@ local function least_claimed(counts, ep, others, now, half_life)
 end
 """
 
-# Cluster, the claim counts' node: KEYS = claim counts; ARGV = endpoint, now ms, half-life
-# ms, alternates (newline-separated). The least claimed, counted as claimed.
+# Cluster, the claim counts' node: KEYS = claim counts, the chain's choice; ARGV = endpoint,
+# now ms, half-life ms, alternates (newline-separated), the choice's lifetime ms. The choice
+# made for this chain earlier (by any process) when it is one of these endpoints, not
+# counted again; else the least claimed, counted as claimed and kept as the chain's choice
+# unless one is kept already; with whether this call counted it.
 _CHOOSE = LuaScript(
     "prefix-choose",
     _LEAST_CLAIMED
     + """
-return least_claimed(KEYS[1], ARGV[1], ARGV[4], tonumber(ARGV[2]), tonumber(ARGV[3]))
+local ep, others = ARGV[1], ARGV[4]
+local chosen = redis.call('HGET', KEYS[2], 'endpoint')
+if chosen then
+  if chosen == ep then return {chosen, 0} end
+  for name in string.gmatch(others, '[^\\n]+') do
+    if name == chosen then return {chosen, 0} end
+  end
+end
+local pick = least_claimed(KEYS[1], ep, others, tonumber(ARGV[2]), tonumber(ARGV[3]))
+if not chosen then
+  redis.call('HSET', KEYS[2], 'endpoint', pick)
+  redis.call('PEXPIRE', KEYS[2], tonumber(ARGV[5]))
+end
+return {pick, 1}
 """,
 )
 
@@ -336,6 +356,10 @@ return #members
 
 _PIPELINE_CHUNK = 1000
 _HALF_LIFE_MS = round(CLAIM_HALF_LIFE * 1000)
+# How long a cluster remembers the choice made for a new chain: six half-lives, so a claim
+# of a chain already placed (its first requests came together, or a process missed its
+# match) does not count it again while the first count still weighs (1/64 after that).
+_CHOICE_MS = 6 * _HALF_LIFE_MS
 
 
 class RedisPrefixIndex:
@@ -363,7 +387,11 @@ class RedisPrefixIndex:
         return f"{self._prefix}:lru:{{{endpoint}}}"
 
     def claims_key(self) -> str:
-        return f"{self._prefix}:claims"
+        return f"{self._prefix}:claims:{{{self._prefix}:claims}}"
+
+    def choice_key(self, root: str) -> str:
+        """The choice made for the new chain ``root`` (in the claim counts' slot)."""
+        return f"{self._prefix}:choice:{{{self._prefix}:claims}}:{root}"
 
     # PrefixIndex port
     async def match(self, hashes: Sequence[int]) -> Mapping[str, int]:
@@ -441,16 +469,20 @@ class RedisPrefixIndex:
             keys = [lru, self.claims_key()]
             reply = await guarded("prefix claim", _CLAIM_ONE_NODE.run(self._client, keys, args))
             return _owner(reply)
-        # The claim counts are one key, in another slot than the chain: with alternates the
-        # choice is made (and counted) first, then claimed; without, the count goes out
-        # with the claim. Either way a claim that finds the chain held takes its count back
-        # (several processes claim one new chain at once when its first requests come
-        # together; only the winner's count stands, as on one server).
+        # The claim counts are in another slot than the chain: with alternates the choice
+        # is made (and counted) first, then claimed; without, the count goes out with the
+        # claim. Processes claiming one new chain at once (its first requests come
+        # together) get the first one's choice, counted once, and a claim that finds the
+        # chain held by another endpoint than its choice takes back the count it added:
+        # only the owner's count stands, as on one server.
         choose = _CHOOSE.run(
-            self._client, [self.claims_key()], (endpoint, now, _HALF_LIFE_MS, others)
+            self._client,
+            [self.claims_key(), self.choice_key(root)],
+            (endpoint, now, _HALF_LIFE_MS, others, _CHOICE_MS),
         )
+        counted = True
         if others:
-            endpoint = _owner(await guarded("prefix claim", choose))
+            endpoint, counted = _chosen(await guarded("prefix claim", choose))
             lru = self.lru_key(endpoint)
         # The recency set is on another node: pushed once the claim is won (pushing it
         # with the claim would count blocks of a lost claim against the capacity).
@@ -462,13 +494,13 @@ class RedisPrefixIndex:
         else:
             replies = await guarded("prefix claim", _gather([claim, choose]))
             owner, won = _claimed(replies[0])
-        if not won:
-            # held, maybe by this very endpoint (another process placing the chain at the
-            # same instant chose it too): the winner's count stands, not this one
+            counted = _chosen(replies[1]) == (endpoint, True)
+        if counted and owner != endpoint:
             uncount = _UNCOUNT.run(
                 self._client, [self.claims_key()], (endpoint, _now_ms(), _HALF_LIFE_MS)
             )
             await guarded("prefix claim", uncount)
+        if not won:
             return owner
         reply = await guarded(
             "prefix claim",
@@ -536,6 +568,13 @@ def _members(operation: str, reply: object) -> list[bytes]:
 
 def _claimed(reply: object) -> tuple[str, bool]:
     """A cluster claim's reply: the chain's owner, and whether this claim wrote it."""
+    if isinstance(reply, list) and len(reply) == 2 and reply[1] in (0, 1):
+        return _owner(reply[0]), reply[1] == 1
+    raise SharedStateReplyError(f"redis prefix claim: unexpected reply {reply!r:.100}")
+
+
+def _chosen(reply: object) -> tuple[str, bool]:
+    """A cluster choice's reply: the endpoint chosen, and whether this call counted it."""
     if isinstance(reply, list) and len(reply) == 2 and reply[1] in (0, 1):
         return _owner(reply[0]), reply[1] == 1
     raise SharedStateReplyError(f"redis prefix claim: unexpected reply {reply!r:.100}")

@@ -368,6 +368,27 @@ async def test_claims_that_find_the_chain_held_do_not_count(backend: _Backend) -
     assert await indexes[0].claim(chain(903, 6), "a", 100, ["d"]) == "a"
 
 
+async def test_a_new_chain_claimed_by_several_at_once_counts_once_while_in_flight(
+    backend: _Backend,
+) -> None:
+    """Two processes claim one new chain while a third claims another, all at the same
+    instant, among the same two endpoints: the chain claimed twice counts once from the
+    start, so the other chain goes to the other endpoint (a cluster chooses on one node and
+    claims on another; a choice counted for the loser, though taken back later, would make
+    the other chain tie and go to the pick)."""
+    indexes = [claiming(backend.make()) for _ in range(3)]
+    await indexes[0].match(D)  # a cluster client's first call learns the slots, alone
+    for round_ in range(6):
+        twice, once = chain(950 + 2 * round_, 6), chain(951 + 2 * round_, 6)
+        owners = await asyncio.gather(
+            indexes[0].claim(twice, "a", 100, ["b"]),
+            indexes[1].claim(twice, "a", 100, ["b"]),
+            indexes[2].claim(once, "a", 100, ["b"]),
+        )
+        assert owners[0] == owners[1], f"round {round_}: {owners}"
+        assert sorted(owners[1:]) == ["a", "b"], f"round {round_}: {owners}"
+
+
 async def test_random_operations_agree_with_the_model(index: PrefixIndex) -> None:
     rng = random.Random(42)
     chains = [chain(200 + i, 12) for i in range(5)]
