@@ -42,9 +42,10 @@ when it wrote, the endpoint's node the recency push (two or three round trips on
 one on a single server). With alternates, a cluster first sends the claim counts' node
 the choice (the counts are one key, in another slot than the chain): one more round trip.
 That node keeps the choice made for each new chain, so processes claiming one chain at
-once get the first one's choice, counted once; a claim that then finds the chain held by
-another endpoint than the one it counted takes its count back: only the owner's claim
-counts, as on one server.
+once get the first one's choice, counted once, and a claim whose chain was chosen for
+endpoints it may not use counts its own choice only if it writes the chain; a claim that
+finds the chain held by another endpoint than the one it counted takes its count back:
+only the owner's claim counts, as on one server, also while claims are in flight.
 ``remove_endpoint`` reads the set, then pipelines the removals.
 Those follow-ups are not atomic with the add: an endpoint re-added to a block by another
 process between the two steps can lose that block's entry (it is then matched a little
@@ -227,65 +228,81 @@ return lru_push(KEYS[1], tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3], split(AR
 
 # Of ``ep`` and the newline-separated ``others``, the one with the lowest claim count in the
 # hash ``counts`` (endpoint -> "<count> <ms>", halving every ``half_life`` ms; ``ep`` wins a
-# tie within a thousandth); its count goes up by one.
+# tie within a thousandth), and that count (``least_of``); ``least_claimed`` also counts it
+# as claimed once more. ``recount`` adds ``delta`` to an endpoint's count (at least 0).
 _LEAST_CLAIMED = """
-local function least_claimed(counts, ep, others, now, half_life)
+local function decayed(stored, now, half_life)
+  local c, at = string.match(stored or '', '^(%S+) (%S+)$')
+  if not c then return 0 end
+  return tonumber(c) * 0.5 ^ (math.max(0, now - tonumber(at)) / half_life)
+end
+local function least_of(counts, ep, others, now, half_life)
   local choices = {ep}
   for name in string.gmatch(others, '[^\\n]+') do
     if name ~= ep then choices[#choices + 1] = name end
   end
   local stored = redis.call('HMGET', counts, unpack(choices))
   local pick, least = 1, nil
-  for i, name in ipairs(choices) do
-    local count = 0
-    local c, at = string.match(stored[i] or '', '^(%S+) (%S+)$')
-    if c then count = tonumber(c) * 0.5 ^ (math.max(0, now - tonumber(at)) / half_life) end
+  for i, _ in ipairs(choices) do
+    local count = decayed(stored[i], now, half_life)
     if least == nil or count < least - 0.001 then pick, least = i, count end
   end
-  redis.call('HSET', counts, choices[pick], string.format('%.6f %d', least + 1, now))
+  return choices[pick], least
+end
+local function store(counts, ep, count, now, half_life)
+  redis.call('HSET', counts, ep, string.format('%.6f %d', math.max(0, count), now))
   redis.call('PEXPIRE', counts, 20 * half_life)
-  return choices[pick]
+end
+local function least_claimed(counts, ep, others, now, half_life)
+  local pick, least = least_of(counts, ep, others, now, half_life)
+  store(counts, pick, least + 1, now, half_life)
+  return pick
+end
+local function recount(counts, ep, delta, now, half_life)
+  local count = decayed(redis.call('HGET', counts, ep), now, half_life)
+  store(counts, ep, count + delta, now, half_life)
 end
 """
 
 # Cluster, the claim counts' node: KEYS = claim counts, the chain's choice; ARGV = endpoint,
-# now ms, half-life ms, alternates (newline-separated), the choice's lifetime ms. The choice
-# made for this chain earlier (by any process) when it is one of these endpoints, not
-# counted again; else the least claimed, counted as claimed and kept as the chain's choice
-# unless one is kept already; with whether this call counted it.
+# now ms, half-life ms, alternates (newline-separated), the choice's lifetime ms. The chosen
+# endpoint, and how:
+# - 0: the choice made for this chain earlier (by any process), one of these endpoints:
+#   not counted again;
+# - 1: no choice made for this chain: the least claimed, counted, kept as its choice;
+# - 2: a choice made for this chain, not one of these endpoints: the least claimed, not
+#   counted (the chain is most likely held: count it only if its claim writes it).
 _CHOOSE = LuaScript(
     "prefix-choose",
     _LEAST_CLAIMED
     + """
-local ep, others = ARGV[1], ARGV[4]
+local ep, others, now, half_life = ARGV[1], ARGV[4], tonumber(ARGV[2]), tonumber(ARGV[3])
 local chosen = redis.call('HGET', KEYS[2], 'endpoint')
 if chosen then
   if chosen == ep then return {chosen, 0} end
   for name in string.gmatch(others, '[^\\n]+') do
     if name == chosen then return {chosen, 0} end
   end
+  local pick = least_of(KEYS[1], ep, others, now, half_life)
+  return {pick, 2}
 end
-local pick = least_claimed(KEYS[1], ep, others, tonumber(ARGV[2]), tonumber(ARGV[3]))
-if not chosen then
-  redis.call('HSET', KEYS[2], 'endpoint', pick)
-  redis.call('PEXPIRE', KEYS[2], tonumber(ARGV[5]))
-end
+local pick = least_claimed(KEYS[1], ep, others, now, half_life)
+redis.call('HSET', KEYS[2], 'endpoint', pick)
+redis.call('PEXPIRE', KEYS[2], tonumber(ARGV[5]))
 return {pick, 1}
 """,
 )
 
-# Cluster, the claim counts' node: KEYS = claim counts; ARGV = endpoint, now ms, half-life ms.
-# Takes back one claim counted for the endpoint (a claim that then found the chain held).
-_UNCOUNT = LuaScript(
-    "prefix-uncount",
-    """
-local stored = redis.call('HGET', KEYS[1], ARGV[1])
-if not stored then return 0 end
-local c, at = string.match(stored, '^(%S+) (%S+)$')
-if not c then return 0 end
-local now = tonumber(ARGV[2])
-local count = tonumber(c) * 0.5 ^ (math.max(0, now - tonumber(at)) / tonumber(ARGV[3])) - 1
-redis.call('HSET', KEYS[1], ARGV[1], string.format('%.6f %d', math.max(0, count), now))
+# Cluster, the claim counts' node: KEYS = claim counts; ARGV = endpoint, now ms, half-life
+# ms, delta (1 or -1). Counts one claim more or fewer for the endpoint: a claim that found
+# the chain held by another endpoint than its counted choice takes it back; one whose
+# choice was not counted (the chain had been chosen for another endpoint) and that wrote
+# the chain counts it.
+_RECOUNT = LuaScript(
+    "prefix-recount",
+    _LEAST_CLAIMED
+    + """
+recount(KEYS[1], ARGV[1], tonumber(ARGV[4]), tonumber(ARGV[2]), tonumber(ARGV[3]))
 return 1
 """,
 )
@@ -360,6 +377,9 @@ _HALF_LIFE_MS = round(CLAIM_HALF_LIFE * 1000)
 # of a chain already placed (its first requests came together, or a process missed its
 # match) does not count it again while the first count still weighs (1/64 after that).
 _CHOICE_MS = 6 * _HALF_LIFE_MS
+# How a cluster's choice was made (``_CHOOSE``).
+_FOLLOWED, _COUNTED, _UNCOUNTED = 0, 1, 2
+_CHOICE_KINDS = (_FOLLOWED, _COUNTED, _UNCOUNTED)
 
 
 class RedisPrefixIndex:
@@ -470,19 +490,17 @@ class RedisPrefixIndex:
             reply = await guarded("prefix claim", _CLAIM_ONE_NODE.run(self._client, keys, args))
             return _owner(reply)
         # The claim counts are in another slot than the chain: with alternates the choice
-        # is made (and counted) first, then claimed; without, the count goes out with the
-        # claim. Processes claiming one new chain at once (its first requests come
-        # together) get the first one's choice, counted once, and a claim that finds the
-        # chain held by another endpoint than its choice takes back the count it added:
-        # only the owner's count stands, as on one server.
+        # is made first, then claimed; without, the choice (of the endpoint itself) goes
+        # out with the claim. Processes claiming one new chain at once (its first requests
+        # come together) get the first one's choice, counted once; a claim's count is then
+        # set right for what it found: only the owner's claim counts, as on one server.
         choose = _CHOOSE.run(
             self._client,
             [self.claims_key(), self.choice_key(root)],
             (endpoint, now, _HALF_LIFE_MS, others, _CHOICE_MS),
         )
-        counted = True
         if others:
-            endpoint, counted = _chosen(await guarded("prefix claim", choose))
+            endpoint, how = _chosen(await guarded("prefix claim", choose))
             lru = self.lru_key(endpoint)
         # The recency set is on another node: pushed once the claim is won (pushing it
         # with the claim would count blocks of a lost claim against the capacity).
@@ -494,12 +512,15 @@ class RedisPrefixIndex:
         else:
             replies = await guarded("prefix claim", _gather([claim, choose]))
             owner, won = _claimed(replies[0])
-            counted = _chosen(replies[1]) == (endpoint, True)
-        if counted and owner != endpoint:
-            uncount = _UNCOUNT.run(
-                self._client, [self.claims_key()], (endpoint, _now_ms(), _HALF_LIFE_MS)
+            how = _chosen(replies[1])[1]  # the endpoint itself, the only choice
+        delta = -1 if how == _COUNTED and owner != endpoint else 0
+        if how == _UNCOUNTED and won:
+            delta = 1
+        if delta:
+            recount = _RECOUNT.run(
+                self._client, [self.claims_key()], (endpoint, _now_ms(), _HALF_LIFE_MS, delta)
             )
-            await guarded("prefix claim", uncount)
+            await guarded("prefix claim", recount)
         if not won:
             return owner
         reply = await guarded(
@@ -573,10 +594,10 @@ def _claimed(reply: object) -> tuple[str, bool]:
     raise SharedStateReplyError(f"redis prefix claim: unexpected reply {reply!r:.100}")
 
 
-def _chosen(reply: object) -> tuple[str, bool]:
-    """A cluster choice's reply: the endpoint chosen, and whether this call counted it."""
-    if isinstance(reply, list) and len(reply) == 2 and reply[1] in (0, 1):
-        return _owner(reply[0]), reply[1] == 1
+def _chosen(reply: object) -> tuple[str, int]:
+    """A cluster choice's reply: the endpoint chosen, and how (``_CHOOSE``)."""
+    if isinstance(reply, list) and len(reply) == 2 and reply[1] in _CHOICE_KINDS:
+        return _owner(reply[0]), reply[1]
     raise SharedStateReplyError(f"redis prefix claim: unexpected reply {reply!r:.100}")
 
 

@@ -368,7 +368,7 @@ async def test_claims_that_find_the_chain_held_do_not_count(backend: _Backend) -
     assert await indexes[0].claim(chain(903, 6), "a", 100, ["d"]) == "a"
 
 
-async def test_a_new_chain_claimed_by_several_at_once_counts_once_while_in_flight(
+async def test_claims_in_flight_count_only_the_chains_they_place(
     backend: _Backend,
 ) -> None:
     """Two processes claim one new chain while a third claims another, all at the same
@@ -387,6 +387,18 @@ async def test_a_new_chain_claimed_by_several_at_once_counts_once_while_in_fligh
         )
         assert owners[0] == owners[1], f"round {round_}: {owners}"
         assert sorted(owners[1:]) == ["a", "b"], f"round {round_}: {owners}"
+    # A chain placed already, claimed again among other endpoints (a process whose match
+    # missed it) while a new chain is claimed: the first claim never counts, even for a
+    # moment, so the new chain goes to the pick among equals.
+    placed = chain(990, 6)
+    assert await indexes[0].claim(placed, "e", 100) == "e"
+    for round_ in range(6):
+        fresh = chain(991 + round_, 6)
+        owners = await asyncio.gather(
+            indexes[1].claim(placed, f"c{round_}", 100, [f"d{round_}"]),
+            indexes[2].claim(fresh, f"c{round_}", 100, [f"d{round_}"]),
+        )
+        assert owners == ["e", f"c{round_}"], f"round {round_}"
 
 
 async def test_random_operations_agree_with_the_model(index: PrefixIndex) -> None:
