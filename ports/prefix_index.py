@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Protocol, runtime_checkable
 
 __all__ = [
@@ -10,6 +10,7 @@ __all__ = [
     "BlockHasher",
     "ClaimingPrefixIndex",
     "PrefixIndex",
+    "StagedClaimingPrefixIndex",
     "TailAddingPrefixIndex",
 ]
 
@@ -82,6 +83,29 @@ class ClaimingPrefixIndex(PrefixIndex, Protocol):
         same new chain, one records it and the other is told its endpoint; callers placing
         different new chains at the same instant spread them over equally good endpoints
         rather than each choosing blind. ``hashes`` is non-empty."""
+        ...
+
+
+@runtime_checkable
+class StagedClaimingPrefixIndex(ClaimingPrefixIndex, Protocol):
+    """A ``ClaimingPrefixIndex`` that can name a claim's owner before it has recorded all
+    of the claim (a remote store whose last writes take another round trip).
+
+    Errors: as ``PrefixIndex``.
+    """
+
+    async def claim_owner(
+        self,
+        hashes: Sequence[int],
+        endpoint: str,
+        capacity: int,
+        alternates: Sequence[str] = (),
+    ) -> tuple[str, Callable[[], Awaitable[None]] | None]:
+        """``claim`` in two steps: the owner, as soon as it is decided (the chain is then
+        written for it, when this claim won), and what is left to record (``None``:
+        nothing), for the caller to run off its request's path. Until that has run, the
+        chain may not yet count against the endpoint's ``capacity``, nor the claim in the
+        choices of the next claims. ``claim`` is both steps at once."""
         ...
 
 

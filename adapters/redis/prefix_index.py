@@ -41,6 +41,10 @@ the evicted members), then removes the endpoint from the evicted blocks with one
 when it wrote, the endpoint's node the recency push (two or three round trips on a cluster,
 one on a single server). With alternates, a cluster first sends the claim counts' node
 the choice (the counts are one key, in another slot than the chain): one more round trip.
+``claim_owner`` (``StagedClaimingPrefixIndex``) returns the owner once the chain's node
+answered and leaves the recency push and the count's correction to the caller, which
+runs them after the reply to Envoy: a cluster's claim then delays its request by one
+round trip, or two with alternates.
 That node keeps the choice made for each new chain, so processes claiming one chain at
 once get the first one's choice, counted once, and a claim whose chain was chosen for
 endpoints it may not use counts its own choice only if it writes the chain; a claim that
@@ -64,9 +68,10 @@ is out of memory (``OOM``, under ``noeviction``).
 from __future__ import annotations
 
 import asyncio
+import functools
 import struct
 import time
-from collections.abc import Coroutine, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from typing import Any
 
 from redis.asyncio.cluster import RedisCluster
@@ -463,13 +468,24 @@ class RedisPrefixIndex:
         capacity: int,
         alternates: Sequence[str] = (),
     ) -> str:
+        owner, rest = await self.claim_owner(hashes, endpoint, capacity, alternates)
+        if rest is not None:
+            await rest()
+        return owner
+
+    async def claim_owner(
+        self,
+        hashes: Sequence[int],
+        endpoint: str,
+        capacity: int,
+        alternates: Sequence[str] = (),
+    ) -> tuple[str, Callable[[], Awaitable[None]] | None]:
         if not hashes:
             raise ValueError("claim needs at least one hash")
         if capacity <= 0:
             raise ValueError(f"capacity must be positive, got {capacity}")
         root = f"{hashes[0]:016x}"
         packed = _pack(hashes)
-        lru = self.lru_key(endpoint)
         now = _now_ms()
         cutoff = now - self._ttl_ms
         others = "\n".join(a for a in alternates if a != endpoint and "\n" not in a)
@@ -486,9 +502,9 @@ class RedisPrefixIndex:
                 _HALF_LIFE_MS,
                 others,
             )
-            keys = [lru, self.claims_key()]
+            keys = [self.lru_key(endpoint), self.claims_key()]
             reply = await guarded("prefix claim", _CLAIM_ONE_NODE.run(self._client, keys, args))
-            return _owner(reply)
+            return _owner(reply), None
         # The claim counts are in another slot than the chain: with alternates the choice
         # is made first, then claimed; without, the choice (of the endpoint itself) goes
         # out with the claim. Processes claiming one new chain at once (its first requests
@@ -501,9 +517,6 @@ class RedisPrefixIndex:
         )
         if others:
             endpoint, how = _chosen(await guarded("prefix claim", choose))
-            lru = self.lru_key(endpoint)
-        # The recency set is on another node: pushed once the claim is won (pushing it
-        # with the claim would count blocks of a lost claim against the capacity).
         base = f"{self._prefix}:b:{{{root}}}:"
         keys = [base + packed[i : i + 16] for i in range(0, len(packed), 16)]
         claim = _CLAIM_BLOCKS.run(self._client, keys, (endpoint, now, self._ttl_ms, cutoff))
@@ -516,21 +529,35 @@ class RedisPrefixIndex:
         delta = -1 if how == _COUNTED and owner != endpoint else 0
         if how == _UNCOUNTED and won:
             delta = 1
-        if delta:
-            recount = _RECOUNT.run(
-                self._client, [self.claims_key()], (endpoint, _now_ms(), _HALF_LIFE_MS, delta)
-            )
-            await guarded("prefix claim", recount)
-        if not won:
-            return owner
-        reply = await guarded(
-            "prefix claim",
-            _ADD_LRU.run(self._client, [lru], (capacity, self._ttl_ms, root, packed)),
+        if not delta and not won:
+            return owner, None
+        # What is left goes out after the owner is known (the request need not wait for
+        # it): the count set right, and the won chain pushed on the recency set (on
+        # another node; pushing it with the claim would count blocks of a lost claim
+        # against the capacity), which returns what it evicts.
+        rest = functools.partial(
+            self._claim_rest, root, packed, endpoint, capacity if won else 0, delta
         )
-        evicted = _members("prefix claim", reply)
-        if evicted:
-            await self._forget(endpoint, evicted)
-        return owner
+        return owner, rest
+
+    async def _claim_rest(
+        self, root: str, packed: str, endpoint: str, capacity: int, delta: int
+    ) -> None:
+        """A cluster claim's last writes: ``delta`` added to the endpoint's claim count
+        (unless 0), and, when it won (``capacity`` > 0), the chain's recency push and the
+        evictions it makes."""
+        calls: list[Coroutine[Any, Any, object]] = []
+        if capacity:
+            lru = self.lru_key(endpoint)
+            calls.append(_ADD_LRU.run(self._client, [lru], (capacity, self._ttl_ms, root, packed)))
+        if delta:
+            args = (endpoint, _now_ms(), _HALF_LIFE_MS, delta)
+            calls.append(_RECOUNT.run(self._client, [self.claims_key()], args))
+        replies = await guarded("prefix claim", _gather(calls))
+        if capacity:
+            evicted = _members("prefix claim", replies[0])
+            if evicted:
+                await self._forget(endpoint, evicted)
 
     async def remove_endpoint(self, endpoint: str) -> None:
         lru = self.lru_key(endpoint)

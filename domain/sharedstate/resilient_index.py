@@ -32,6 +32,10 @@ process's own ``InMemoryPrefixIndex`` as fallback. What callers see never raises
   and the owner is learnt (answers index), so the chain's later requests follow the owner
   instead of splitting between two servers; an error, the chain is recorded as by ``add``.
   Degraded for slowness, the claim is sent without waiting and its answer handled the same.
+  A remote that names the owner before its last writes (``StagedClaimingPrefixIndex``)
+  is waited for only until the owner is known; those writes run in a background task (at
+  most ``max_late`` at once, under ``write_timeout``; ``stop`` gives them that long), and
+  their failure counts as the claim's.
 - ``remove_endpoint`` removes locally at once, then from the remote (in the caller's task,
   under ``write_timeout``; the prefix producer calls it from a background task).
 
@@ -104,7 +108,12 @@ from ports.metric_catalogue import (
     SHARED_STATE_WRITES,
 )
 from ports.observer import NoopObserver, Observer
-from ports.prefix_index import ClaimingPrefixIndex, PrefixIndex, TailAddingPrefixIndex
+from ports.prefix_index import (
+    ClaimingPrefixIndex,
+    PrefixIndex,
+    StagedClaimingPrefixIndex,
+    TailAddingPrefixIndex,
+)
 from ports.shared_state import SharedStateReplyError, SharedStateWriteRefusedError
 
 __all__ = ["ResilientPrefixIndex"]
@@ -206,6 +215,7 @@ class ResilientPrefixIndex:
         #: When the last miss counted towards ``miss_limit`` fired.
         self._stall_seen_at = -float("inf")
         self._late_claims: set[asyncio.Future[str]] = set()
+        self._claim_rests: set[asyncio.Future[None]] = set()
         #: Writes the remote refused (out of memory), sent again once it accepts one.
         self._refused_writes: deque[_Write] = deque()
         self._pending: deque[_Write] = deque()
@@ -344,7 +354,9 @@ class ResilientPrefixIndex:
             self._claim_late(remote, hashes, endpoint, capacity, alternates)
             return endpoint
         start = self._clock()
-        call = asyncio.ensure_future(remote.claim(hashes, endpoint, capacity, alternates))
+        call = asyncio.ensure_future(
+            self._remote_claim(remote, hashes, endpoint, capacity, alternates)
+        )
         try:
             async with asyncio.timeout(self._claim_budget):
                 owner = await asyncio.shield(call)
@@ -378,6 +390,40 @@ class ResilientPrefixIndex:
             self._learn(hashes, {owner: len(hashes)})
         return owner
 
+    async def _remote_claim(
+        self,
+        remote: ClaimingPrefixIndex,
+        hashes: Sequence[int],
+        endpoint: str,
+        capacity: int,
+        alternates: Sequence[str],
+    ) -> str:
+        """The remote's claim; from a store that names the owner before its last writes
+        (``StagedClaimingPrefixIndex``), the owner, those writes left to a background task
+        (at most ``max_late`` at once; past that they are awaited here)."""
+        if not isinstance(remote, StagedClaimingPrefixIndex):
+            return await remote.claim(hashes, endpoint, capacity, alternates)
+        owner, rest = await remote.claim_owner(hashes, endpoint, capacity, alternates)
+        if rest is None:
+            return owner
+        if len(self._claim_rests) >= self._max_late:
+            await rest()
+            return owner
+        task = asyncio.ensure_future(self._run_claim_rest(rest))
+        self._claim_rests.add(task)
+        task.add_done_callback(self._claim_rests.discard)
+        return owner
+
+    async def _run_claim_rest(self, rest: Callable[[], Awaitable[None]]) -> None:
+        """A claim's last writes, under ``write_timeout``; a failure counts as a claim's."""
+        try:
+            async with asyncio.timeout(self._write_timeout):
+                await rest()
+        except SharedStateReplyError as exc:
+            self._reply_error(_CLAIM, exc)
+        except Exception as exc:
+            self._failed(_CLAIM, exc)
+
     def _claimed(self, hashes: Sequence[int], endpoint: str, capacity: int) -> None:
         """A claim the remote recorded for ``endpoint``: the local index and the journal."""
         self._observer.counter(SHARED_STATE_WRITES, _NO_LABELS)
@@ -400,7 +446,9 @@ class ResilientPrefixIndex:
         if len(self._late_claims) >= self._max_late:
             self._add_now(hashes, endpoint, capacity)
             return
-        call = asyncio.ensure_future(remote.claim(hashes, endpoint, capacity, alternates))
+        call = asyncio.ensure_future(
+            self._remote_claim(remote, hashes, endpoint, capacity, alternates)
+        )
         self._watch_late_claim(call, hashes, endpoint, capacity)
 
     def _watch_late_claim(
@@ -489,7 +537,10 @@ class ResilientPrefixIndex:
         tasks = [t for t in (self._writer, self._probe, self._rebuild) if t is not None]
         for task in tasks:
             task.cancel()
-        late: list[asyncio.Future[Any]] = [*self._late, *self._late_claims]
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(self._write_timeout):
+                await asyncio.gather(*self._claim_rests, return_exceptions=True)
+        late: list[asyncio.Future[Any]] = [*self._late, *self._late_claims, *self._claim_rests]
         for call in late:
             call.cancel()
         await asyncio.gather(*tasks, *late, return_exceptions=True)

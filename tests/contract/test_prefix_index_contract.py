@@ -17,7 +17,12 @@ from redis.asyncio.cluster import RedisCluster as ClusterClient
 
 from adapters.redis import RedisClient, RedisPrefixIndex, connect
 from domain.prefixcache import InMemoryPrefixIndex
-from ports.prefix_index import ClaimingPrefixIndex, PrefixIndex, TailAddingPrefixIndex
+from ports.prefix_index import (
+    ClaimingPrefixIndex,
+    PrefixIndex,
+    StagedClaimingPrefixIndex,
+    TailAddingPrefixIndex,
+)
 from tests.contract.conftest import BACKENDS, CONTRACT_TIMEOUT
 from tests.support.prefix_model import PrefixIndexModel
 from tests.support.redis import RedisCluster, RedisServer
@@ -287,6 +292,34 @@ async def test_claiming_a_held_chain_names_its_owner_and_records_nothing(
     other = [D[0], *chain(7, 5)]
     assert await claiming(index).claim(other, "c", 100) in ("a", "b")
     assert await index.match(other) == {"a": 1, "b": 1}
+
+
+async def test_a_staged_claim_names_its_owner_then_records_the_rest(backend: _Backend) -> None:
+    """A store that names a claim's owner before its last writes (``claim_owner``): the
+    chain is the owner's at once, and with the rest run the index is as after ``claim``."""
+    index = backend.make()
+    if not isinstance(index, StagedClaimingPrefixIndex):
+        pytest.skip(f"{backend.name} claims in one step")
+    owner, rest = await index.claim_owner(D, "a", 100)
+    assert owner == "a"
+    assert await index.match(D) == {"a": 10}
+    if rest is not None:
+        await rest()
+    owner, rest = await index.claim_owner(E, "a", 12, ["b"])
+    assert owner == "b"  # a counts one new chain, b none
+    if rest is not None:
+        await rest()
+    owner, rest = await index.claim_owner(chain(11, 10), "a", 12)
+    assert owner == "a"
+    if rest is not None:
+        await rest()
+    # the capacity applies as a claim's: D's oldest blocks made room
+    assert await index.match(D) == {}
+    owner, rest = await index.claim_owner(E, "c", 100, ["a"])
+    assert owner == "b"
+    if rest is not None:
+        await rest()
+    assert await index.match(E) == {"b": 10}
 
 
 async def test_a_removed_owner_no_longer_owns(index: PrefixIndex) -> None:

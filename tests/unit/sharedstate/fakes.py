@@ -4,12 +4,12 @@ fail or recover, and a sleep the test releases step by step."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 
 from domain.prefixcache import InMemoryPrefixIndex
 from ports.shared_state import SharedStateError, SharedStateReplyError, SharedStateWriteRefusedError
 
-__all__ = ["FakeRemoteIndex", "StepSleep", "until"]
+__all__ = ["FakeRemoteIndex", "StagedRemoteIndex", "StepSleep", "until"]
 
 
 class FakeRemoteIndex:
@@ -80,6 +80,31 @@ class FakeRemoteIndex:
 
     def size(self) -> int:
         return -1
+
+
+class StagedRemoteIndex(FakeRemoteIndex):
+    """A ``FakeRemoteIndex`` that names a claim's owner first (``claim_owner``) and leaves
+    a last step, the operation ``claim_rest`` (``slow``, ``garbage`` apply to it), to the
+    caller; ``rests`` counts the steps handed out."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rests = 0
+
+    async def claim_owner(
+        self,
+        hashes: Sequence[int],
+        endpoint: str,
+        capacity: int,
+        alternates: Sequence[str] = (),
+    ) -> tuple[str, Callable[[], Awaitable[None]] | None]:
+        owner = await self.claim(hashes, endpoint, capacity, alternates)
+        self.rests += 1
+        return owner, self._rest
+
+    async def _rest(self) -> None:
+        await self._enter("claim_rest")
+        self.answered.append("claim_rest")
 
 
 class StepSleep:

@@ -23,7 +23,7 @@ from ports.metric_catalogue import (
 )
 from ports.prefix_index import PrefixIndex
 from tests.fakes.observer import RecordingObserver
-from tests.unit.sharedstate.fakes import FakeRemoteIndex, StepSleep, until
+from tests.unit.sharedstate.fakes import FakeRemoteIndex, StagedRemoteIndex, StepSleep, until
 
 H = [0x1000 + i for i in range(8)]
 LOGGER = "domain.sharedstate.resilient_index"
@@ -541,6 +541,46 @@ async def test_a_won_claim_is_recorded_once_and_not_written_again(rig: Rig) -> N
     assert rig.index.local.match_sync(H[:4]) == {"a": 4}
     assert rig.count(SHARED_STATE_WRITES) == 1
     assert rig.count(SHARED_STATE_CLAIMS, outcome="won") == 1
+
+
+async def test_a_staged_claim_answers_with_its_owner_and_finishes_in_the_background() -> None:
+    remote = StagedRemoteIndex()
+    remote.slow.add("claim_rest")
+    observer = RecordingObserver()
+    index = ResilientPrefixIndex(remote, write_timeout=0.05, claim_budget=1.0, observer=observer)
+    await index.start()
+    try:
+        assert await index.claim(H[:4], "a", 10) == "a"
+        # answered in time, not held up by the last step
+        (claimed,) = [r.labels for r in observer.counters if r.metric is SHARED_STATE_CLAIMS]
+        assert claimed == {"outcome": "won"}
+        assert remote.calls[-1] == "claim_rest"
+        assert "claim_rest" not in remote.answered
+        assert index.local.match_sync(H[:4]) == {"a": 4}
+    finally:
+        await index.stop()  # gives the last steps write_timeout, then cancels them
+    assert not index.degraded
+    remote.slow.clear()
+    index = ResilientPrefixIndex(remote, claim_budget=1.0)
+    await index.start()
+    assert await index.claim(H[4:], "b", 10) == "b"
+    await index.stop()
+    assert remote.answered[-1] == "claim_rest"  # stop waited for it
+
+
+async def test_a_staged_claims_failed_last_step_is_counted_as_the_claims_error() -> None:
+    rig = Rig()
+    rig.remote = remote = StagedRemoteIndex()
+    rig.index = ResilientPrefixIndex(remote, observer=rig.observer, sleep=rig.sleep)
+    remote.garbage.add("claim_rest")
+    await rig.index.start()
+    try:
+        assert await rig.index.claim(H[:4], "a", 10) == "a"
+        await until(lambda: rig.count(SHARED_STATE_ERRORS, operation="claim") == 1)
+        assert rig.count(SHARED_STATE_CLAIMS, outcome="won") == 1
+        assert not rig.index.degraded  # an error reply: the store is up
+    finally:
+        await rig.index.stop()
 
 
 async def test_a_claim_moved_to_a_tied_alternate_is_counted_and_learnt(rig: Rig) -> None:
