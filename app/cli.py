@@ -460,7 +460,7 @@ def build_parser() -> argparse.ArgumentParser:
         parser,
         "--redis-claim-deadline",
         _duration,
-        "20ms",
+        "50ms",
         "how long a request with a prefix nobody holds waits for its claim (past it, the "
         "pick stands for that request); it then pays a full prefill, so the wait is small "
         "beside it",

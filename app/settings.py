@@ -86,7 +86,7 @@ class Settings(BaseModel):
     redis_url: str = ""
     redis_key_prefix: str = ""
     redis_deadline: float = Field(default=0.005, gt=0)
-    redis_claim_deadline: float = Field(default=0.02, gt=0)
+    redis_claim_deadline: float = Field(default=0.05, gt=0)
     redis_lease: float = Field(default=10.0, gt=0)
     redis_load_staleness: float = Field(default=0.02, gt=0)
     redis_prefix_ttl: float = Field(default=3600.0, gt=0)

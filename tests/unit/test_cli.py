@@ -206,7 +206,7 @@ def test_shared_state_flags_default_to_in_process() -> None:
     settings = parse_settings(STATIC)
     assert settings.redis_url == ""
     assert settings.redis_deadline == pytest.approx(0.005)
-    assert settings.redis_claim_deadline == pytest.approx(0.02)
+    assert settings.redis_claim_deadline == pytest.approx(0.05)
     assert settings.redis_lease == pytest.approx(10.0)
     assert settings.redis_load_staleness == pytest.approx(0.02)
     assert settings.redis_prefix_ttl == pytest.approx(3600.0)
