@@ -41,15 +41,15 @@ the evicted members), then removes the endpoint from the evicted blocks with one
 when it wrote, the endpoint's node the recency push (two or three round trips on a cluster,
 one on a single server). With alternates, a cluster first sends the claim counts' node
 the choice (the counts are one key, in another slot than the chain): one more round trip.
+The counts' node keeps the choice made for each new chain, so processes claiming one
+chain at once get the first one's choice, counted once, and a claim whose chain was chosen
+for endpoints it may not use counts its own choice only if it writes the chain; a claim
+that finds the chain held by another endpoint than the one it counted takes its count
+back: only the owner's claim counts, as on one server, also while claims are in flight.
 ``claim_owner`` (``StagedClaimingPrefixIndex``) returns the owner once the chain's node
 answered and leaves the recency push and the count's correction to the caller, which
 runs them after the reply to Envoy: a cluster's claim then delays its request by one
 round trip, or two with alternates.
-That node keeps the choice made for each new chain, so processes claiming one chain at
-once get the first one's choice, counted once, and a claim whose chain was chosen for
-endpoints it may not use counts its own choice only if it writes the chain; a claim that
-finds the chain held by another endpoint than the one it counted takes its count back:
-only the owner's claim counts, as on one server, also while claims are in flight.
 ``remove_endpoint`` reads the set, then pipelines the removals.
 Those follow-ups are not atomic with the add: an endpoint re-added to a block by another
 process between the two steps can lose that block's entry (it is then matched a little
