@@ -407,7 +407,7 @@ class ResilientPrefixIndex:
         if rest is None:
             return owner
         if len(self._claim_rests) >= self._max_late:
-            await rest()
+            await self._run_claim_rest(rest)
             return owner
         task = asyncio.ensure_future(self._run_claim_rest(rest))
         self._claim_rests.add(task)
