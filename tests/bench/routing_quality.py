@@ -335,6 +335,8 @@ class Outcome:
     instances_per_group: float
     #: per instance (sorted by name), the groups most of whose requests it served
     groups_per_instance: tuple[int, ...] = ()
+    #: every request's simulated TTFT (ms), for figures pooled over several runs
+    sim_ttft_samples_ms: tuple[float, ...] = ()
 
 
 def simulator_args(args: argparse.Namespace) -> list[str]:
@@ -388,6 +390,7 @@ def summarise(
             else math.nan
         ),
         groups_per_instance=_groups_per_instance(rec, sorted(stats)),
+        sim_ttft_samples_ms=tuple(ttft),
     )
 
 
