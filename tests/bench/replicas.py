@@ -23,6 +23,8 @@ requests per instance, instances per group, ...) and, per column:
 - EPP CPU seconds per 1,000 requests (user + system from ``/proc/<pid>/stat``, summed over
   the replicas, from the start of the traffic to its end: background refreshes included),
   and the replicas' CPU without traffic (seconds per second, over 2 s before it);
+- how many ``GET /metrics`` each model server answered per second of traffic (every
+  replica scrapes every server: 3 replicas, three times one's);
 - the machine's 1-minute load average at the end of the column (other processes' load
   slows the simulators' wall-clock queues, and so the simulated TTFT).
 
@@ -31,9 +33,10 @@ Percentiles from the EPPs' histograms are interpolated within buckets (as Promet
 on a shared machine: compare the columns of one run.
 
 ``--repeat N`` runs the columns N times, interleaved, prints each run's table, then each
-column's hit rate, simulated TTFT p90 and groups per server in every run and its medians
-against the first column's: one run's p90 moves by about 10% between runs of one column
-whose groups landed the same way.
+column's hit rate, simulated TTFT p90 and groups per server in every run, its medians
+against the first column's, and the p90 of all its runs' requests taken together against
+the first column's: one run's p90 moves by about 10% between runs of one column whose groups
+landed the same way, so judge the 5% target on 8 runs or more.
 
 ``--fail-open`` runs another scenario instead: 3 replicas on one ``redis-server`` under the
 same traffic; the server is SIGKILLed when a third of the requests have been sent and
