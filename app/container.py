@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -401,6 +402,8 @@ class Container(containers.DeclarativeContainer):
     registry = providers.Singleton(_registry, settings)
     # --- workers (app/workers): a worker's link to its supervisor, the supervisor's hub ---
     worker_link: providers.Provider[WorkerLink | None] = providers.Object(None)
+    #: a worker's unix socket on which its supervisor hands over accepted connections
+    connection_handoff: providers.Provider[socket.socket | None] = providers.Object(None)
     hub: providers.Provider[SupervisorHub | None] = providers.Object(None)
     # --- observability (spec section 9): one Observer for the domain and the adapters ---
     metrics_observer = providers.Singleton(PrometheusObserver)
@@ -508,6 +511,7 @@ class Container(containers.DeclarativeContainer):
         max_send_message_length=settings.provided.grpc_max_send_msg_size,
         leader=providers.Callable(_leader_check, leader_elector),
         reuse_port=providers.Callable(lambda link: link is not None, worker_link),
+        handoff=connection_handoff,
         max_streams_per_connection=settings.provided.max_streams_per_connection,
         client_ca=providers.Callable(_client_ca, settings),
         transport=settings.provided.extproc_transport,
@@ -515,12 +519,20 @@ class Container(containers.DeclarativeContainer):
     )
 
 
-def build_container(settings: Settings, *, worker_link: WorkerLink | None = None) -> Container:
-    """The process's container; ``worker_link``: a worker's, fed by its supervisor."""
+def build_container(
+    settings: Settings,
+    *,
+    worker_link: WorkerLink | None = None,
+    connection_handoff: socket.socket | None = None,
+) -> Container:
+    """The process's container; ``worker_link``: a worker's, fed by its supervisor;
+    ``connection_handoff``: the socket on which its supervisor hands it connections."""
     container = Container()
     container.settings.override(settings)
     if worker_link is not None:
         container.worker_link.override(providers.Object(worker_link))
+    if connection_handoff is not None:
+        container.connection_handoff.override(providers.Object(connection_handoff))
     return container
 
 

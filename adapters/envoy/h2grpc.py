@@ -34,6 +34,7 @@ import contextlib
 import functools
 import logging
 import random
+import socket
 import ssl
 import struct
 from collections import deque
@@ -1216,7 +1217,9 @@ class H2GrpcServer:
     calls of the whole server (past it: ``RESOURCE_EXHAUSTED``), ``max_streams_per_connection``
     one connection's (SETTINGS_MAX_CONCURRENT_STREAMS; past it: REFUSED_STREAM).
     ``max_connection_age`` asks each connection to reconnect after about that many seconds
-    (GOAWAY; its streams finish). ``reuse_port`` binds with SO_REUSEPORT."""
+    (GOAWAY; its streams finish). ``reuse_port`` binds with SO_REUSEPORT;
+    ``start_handed`` serves the connections another process accepted and hands over
+    (a pod's worker)."""
 
     def __init__(
         self,
@@ -1251,6 +1254,8 @@ class H2GrpcServer:
         # strikes per peer host (see _Connection.penalize): count, time of the last
         self._strikes: dict[str, tuple[int, float]] = {}
         self._server: asyncio.Server | None = None
+        self._handoff: socket.socket | None = None
+        self._adopting: set[asyncio.Task[None]] = set()
 
     def strike(self, host: str, now: float) -> int:
         """Counts a protocol break by a peer on ``host``; returns its strikes in a row (those
@@ -1275,6 +1280,50 @@ class H2GrpcServer:
         )
         return int(self._server.sockets[0].getsockname()[1])
 
+    def start_handed(self, handoff: socket.socket) -> None:
+        """Serves the connections that arrive on ``handoff`` (a unix socket carrying one
+        accepted TCP socket per message, ``socket.send_fds``) instead of listening. A
+        connection handed over while draining is served a GOAWAY at once; the end of
+        ``handoff`` (its sender gone) stops the adoption, not the connections served."""
+        handoff.setblocking(False)
+        self._handoff = handoff
+        asyncio.get_running_loop().add_reader(handoff.fileno(), self._take_handed)
+
+    def _take_handed(self) -> None:
+        handoff = self._handoff
+        assert handoff is not None
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                message, fds, _, _ = socket.recv_fds(handoff, 16, 4)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:
+                logger.warning("connection handoff failed: %s; no more connections", exc)
+                self._close_handoff()
+                return
+            if not message and not fds:
+                self._close_handoff()
+                return
+            for fd in fds:
+                task = loop.create_task(self._adopt(socket.socket(fileno=fd)))
+                self._adopting.add(task)
+                task.add_done_callback(self._adopting.discard)
+
+    async def _adopt(self, sock: socket.socket) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            await loop.connect_accepted_socket(lambda: _Connection(self), sock, ssl=self._ssl)
+        except (OSError, ssl.SSLError) as exc:  # a failed handshake: that connection only
+            logger.debug("connection handed over but not served: %s", exc)
+            sock.close()
+
+    def _close_handoff(self) -> None:
+        if self._handoff is not None:
+            asyncio.get_running_loop().remove_reader(self._handoff.fileno())
+            self._handoff.close()
+            self._handoff = None
+
     async def stop(self, grace: float) -> None:
         """Stops accepting, asks every connection to open no new stream, waits up to
         ``grace`` seconds for the calls open, then ends them with UNAVAILABLE."""
@@ -1294,3 +1343,4 @@ class H2GrpcServer:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self.no_connections.wait(), _CLOSE_LINGER + 0.5)
         self._server = None
+        self._close_handoff()

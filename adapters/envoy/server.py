@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import socket
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -69,7 +70,9 @@ class GrpcServers:
     before gRPC makes a call of its streams. The message size limits apply to the ext_proc
     server. With ``leader`` (leader election), readiness also needs ``leader()``
     (``HealthServicer``). ``reuse_port`` shares the ext_proc port with the pod's other
-    workers (``SO_REUSEPORT``); ``health_port`` None serves no health port (a worker: its
+    workers (``SO_REUSEPORT``), or with ``handoff`` (the native transport) serves the
+    connections the pod's supervisor accepts and hands over on that unix socket, without
+    listening itself; ``health_port`` None serves no health port (a worker: its
     supervisor serves the pod's). One HTTP/2 connection may open at most
     ``max_streams_per_connection`` ext_proc streams at once (SETTINGS_MAX_CONCURRENT_STREAMS;
     0: no limit): a peer holding many streams on a few connections cannot flood the queue of
@@ -97,6 +100,7 @@ class GrpcServers:
         max_send_message_length: int = 64 * 1024 * 1024,
         leader: Callable[[], bool] | None = None,
         reuse_port: bool = False,
+        handoff: socket.socket | None = None,
         max_streams_per_connection: int = 0,
         client_ca: bytes | None = None,
         transport: str = "native",
@@ -107,6 +111,7 @@ class GrpcServers:
             raise ValueError(f"transport must be one of {TRANSPORTS}, not {transport!r}")
         self._transport_kind = transport
         self._reuse_port = reuse_port
+        self._handoff = handoff
         self._max_receive = max_receive_message_length
         self._max_send = max_send_message_length
         self._host = host
@@ -171,6 +176,10 @@ class GrpcServers:
 
     async def _start_native(self) -> Any:
         server = self._native_server()
+        if self._handoff is not None:
+            server.start_handed(self._handoff)
+            self.bound_grpc_port = self._grpc_port
+            return server
         address = f"{self._host}:{self._grpc_port}"
         try:
             self.bound_grpc_port = await server.start(self._host, self._grpc_port)

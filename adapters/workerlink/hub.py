@@ -122,6 +122,10 @@ class SupervisorHub:
     def ready_workers(self) -> int:
         return sum(1 for peer in self._peers.values() if peer.ready)
 
+    def is_ready(self, worker_id: int) -> bool:
+        peer = self._peers.get(worker_id)
+        return peer is not None and peer.ready
+
     def disconnect(self, worker_id: int) -> None:
         peer = self._peers.pop(worker_id, None)
         if peer is not None:

@@ -3,9 +3,13 @@
 It is the pod's one face and its one data layer; the workers serve the requests:
 
 - **Workers.** N processes (``python -m app`` with the same flags and ``EPP_WORKER`` set),
-  each a full EPP accepting on the ext_proc port with ``SO_REUSEPORT``. The supervisor
-  holds the port from start to end (a bound, non-listening ``SO_REUSEPORT`` socket, which
-  also resolves ``--grpc-port 0``), so it stays the pod's while workers restart.
+  each a full EPP. The supervisor holds the ext_proc port from start to end (which also
+  resolves ``--grpc-port 0``), so it stays the pod's while workers restart. With the native
+  transport it listens, and hands each connection to the next ready worker
+  (``ConnectionDispatcher``): connections alternate over the workers. With
+  ``--extproc-transport=grpcio`` (grpc.aio cannot serve a socket handed to it) the port is
+  a bound, non-listening ``SO_REUSEPORT`` socket, and the workers accept beside it: the
+  kernel picks a worker per connection by a hash.
 - **Restarts.** A worker that exits is started again after a backoff: 0.5 s, doubling per
   exit in a row up to 30 s, back to 0.5 s once a worker lived 30 s; each exit is logged with
   its code and the delay. A worker that fails before any worker of the pod was ever ready
@@ -46,7 +50,7 @@ from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 from adapters.envoy.health import HealthServicer
 from adapters.prometheus.exporter import authorization
 from adapters.prometheus.merge import merge_expositions
-from adapters.workerlink import SupervisorHub
+from adapters.workerlink import ConnectionDispatcher, SupervisorHub
 from app.config.loader import ConfigError
 from app.container import build_supervisor_container
 from app.logsetup import configure_logging
@@ -69,14 +73,20 @@ KILL_AFTER_GRACE = 5.0
 WORKER_SCRAPE_TIMEOUT = 2.0
 
 
-def _reserve_port(host: str, port: int) -> socket.socket:
-    """A bound, non-listening ``SO_REUSEPORT`` socket on ``host:port`` (raises ``OSError``
-    naming ``--grpc-port``): the workers' listeners join it; it accepts nothing itself."""
+def _reserve_port(host: str, port: int, *, listen: bool) -> socket.socket:
+    """The ext_proc port (raises ``OSError`` naming ``--grpc-port``): listening, for the
+    supervisor to accept on (``listen``), or a bound, non-listening ``SO_REUSEPORT`` socket
+    that the workers' listeners join."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        if listen:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        else:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         sock.bind((host.strip("[]"), port))
+        if listen:
+            sock.listen(1024)
     except OSError as exc:
         sock.close()
         raise OSError(f"--grpc-port: cannot listen on {host}:{port}: {exc}") from exc
@@ -118,6 +128,9 @@ class Supervisor:
         self.fatal: int | None = None
         self.ever_ready = False
         self.grpc_port = 0
+        self.dispatcher: ConnectionDispatcher | None = None
+        self._port: socket.socket | None = None
+        self._dispatching: asyncio.Task[None] | None = None
         self._session: aiohttp.ClientSession | None = None
 
     # --- the pod's face ---
@@ -223,23 +236,39 @@ class Supervisor:
 
     # --- workers ---
 
-    async def _keep(self, slot: _Slot) -> None:
+    async def _spawn(self, slot: _Slot) -> asyncio.subprocess.Process:
+        handoff = self.dispatcher.attach(slot.worker_id) if self.dispatcher else None
         role = WorkerRole(
             worker_id=slot.worker_id,
             supervisor_pid=os.getpid(),
             grpc_port=self.grpc_port,
             socket_path=self.hub.path,
+            handoff_fd=handoff.fileno() if handoff else -1,
         )
-        env = {**os.environ, WORKER_VARIABLE: role.encode()}
-        while not self.draining:
-            process = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "app", *self.argv, env=env, stdin=asyncio.subprocess.DEVNULL
+        try:
+            return await asyncio.create_subprocess_exec(
+                sys.executable,
+                "-m",
+                "app",
+                *self.argv,
+                env={**os.environ, WORKER_VARIABLE: role.encode()},
+                stdin=asyncio.subprocess.DEVNULL,
+                pass_fds=(handoff.fileno(),) if handoff else (),
             )
+        finally:
+            if handoff is not None:
+                handoff.close()  # the worker's copy is the one that counts
+
+    async def _keep(self, slot: _Slot) -> None:
+        while not self.draining:
+            process = await self._spawn(slot)
             slot.process = process
             started = time.monotonic()
             logger.info("worker %d started (pid %d)", slot.worker_id, process.pid)
             code = await process.wait()
             self.hub.disconnect(slot.worker_id)
+            if self.dispatcher is not None:
+                self.dispatcher.detach(slot.worker_id)
             if self.draining:
                 logger.info(
                     "worker %d (pid %d) ended: %s",
@@ -292,6 +321,10 @@ class Supervisor:
     async def _drain_workers(self) -> None:
         self.draining = True
         self.health.start_draining()
+        if self._dispatching is not None:  # new connections are refused from here on
+            self._dispatching.cancel()
+            if self._port is not None:
+                self._port.close()
         grace = self.settings.shutdown_grace_period
         logger.info("stopping: draining %d workers for up to %.1fs", len(self.slots), grace)
         running = [s.process for s in self.slots if s.process and s.process.returncode is None]
@@ -316,11 +349,18 @@ class Supervisor:
             logger.error("invalid configuration: %s", exc)
             return 1
         try:
-            reserved = _reserve_port(self.settings.bind_address, self.settings.grpc_port)
+            reserved = _reserve_port(
+                self.settings.bind_address,
+                self.settings.grpc_port,
+                listen=self.settings.extproc_transport == "native",
+            )
         except OSError as exc:
             logger.error("%s", exc)
             return 1
         self.grpc_port = reserved.getsockname()[1]
+        self._port = reserved
+        if self.settings.extproc_transport == "native":
+            self.dispatcher = ConnectionDispatcher(reserved, self.hub.is_ready)
         runner: web.AppRunner | None = None
         health: grpc.aio.Server | None = None
         collectors = self.container.collectors()
@@ -361,6 +401,9 @@ class Supervisor:
             collectors.start()
             tasks.append(asyncio.create_task(source.run(sink), name="endpoint-source"))
             tasks.append(asyncio.create_task(self._watch_readiness(), name="readiness"))
+            if self.dispatcher is not None:
+                self._dispatching = asyncio.create_task(self.dispatcher.run(), name="dispatch")
+                tasks.append(self._dispatching)
             keepers = [asyncio.create_task(self._keep(slot)) for slot in self.slots]
             stop_task = asyncio.create_task(self.stop.wait())
             done, _ = await asyncio.wait({*tasks, stop_task}, return_when=asyncio.FIRST_COMPLETED)

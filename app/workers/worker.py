@@ -2,11 +2,12 @@
 
 It differs from a lone EPP in four ways: its endpoints, objectives, model-server metrics
 and watched objects come from the supervisor (``WorkerLink``) instead of its own discovery,
-polls and watches; it accepts on the ext_proc port with ``SO_REUSEPORT`` beside the other
-workers; it serves no health port (the supervisor serves the pod's) and its ``/metrics``
-on a loopback port that the supervisor merges; and it dies with its supervisor (Linux:
-``PR_SET_PDEATHSIG`` = SIGKILL, so no orphan keeps the port; elsewhere, and as well, it
-stops when the supervisor's socket closes).
+polls and watches; it serves the ext_proc connections the supervisor accepts and hands
+over (with ``--extproc-transport=grpcio``: it accepts on the port with ``SO_REUSEPORT``
+beside the other workers); it serves no health port (the supervisor serves the pod's) and
+its ``/metrics`` on a loopback port that the supervisor merges; and it dies with its
+supervisor (Linux: ``PR_SET_PDEATHSIG`` = SIGKILL, so no orphan keeps the port; elsewhere,
+and as well, it stops when the supervisor's socket closes).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import ctypes
 import logging
 import os
 import signal
+import socket
 import sys
 
 from adapters.workerlink import WorkerLink
@@ -54,7 +56,8 @@ async def _main(settings: Settings, role: WorkerRole) -> int:
     except OSError as exc:
         logger.error("cannot reach the supervisor at %s: %s", role.socket_path, exc)
         return 1
-    container = build_container(settings, worker_link=link)
+    handoff = socket.socket(fileno=role.handoff_fd) if role.handoff_fd >= 0 else None
+    container = build_container(settings, worker_link=link, connection_handoff=handoff)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -7,6 +7,7 @@ import functools
 import os
 import re
 import signal
+import socket
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -119,6 +120,60 @@ async def test_sigterm_drains_the_workers_in_flight_streams_then_exits_0(
         assert not any(_alive(pid) for pid in pids)
         assert "worker=supervisor" in epp.child.log()
         assert "worker=1" in epp.child.log()
+    finally:
+        epp.child.stop()
+
+
+def _served_by_worker(child: ChildProcess) -> dict[int, float]:
+    """``inference_objective_request_total`` on each worker's own ``/metrics``."""
+    counts = {}
+    for worker in _workers(child):
+        url = f"http://127.0.0.1:{worker['metrics_port']}/metrics"
+        with urllib.request.urlopen(url, timeout=5) as r:
+            text = r.read().decode()
+        counts[worker["worker"]] = sum(
+            float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines()
+            if line.startswith("inference_objective_request_total{")
+        )
+    return counts
+
+
+async def _one_routed_stream(port: int) -> None:
+    """One ext_proc stream routed, on a connection of its own."""
+    async with grpc.aio.insecure_channel(
+        f"127.0.0.1:{port}", options=[("grpc.use_local_subchannel_pool", 1)]
+    ) as channel:
+        call = pb_grpc.ExternalProcessorStub(channel).Process()
+        await call.write(request_headers(envoy_headers()))
+        await call.write(request_body(b'{"model": "m", "prompt": "turn"}', end_of_stream=True))
+        reply = await call.read()
+        assert dict(set_headers(reply.request_headers.response))
+        await call.read()  # the body
+        await call.done_writing()
+        assert await call.code() == grpc.StatusCode.OK
+
+
+async def test_connections_are_handed_to_the_workers_in_turn(
+    tmp_path: Path, redis_url: str
+) -> None:
+    # The kernel's SO_REUSEPORT hash would put all four on one worker one time in eight,
+    # and split them 3/1 one time in two: handed over by the supervisor they alternate.
+    epp = Epp(tmp_path, "--workers", "2", "--redis-url", redis_url, "--tracing=false")
+    epp.child.start()
+    try:
+        await asyncio.to_thread(wait_for, lambda: _all_ready(epp.child), timeout=60, what="ready")
+        for _ in range(4):
+            await _one_routed_stream(epp.grpc_port)
+        assert await asyncio.to_thread(_served_by_worker, epp.child) == {0: 2.0, 1: 2.0}
+
+        epp.child.signal(signal.SIGTERM)
+        await asyncio.to_thread(
+            wait_for, lambda: epp.readiness() == NOT_SERVING, timeout=10, what="NOT_SERVING"
+        )
+        with pytest.raises(ConnectionRefusedError):  # the port is closed while draining
+            socket.create_connection(("127.0.0.1", epp.grpc_port), timeout=5).close()
+        assert await asyncio.to_thread(epp.child.wait, 30) == 0
     finally:
         epp.child.stop()
 
