@@ -44,12 +44,14 @@ _OPTIONS = [
     ("grpc.keepalive_permit_without_calls", 1),
     ("grpc.http2.max_pings_without_data", 0),
 ]
-# Workers of one pod accept on the same ext_proc port. The kernel spreads new connections,
-# not streams, and a gateway keeps few long-lived HTTP/2 connections: each connection is
-# asked to reconnect (GOAWAY, in-flight streams finish; gRPC jitters the age by 10 %) after
+# Workers of one pod share the ext_proc port. Connections, not streams, go to workers, and a
+# gateway keeps few long-lived HTTP/2 connections: each connection is asked to reconnect
+# (GOAWAY, in-flight streams finish; the age is jittered by 10 %) after
 # SHARED_PORT_CONNECTION_AGE_MS, so the gateway's streams are re-spread over the workers.
-# The cost is one TLS handshake per gateway connection per period.
-SHARED_PORT_CONNECTION_AGE_MS = 250
+# The cost is one TLS handshake per gateway connection per period, and the move of its
+# streams to another process: 250 ms cost 2 workers a median 18 % more CPU per request than
+# one on the 2-core bench machine, 500 ms 0-17 % (docs/decisions/0023).
+SHARED_PORT_CONNECTION_AGE_MS = 500
 _SHARED_PORT_OPTIONS = [
     *((k, 1 if k == "grpc.so_reuseport" else v) for k, v in _OPTIONS),
     ("grpc.max_connection_age_ms", SHARED_PORT_CONNECTION_AGE_MS),

@@ -7,9 +7,12 @@ SSE-sized ``response_body`` message and waits for the reply, over ``--streams`` 
 streams. Prints the server's CPU per message pair: the floor under the EPP's cost per SSE
 chunk, for each ``--transports``: ``grpcio`` (grpc.aio, docs/decisions/0013), ``native``
 (``adapters.envoy.h2grpc``, docs/decisions/0020), ``inline`` (the same, each message
-answered in the transport's read without waking the handler, docs/decisions/0021) and ``h2``
+answered in the transport's read without waking the handler, docs/decisions/0021), ``h2``
 (the same echo on the ``h2`` library's HTTP/2 state machine, when it is installed: what a
-kept library would cost).
+kept library would cost) and ``socket`` (no HTTP/2, no gRPC, no protobuf: the same bytes
+echoed in a uvloop protocol's ``data_received``, each message a stream id and a length
+before the chunk, streams multiplexed on one connection as gRPC's are; what a Python
+process pays per message pair for the socket and the event loop alone).
 
     .venv/bin/python -m tests.bench.grpc_floor [--pairs 4000] [--streams 1,16]
 """
@@ -20,6 +23,7 @@ import argparse
 import asyncio
 import importlib.util
 import statistics
+import struct
 import subprocess
 import sys
 from typing import Any
@@ -77,6 +81,9 @@ async def _serve(transport: str) -> None:
     if transport == "h2":
         await _serve_h2()
         return
+    if transport == "socket":
+        await _serve_socket()
+        return
     server = grpc.aio.server()
     handlers = {
         "Process": grpc.stream_stream_rpc_method_handler(
@@ -106,6 +113,59 @@ async def _load(port: int, streams: int, pairs: int) -> None:
             await call.read()
 
         await asyncio.gather(*(one(pairs // streams) for _ in range(streams)))
+
+
+_SOCKET_HEADER = struct.Struct(">II")  # stream id, length
+
+
+async def _serve_socket() -> None:
+    class Echo(asyncio.Protocol):
+        def connection_made(self, transport: Any) -> None:
+            self.transport = transport
+            self.buffer = b""
+
+        def data_received(self, data: bytes) -> None:
+            buffer = self.buffer + data if self.buffer else data
+            out = []
+            offset = 0
+            while len(buffer) - offset >= 8:
+                _, size = _SOCKET_HEADER.unpack_from(buffer, offset)
+                end = offset + 8 + size
+                if end > len(buffer):
+                    break
+                out.append(buffer[offset:end])
+                offset = end
+            self.buffer = buffer[offset:]
+            if out:
+                self.transport.write(b"".join(out))
+
+    server = await asyncio.get_running_loop().create_server(Echo, "127.0.0.1", 0)
+    print(server.sockets[0].getsockname()[1], flush=True)
+    await server.serve_forever()
+
+
+async def _load_socket(port: int, streams: int, pairs: int) -> None:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    waiting: dict[int, asyncio.Future[None]] = {}
+
+    async def demux() -> None:
+        while True:
+            header = await reader.readexactly(8)
+            stream, size = _SOCKET_HEADER.unpack(header)
+            await reader.readexactly(size)
+            waiting.pop(stream).set_result(None)
+
+    async def one(stream: int, count: int) -> None:
+        message = _SOCKET_HEADER.pack(stream, len(CHUNK)) + CHUNK
+        for _ in range(count):
+            waiting[stream] = asyncio.get_running_loop().create_future()
+            writer.write(message)
+            await waiting[stream]
+
+    reading = asyncio.create_task(demux())
+    await asyncio.gather(*(one(i, pairs // streams) for i in range(streams)))
+    reading.cancel()
+    writer.close()
 
 
 async def _serve_h2() -> None:
@@ -159,7 +219,7 @@ def main() -> None:
     parser.add_argument("--streams", default="1,16", help="concurrent streams, one row each")
     parser.add_argument(
         "--transports",
-        default="grpcio,native,inline,h2",
+        default="grpcio,native,inline,h2,socket",
         help="servers to compare, one column each",
     )
     parser.add_argument("--rounds", type=int, default=3, help="alternating rounds; medians")
@@ -185,14 +245,16 @@ def main() -> None:
             )
             assert server.stdout is not None
             servers[transport] = (server, int(server.stdout.readline()))
-            asyncio.run(_load(servers[transport][1], 8, 400))  # warm up
+            load = _load_socket if transport == "socket" else _load
+            asyncio.run(load(servers[transport][1], 8, 400))  # warm up
         streams_rows = [int(s) for s in args.streams.split(",")]
         costs: dict[tuple[int, str], list[float]] = {}
         for _ in range(args.rounds):
             for streams in streams_rows:
                 for transport, (server, port) in servers.items():
+                    load = _load_socket if transport == "socket" else _load
                     before = cpu_seconds(server.pid)
-                    asyncio.run(_load(port, streams, args.pairs))
+                    asyncio.run(load(port, streams, args.pairs))
                     spent = (cpu_seconds(server.pid) - before) / args.pairs
                     costs.setdefault((streams, transport), []).append(spent)
         print(f"server CPU per message pair, us (median of {args.rounds} alternating rounds)")

@@ -106,7 +106,8 @@ def test_every_request_succeeds_and_both_workers_take_streams(stack: Stack) -> N
         after = per_worker(stack)
         return all(after[w] > before.get(w, 0) for w in after) and len(after) == WORKERS
 
-    # The kernel spreads connections; workers ask Envoy to reconnect every 250 ms or so.
+    # The supervisor hands connections out in turn; workers ask Envoy to reconnect every
+    # 500 ms or so.
     wait_for(both_took_streams, timeout=60, what="streams on both workers")
     assert statuses
     assert set(statuses) == {200}
