@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import os
 import re
@@ -10,7 +11,7 @@ import signal
 import socket
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -90,13 +91,21 @@ def test_a_bad_config_stops_the_supervisor_with_exit_1(tmp_path: Path, redis_url
     assert "worker 0 started" not in epp.child.log()
 
 
-async def test_sigterm_drains_the_workers_in_flight_streams_then_exits_0(
-    tmp_path: Path, redis_url: str
-) -> None:
+@contextlib.asynccontextmanager
+async def _two_workers_ready(tmp_path: Path, redis_url: str) -> AsyncIterator[Epp]:
     epp = Epp(tmp_path, "--workers", "2", "--redis-url", redis_url, "--tracing=false")
     epp.child.start()
     try:
         await asyncio.to_thread(wait_for, lambda: _all_ready(epp.child), timeout=60, what="ready")
+        yield epp
+    finally:
+        epp.child.stop()
+
+
+async def test_sigterm_drains_the_workers_in_flight_streams_then_exits_0(
+    tmp_path: Path, redis_url: str
+) -> None:
+    async with _two_workers_ready(tmp_path, redis_url) as epp:
         pids = [w["pid"] for w in _workers(epp.child)]
         async with grpc.aio.insecure_channel(f"127.0.0.1:{epp.grpc_port}") as channel:
             call = pb_grpc.ExternalProcessorStub(channel).Process()
@@ -120,8 +129,6 @@ async def test_sigterm_drains_the_workers_in_flight_streams_then_exits_0(
         assert not any(_alive(pid) for pid in pids)
         assert "worker=supervisor" in epp.child.log()
         assert "worker=1" in epp.child.log()
-    finally:
-        epp.child.stop()
 
 
 def _served_by_worker(child: ChildProcess) -> dict[int, float]:
@@ -159,10 +166,7 @@ async def test_connections_are_handed_to_the_workers_in_turn(
 ) -> None:
     # The kernel's SO_REUSEPORT hash would put all four on one worker one time in eight,
     # and split them 3/1 one time in two: handed over by the supervisor they alternate.
-    epp = Epp(tmp_path, "--workers", "2", "--redis-url", redis_url, "--tracing=false")
-    epp.child.start()
-    try:
-        await asyncio.to_thread(wait_for, lambda: _all_ready(epp.child), timeout=60, what="ready")
+    async with _two_workers_ready(tmp_path, redis_url) as epp:
         for _ in range(4):
             await _one_routed_stream(epp.grpc_port)
         assert await asyncio.to_thread(_served_by_worker, epp.child) == {0: 2.0, 1: 2.0}
@@ -174,8 +178,6 @@ async def test_connections_are_handed_to_the_workers_in_turn(
         with pytest.raises(ConnectionRefusedError):  # the port is closed while draining
             socket.create_connection(("127.0.0.1", epp.grpc_port), timeout=5).close()
         assert await asyncio.to_thread(epp.child.wait, 30) == 0
-    finally:
-        epp.child.stop()
 
 
 def test_leader_election_with_workers_exits_2_naming_the_flag(tmp_path: Path) -> None:
