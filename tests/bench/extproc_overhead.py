@@ -11,6 +11,8 @@ redis-server, each against its own direct Envoy, one after the other) and prints
 count: requests/s, latency, EPP CPU per request summed over all the pod's processes, how the
 requests split over the workers, the memory of each process, the scrapes per second each
 model server received, and the requests/s per core that CPU cost projects.
+``--envoy-concurrency N`` gives both Envoys N worker threads, each with its own connections
+to the EPP (the default 1 needs a single connection for 32 streams).
 
 Then a streamed row: ``--stream-requests`` completions of ``--stream-tokens`` tokens
 (``stream: true`` with usage), through both Envoys, with the EPP's CPU per streamed request
@@ -183,6 +185,12 @@ def main() -> None:
         "--idle-seconds", type=float, default=3.0, help="idle CPU measured this long (net figures)"
     )
     parser.add_argument(
+        "--envoy-concurrency",
+        type=int,
+        default=1,
+        help="Envoy worker threads (each opens its own connections to the EPP)",
+    )
+    parser.add_argument(
         "--workers",
         default="",
         help="comma-separated worker counts (e.g. 1,2,auto): one pod per count on one "
@@ -351,6 +359,7 @@ def _pod(args: argparse.Namespace, redis_url: str, workers: int) -> PodRow:
         simulators=args.simulators,
         epp_tls=not args.plaintext,
         epp_args=[*args.epp_arg, "--redis-url", redis_url, "--workers", str(workers)],
+        envoy_concurrency=args.envoy_concurrency,
     )
     with Stack.run(options) as stack:
         assert stack.epp is not None
@@ -421,7 +430,8 @@ def _workers_bench(args: argparse.Namespace) -> None:
     finally:
         server.stop()
     print(
-        f"concurrency {args.concurrency}, {args.requests} requests x {args.rounds} rounds per "
+        f"concurrency {args.concurrency}, Envoy threads {args.envoy_concurrency}, "
+        f"{args.requests} requests x {args.rounds} rounds per "
         f"pod and mode, {args.simulators} simulated servers, EPP TLS "
         f"{'off' if args.plaintext else 'on'}, --redis-url on, {os.cpu_count()} CPUs (shared "
         f"by Envoy, the simulators, the load and the EPP: throughput cannot scale here), "
