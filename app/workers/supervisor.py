@@ -9,7 +9,8 @@ It is the pod's one face and its one data layer; the workers serve the requests:
   (``ConnectionDispatcher``): connections alternate over the workers. With
   ``--extproc-transport=grpcio`` (grpc.aio cannot serve a socket handed to it) the port is
   a bound, non-listening ``SO_REUSEPORT`` socket, and the workers accept beside it: the
-  kernel picks a worker per connection by a hash.
+  kernel picks a worker per connection by a hash. With TLS and no ``--cert-path``, the
+  supervisor makes one self-signed certificate and gives every worker its directory.
 - **Restarts.** A worker that exits is started again after a backoff: 0.5 s, doubling per
   exit in a row up to 30 s, back to 0.5 s once a worker lived 30 s; each exit is logged with
   its code and the delay. A worker that fails before any worker of the pod was ever ready
@@ -48,6 +49,7 @@ from grpc_health.v1 import health_pb2_grpc
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 
 from adapters.envoy.health import HealthServicer
+from adapters.envoy.tls import self_signed_certificate
 from adapters.prometheus.exporter import authorization
 from adapters.prometheus.merge import merge_expositions
 from adapters.workerlink import ConnectionDispatcher, SupervisorHub
@@ -93,6 +95,22 @@ def _reserve_port(host: str, port: int, *, listen: bool) -> socket.socket:
     return sock
 
 
+def _write_self_signed(workdir: str) -> str:
+    """A fresh self-signed certificate as ``tls.crt`` and ``tls.key`` in a new directory of
+    ``workdir`` (readable by this user only); returns the directory."""
+    directory = os.path.join(workdir, "certificate")
+    os.mkdir(directory, 0o700)
+    certificate = self_signed_certificate()
+    for name, pem in (
+        ("tls.crt", certificate.certificate_pem),
+        ("tls.key", certificate.private_key_pem),
+    ):
+        descriptor = os.open(os.path.join(directory, name), os.O_WRONLY | os.O_CREAT, 0o600)
+        with os.fdopen(descriptor, "wb") as file:
+            file.write(pem)
+    return directory
+
+
 def _describe_exit(code: int) -> str:
     if code < 0:
         try:
@@ -119,6 +137,10 @@ class Supervisor:
         self.settings = settings
         self.argv = list(argv)
         self.workdir = tempfile.mkdtemp(prefix="epp-workers-")  # mode 0700
+        if settings.secure_serving and settings.cert_path is None:
+            # One self-signed certificate for the pod, not one per worker: a client that
+            # pins the certificate it saw works whichever worker serves it next.
+            self.argv += ["--cert-path", _write_self_signed(self.workdir)]
         self.hub = SupervisorHub(os.path.join(self.workdir, "link.sock"))
         self.container = build_supervisor_container(settings, self.hub)
         self.health = HealthServicer(lambda: self.hub.ready_workers() > 0)

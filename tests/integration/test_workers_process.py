@@ -9,6 +9,7 @@ import os
 import re
 import signal
 import socket
+import ssl
 import urllib.error
 import urllib.request
 from collections.abc import AsyncIterator, Iterator
@@ -178,6 +179,38 @@ async def test_connections_are_handed_to_the_workers_in_turn(
         with pytest.raises(ConnectionRefusedError):  # the port is closed while draining
             socket.create_connection(("127.0.0.1", epp.grpc_port), timeout=5).close()
         assert await asyncio.to_thread(epp.child.wait, 30) == 0
+
+
+def _peer_certificate(port: int) -> bytes:
+    context = ssl.create_default_context()
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    context.set_alpn_protocols(["h2"])
+    with (
+        socket.create_connection(("127.0.0.1", port), timeout=5) as raw,
+        context.wrap_socket(raw) as tls,
+    ):
+        certificate = tls.getpeercert(binary_form=True)
+    assert certificate
+    return certificate
+
+
+async def test_every_worker_serves_the_pods_one_self_signed_certificate(
+    tmp_path: Path, redis_url: str
+) -> None:
+    # connections are handed to the workers in turn, so four of them meet both workers
+    epp = Epp(
+        tmp_path,
+        *("--workers", "2", "--redis-url", redis_url, "--tracing=false"),
+        "--secure-serving=true",
+    )
+    epp.child.start()
+    try:
+        await asyncio.to_thread(wait_for, lambda: _all_ready(epp.child), timeout=60, what="ready")
+        seen = {await asyncio.to_thread(_peer_certificate, epp.grpc_port) for _ in range(4)}
+        assert len(seen) == 1
+    finally:
+        epp.child.stop()
 
 
 def test_leader_election_with_workers_exits_2_naming_the_flag(tmp_path: Path) -> None:
