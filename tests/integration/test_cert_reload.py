@@ -7,8 +7,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import socket
-import ssl
 from pathlib import Path
 
 import grpc
@@ -23,7 +21,7 @@ from adapters.envoy.tls import (
     self_signed_certificate,
 )
 from domain.datastore import Datastore
-from tests.support.certs import client_pair
+from tests.support.certs import client_pair, served_certificate
 from tests.support.director import configured_director
 from tests.support.extproc import completion, envoy_headers, request_body_chunks, request_headers
 
@@ -39,17 +37,7 @@ def _write(directory: Path, name: str, data: bytes) -> None:
 
 def _served_subject(port: int) -> str:
     """The subject CN of the certificate a new TLS connection to ``port`` is given."""
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
-    context.check_hostname = False
-    context.verify_mode = ssl.CERT_NONE
-    context.set_alpn_protocols(["h2"])
-    with (
-        socket.create_connection(("127.0.0.1", port), timeout=5) as raw,
-        context.wrap_socket(raw) as tls,
-    ):
-        der = tls.getpeercert(binary_form=True)
-    assert der is not None
-    name = x509.load_der_x509_certificate(der).subject
+    name = x509.load_der_x509_certificate(served_certificate(port)).subject
     return str(name.get_attributes_for_oid(x509.NameOID.COMMON_NAME)[0].value)
 
 

@@ -9,7 +9,6 @@ import os
 import re
 import signal
 import socket
-import ssl
 import urllib.error
 import urllib.request
 from collections.abc import AsyncIterator, Iterator
@@ -23,6 +22,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
 from tests.e2e.test_kubernetes_e2e import MODEL_LABELS, POOL, model_pod, write_kubeconfig
 from tests.integration.test_process import NOT_SERVING, Epp
+from tests.support.certs import served_certificate
 from tests.support.extproc import envoy_headers, request_body, request_headers, set_headers
 from tests.support.kube_api import INFERENCE_POOLS_V1, PODS, KubeApiServer, inference_pool_v1
 from tests.support.ports import bindable
@@ -181,20 +181,6 @@ async def test_connections_are_handed_to_the_workers_in_turn(
         assert await asyncio.to_thread(epp.child.wait, 30) == 0
 
 
-def _peer_certificate(port: int) -> bytes:
-    context = ssl.create_default_context()
-    context.check_hostname = False
-    context.verify_mode = ssl.CERT_NONE
-    context.set_alpn_protocols(["h2"])
-    with (
-        socket.create_connection(("127.0.0.1", port), timeout=5) as raw,
-        context.wrap_socket(raw) as tls,
-    ):
-        certificate = tls.getpeercert(binary_form=True)
-    assert certificate
-    return certificate
-
-
 async def test_every_worker_serves_the_pods_one_self_signed_certificate(
     tmp_path: Path, redis_url: str
 ) -> None:
@@ -207,7 +193,7 @@ async def test_every_worker_serves_the_pods_one_self_signed_certificate(
     epp.child.start()
     try:
         await asyncio.to_thread(wait_for, lambda: _all_ready(epp.child), timeout=60, what="ready")
-        seen = {await asyncio.to_thread(_peer_certificate, epp.grpc_port) for _ in range(4)}
+        seen = {await asyncio.to_thread(served_certificate, epp.grpc_port) for _ in range(4)}
         assert len(seen) == 1
     finally:
         epp.child.stop()

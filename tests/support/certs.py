@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import datetime
 import ipaddress
+import socket
+import ssl
 from pathlib import Path
 
 from cryptography import x509
@@ -96,3 +98,19 @@ def write_served_pair(directory: Path) -> ServerCertificate:
     (directory / "tls.crt").write_bytes(pair.certificate_pem)
     (directory / "tls.key").write_bytes(pair.private_key_pem)
     return pair
+
+
+def served_certificate(port: int) -> bytes:
+    """The DER certificate a new TLS connection (ALPN ``h2``, not verified) to
+    ``127.0.0.1:port`` is given."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    context.set_alpn_protocols(["h2"])
+    with (
+        socket.create_connection(("127.0.0.1", port), timeout=5) as raw,
+        context.wrap_socket(raw) as tls,
+    ):
+        der = tls.getpeercert(binary_form=True)
+    assert der is not None
+    return der
