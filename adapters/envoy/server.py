@@ -49,9 +49,10 @@ _OPTIONS = [
 # (GOAWAY, in-flight streams finish; the age is jittered by 10 %) after
 # SHARED_PORT_CONNECTION_AGE_MS, so the gateway's streams are re-spread over the workers.
 # The cost is one TLS handshake per gateway connection per period, and the move of its
-# streams to another process: at 250 ms 2 workers used a median 18 % more CPU per request
-# than one on the 2-core bench machine, at 500 ms 0-17 % (docs/decisions/0023).
-SHARED_PORT_CONNECTION_AGE_MS = 500
+# streams to another process, which grows with how often they move: on the 2-core bench
+# machine 2 workers used a median 18 % more CPU per request than one at 250 ms, 15-39 % at
+# 500 ms and 3-12 % at 1 s (docs/decisions/0023).
+SHARED_PORT_CONNECTION_AGE_MS = 1000
 _SHARED_PORT_OPTIONS = [
     *((k, 1 if k == "grpc.so_reuseport" else v) for k, v in _OPTIONS),
     ("grpc.max_connection_age_ms", SHARED_PORT_CONNECTION_AGE_MS),

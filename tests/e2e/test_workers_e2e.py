@@ -107,7 +107,7 @@ def test_every_request_succeeds_and_both_workers_take_streams(stack: Stack) -> N
         return all(after[w] > before.get(w, 0) for w in after) and len(after) == WORKERS
 
     # The supervisor hands connections out in turn; workers ask Envoy to reconnect every
-    # 500 ms or so.
+    # second or so.
     wait_for(both_took_streams, timeout=60, what="streams on both workers")
     assert statuses
     assert set(statuses) == {200}
