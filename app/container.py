@@ -510,7 +510,7 @@ class Container(containers.DeclarativeContainer):
         max_receive_message_length=settings.provided.grpc_max_recv_msg_size,
         max_send_message_length=settings.provided.grpc_max_send_msg_size,
         leader=providers.Callable(_leader_check, leader_elector),
-        reuse_port=providers.Callable(lambda link: link is not None, worker_link),
+        shared_port=providers.Callable(lambda link: link is not None, worker_link),
         handoff=connection_handoff,
         max_streams_per_connection=settings.provided.max_streams_per_connection,
         client_ca=providers.Callable(_client_ca, settings),

@@ -72,10 +72,11 @@ class GrpcServers:
     a certificate signed by one of them (mTLS): a peer without one fails the handshake,
     before gRPC makes a call of its streams. The message size limits apply to the ext_proc
     server. With ``leader`` (leader election), readiness also needs ``leader()``
-    (``HealthServicer``). ``reuse_port`` shares the ext_proc port with the pod's other
-    workers (``SO_REUSEPORT``), or with ``handoff`` (the native transport) serves the
-    connections the pod's supervisor accepts and hands over on that unix socket, without
-    listening itself; ``health_port`` None serves no health port (a worker: its
+    (``HealthServicer``). ``shared_port``: the ext_proc port is shared with the pod's other
+    workers, so each connection is asked to reconnect now and then; with ``handoff`` (the
+    native transport) the server takes the connections the pod's supervisor accepts and
+    hands over on that unix socket, without listening itself, else it binds with
+    ``SO_REUSEPORT``; ``health_port`` None serves no health port (a worker: its
     supervisor serves the pod's). One HTTP/2 connection may open at most
     ``max_streams_per_connection`` ext_proc streams at once (SETTINGS_MAX_CONCURRENT_STREAMS;
     0: no limit): a peer holding many streams on a few connections cannot flood the queue of
@@ -102,7 +103,7 @@ class GrpcServers:
         max_receive_message_length: int = 64 * 1024 * 1024,
         max_send_message_length: int = 64 * 1024 * 1024,
         leader: Callable[[], bool] | None = None,
-        reuse_port: bool = False,
+        shared_port: bool = False,
         handoff: socket.socket | None = None,
         max_streams_per_connection: int = 0,
         client_ca: bytes | None = None,
@@ -113,7 +114,7 @@ class GrpcServers:
         if transport not in TRANSPORTS:
             raise ValueError(f"transport must be one of {TRANSPORTS}, not {transport!r}")
         self._transport_kind = transport
-        self._reuse_port = reuse_port
+        self._shared_port = shared_port
         self._handoff = handoff
         self._max_receive = max_receive_message_length
         self._max_send = max_send_message_length
@@ -126,7 +127,7 @@ class GrpcServers:
             self.reloader = CertificateReloader(reload_certificate_from, certificate, client_ca)
         self._client_ca = client_ca
         self._extproc_options = [
-            *(_SHARED_PORT_OPTIONS if reuse_port else _OPTIONS),
+            *(_SHARED_PORT_OPTIONS if shared_port else _OPTIONS),
             ("grpc.max_receive_message_length", max_receive_message_length),
             ("grpc.max_send_message_length", max_send_message_length),
         ]
@@ -173,8 +174,8 @@ class GrpcServers:
             max_streams_per_connection=self._max_streams_per_connection,
             max_receive_message_length=self._max_receive,
             max_send_message_length=self._max_send,
-            max_connection_age=SHARED_PORT_CONNECTION_AGE_MS / 1000 if self._reuse_port else 0.0,
-            reuse_port=self._reuse_port,
+            max_connection_age=SHARED_PORT_CONNECTION_AGE_MS / 1000 if self._shared_port else 0.0,
+            reuse_port=self._shared_port,
         )
 
     async def _start_native(self) -> Any:
