@@ -541,6 +541,11 @@ class _Connection(asyncio.Protocol):
         if self._drained is not None and not self._drained.done():
             self._drained.cancel()
 
+    @property
+    def going_away(self) -> bool:
+        """Asked to open no new stream (GOAWAY sent), or closed."""
+        return self._goaway_announced or self._closing
+
     def pause_writing(self) -> None:
         # The peer does not read: neither do we, so nothing it asks for piles up here.
         self._paused = True
@@ -849,6 +854,7 @@ class _Connection(asyncio.Protocol):
         if end_stream:
             call.half_closed = True
         server.active_calls += 1
+        server.calls_started += 1
         server.no_calls.clear()
         call.task = self.loop.create_task(self._run(call))
         # counted off when the task is done, even if it is cancelled before it starts
@@ -1256,6 +1262,14 @@ class H2GrpcServer:
         self._server: asyncio.Server | None = None
         self._handoff: socket.socket | None = None
         self._adopting: set[asyncio.Task[None]] = set()
+        #: connections taken off the handoff socket, and calls started, since the start
+        self.handed_received = 0
+        self.calls_started = 0
+
+    def accepting_connections(self) -> int:
+        """The connections open that have not been asked to go away: those a peer may still
+        open streams on."""
+        return sum(1 for c in self.connections if not c.going_away)
 
     def strike(self, host: str, now: float) -> int:
         """Counts a protocol break by a peer on ``host``; returns its strikes in a row (those
@@ -1306,6 +1320,7 @@ class H2GrpcServer:
                 self._close_handoff()
                 return
             for fd in fds:
+                self.handed_received += 1
                 task = loop.create_task(self._adopt(socket.socket(fileno=fd)))
                 self._adopting.add(task)
                 task.add_done_callback(self._adopting.discard)

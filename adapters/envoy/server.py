@@ -256,6 +256,17 @@ class GrpcServers:
             self.bound_health_port,
         )
 
+    def handed_connections(self) -> tuple[int, int, int] | None:
+        """With ``handoff``: the connections taken off it so far, those open that still take
+        new streams, and the ext_proc calls started so far (what the supervisor weighs when
+        it hands the next connection); else None."""
+        if self._handoff is None or not self._servers:
+            return None
+        server = self._servers[0]
+        if not isinstance(server, H2GrpcServer):
+            return None
+        return server.handed_received, server.accepting_connections(), server.calls_started
+
     def _transport(self) -> str:
         native = ["native transport"] if self._transport_kind == "native" else []
         if self._certificate is None:

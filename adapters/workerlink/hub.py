@@ -41,11 +41,22 @@ from ports.endpoints import EndpointEvent, EndpointEventKind, EndpointInfo, Endp
 from ports.objectives import ModelRewriteRule, ObjectiveSink
 from ports.plugins import TypedName
 
-__all__ = ["SupervisorHub", "WorkerStatus"]
+__all__ = ["HandedConnections", "SupervisorHub", "WorkerStatus"]
 
 logger = logging.getLogger(__name__)
 
 HELLO_TIMEOUT = 5.0
+
+
+@dataclass(frozen=True, slots=True)
+class HandedConnections:
+    """What a worker last reported of the connections handed to it (since it started):
+    how many it took off its handoff socket, how many of them are open and still take new
+    streams, and how many ext_proc calls it started."""
+
+    received: int = 0
+    accepting: int = 0
+    calls: int = 0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -56,6 +67,7 @@ class WorkerStatus:
     pid: int
     ready: bool
     metrics_port: int
+    connections: HandedConnections = HandedConnections()
 
 
 @dataclass(slots=True)
@@ -65,6 +77,7 @@ class _Peer:
     writer: asyncio.StreamWriter
     ready: bool = False
     metrics_port: int = 0
+    connections: HandedConnections = HandedConnections()
 
 
 def _object_key(event: NotificationEvent) -> tuple[str, str]:
@@ -114,7 +127,11 @@ class SupervisorHub:
     def workers(self) -> list[WorkerStatus]:
         return [
             WorkerStatus(
-                worker_id=p.worker_id, pid=p.pid, ready=p.ready, metrics_port=p.metrics_port
+                worker_id=p.worker_id,
+                pid=p.pid,
+                ready=p.ready,
+                metrics_port=p.metrics_port,
+                connections=p.connections,
             )
             for p in sorted(self._peers.values(), key=lambda p: p.worker_id)
         ]
@@ -125,6 +142,11 @@ class SupervisorHub:
     def is_ready(self, worker_id: int) -> bool:
         peer = self._peers.get(worker_id)
         return peer is not None and peer.ready
+
+    def connections(self, worker_id: int) -> HandedConnections | None:
+        """What ``worker_id`` last reported of its handed connections (None: not connected)."""
+        peer = self._peers.get(worker_id)
+        return None if peer is None else peer.connections
 
     def disconnect(self, worker_id: int) -> None:
         peer = self._peers.pop(worker_id, None)
@@ -262,12 +284,13 @@ class SupervisorHub:
                     continue
                 if (
                     isinstance(status, tuple)
-                    and len(status) == 3
+                    and len(status) == 6
                     and status[0] == "status"
-                    and isinstance(status[2], int)
+                    and all(type(n) is int and n >= 0 for n in status[2:])
                 ):
                     peer.ready = bool(status[1])
                     peer.metrics_port = status[2]
+                    peer.connections = HandedConnections(*status[3:])
         except (
             asyncio.IncompleteReadError,
             ConnectionError,

@@ -64,7 +64,7 @@ class WorkerLink:
         self._rules: Sequence[ModelRewriteRule] | None = None
         self._polling: dict[str, _RelayedPolling] = {}
         self._notifying: dict[str, _RelayedNotifications] = {}
-        self._reported: tuple[bool, int] | None = None
+        self._reported: tuple[object, ...] | None = None
         self.rejected_frames = 0
         self._rejecting = False
 
@@ -86,12 +86,17 @@ class WorkerLink:
                 await task
         self._writer.close()
 
-    def report(self, ready: bool, metrics_port: int) -> None:
-        status = (ready, metrics_port)
+    def report(
+        self, ready: bool, metrics_port: int, connections: tuple[int, int, int] | None = None
+    ) -> None:
+        """Tells the supervisor, when it changed, whether this worker is ready, its metrics
+        port and, when the supervisor hands it connections, the connections taken so far,
+        those open still taking streams, and the ext_proc calls started so far."""
+        status = ("status", ready, metrics_port, *(connections or (0, 0, 0)))
         if status == self._reported or self._writer.is_closing():
             return
         self._reported = status
-        write_frame(self._writer, ("status", ready, metrics_port))
+        write_frame(self._writer, status)
 
     # --- relayed ports ---
 

@@ -5,8 +5,9 @@ It is the pod's one face and its one data layer; the workers serve the requests:
 - **Workers.** N processes (``python -m app`` with the same flags and ``EPP_WORKER`` set),
   each a full EPP. The supervisor holds the ext_proc port from start to end (which also
   resolves ``--grpc-port 0``), so it stays the pod's while workers restart. With the native
-  transport it listens, and hands each connection to the next ready worker
-  (``ConnectionDispatcher``): connections alternate over the workers. With
+  transport it listens, and hands each connection to a ready worker
+  (``ConnectionDispatcher``): the one with the fewest connections still taking streams,
+  then the one that started the fewest calls lately, as each worker reports. With
   ``--extproc-transport=grpcio`` (grpc.aio cannot serve a socket handed to it) the port is
   a bound, non-listening ``SO_REUSEPORT`` socket, and the workers accept beside it: the
   kernel picks a worker per connection by a hash. With TLS and no ``--cert-path``, the
@@ -19,7 +20,8 @@ It is the pod's one face and its one data layer; the workers serve the requests:
   supervisor is not draining; ``liveness`` stays SERVING while draining.
 - **Metrics.** One ``/metrics``: the supervisor's own registry (scrape errors: it is the one
   that polls) merged with every connected worker's (``adapters.prometheus.merge``);
-  ``/workers`` lists the workers as JSON (id, pid, ready, metrics port, restarts).
+  ``/workers`` lists the workers as JSON (id, pid, ready, metrics port, restarts, and the
+  connections handed to each: taken, still taking streams, calls started).
 - **Data layer.** Endpoint discovery, the model servers' ``/metrics`` polls and notification
   watches run here once for the pod and are relayed to the workers (``SupervisorHub``).
 - **Shutdown.** SIGTERM or SIGINT: readiness turns NOT_SERVING, every worker gets SIGTERM
@@ -252,6 +254,10 @@ class Supervisor:
                     "ready": bool(status and status.ready),
                     "metrics_port": status.metrics_port if status else 0,
                     "restarts": slot.restarts,
+                    # handed connections (native transport), as the worker last reported
+                    "connections_taken": status.connections.received if status else 0,
+                    "connections_accepting": status.connections.accepting if status else 0,
+                    "calls_started": status.connections.calls if status else 0,
                 }
             )
         return web.Response(body=orjson.dumps(listing), content_type="application/json")
@@ -382,7 +388,9 @@ class Supervisor:
         self.grpc_port = reserved.getsockname()[1]
         self._port = reserved
         if self.settings.extproc_transport == "native":
-            self.dispatcher = ConnectionDispatcher(reserved, self.hub.is_ready)
+            self.dispatcher = ConnectionDispatcher(
+                reserved, self.hub.is_ready, self.hub.connections
+            )
         runner: web.AppRunner | None = None
         health: grpc.aio.Server | None = None
         collectors = self.container.collectors()

@@ -71,7 +71,11 @@ async def _main(settings: Settings, role: WorkerRole) -> int:
         servers = container.servers()
         metrics_server = container.observability().server
         while True:
-            link.report(servers.health.serving(), metrics_server.bound_port)
+            link.report(
+                servers.health.serving(),
+                metrics_server.bound_port,
+                servers.handed_connections(),
+            )
             await asyncio.sleep(REPORT_INTERVAL)
 
     watch = asyncio.create_task(stop_when_lost(), name="supervisor-watch")

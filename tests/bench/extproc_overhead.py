@@ -340,6 +340,9 @@ class PodRow:
     rss_mib: list[float]
     scrapes_per_second: float
     idle_cpu_per_second: float
+    #: each process's CPU seconds over the EPP rounds, and idle (per second), pod order
+    cpu_by_process: list[float]
+    idle_by_process: list[float]
 
 
 def _merged(runs: list[Result]) -> Result:
@@ -386,14 +389,22 @@ def _pod(args: argparse.Namespace, redis_url: str, workers: int) -> PodRow:
         sampled_at = time.monotonic()
         # The pod's CPU with no request: scrapes, relays, shared-load refreshes, gauges.
         idle_started = time.monotonic()
+        idle_before = [cpu_seconds(p) for p in first.pids]
         time.sleep(args.idle_seconds)
-        idle_cpu = sum(cpu_seconds(p) for p in first.pids) - first.cpu
-        idle_rate = idle_cpu / (time.monotonic() - idle_started)
+        idle_seconds = time.monotonic() - idle_started
+        idle_by_process = [
+            (cpu_seconds(p) - b) / idle_seconds
+            for p, b in zip(first.pids, idle_before, strict=True)
+        ]
+        idle_rate = sum(idle_by_process)
         epp_runs, direct_runs = [], []
+        by_process = [0.0 for _ in first.pids]
         for _ in range(args.rounds):
-            before = sum(cpu_seconds(p) for p in first.pids)
+            before = [cpu_seconds(p) for p in first.pids]
             run = _run("epp", epp_url, args.requests, args.concurrency, None, None)
-            cpu = sum(cpu_seconds(p) for p in first.pids) - before
+            spent = [cpu_seconds(p) - b for p, b in zip(first.pids, before, strict=True)]
+            by_process = [a + b for a, b in zip(by_process, spent, strict=True)]
+            cpu = sum(spent)
             epp_runs.append(
                 Result(run.name, run.requests, run.seconds, run.latencies_ms, run.errors, cpu)
             )
@@ -414,6 +425,8 @@ def _pod(args: argparse.Namespace, redis_url: str, workers: int) -> PodRow:
             rss_mib=[rss_mib(p) for p in first.pids],
             scrapes_per_second=statistics.mean(scraped) / scrape_seconds,
             idle_cpu_per_second=idle_rate,
+            cpu_by_process=by_process,
+            idle_by_process=idle_by_process,
         )
 
 
@@ -456,6 +469,14 @@ def _workers_bench(args: argparse.Namespace) -> None:
             f"{1000 / cpu_ms if cpu_ms else 0:>9.0f}{epp.errors:>7}  {split:<10}"
             f"{row.scrapes_per_second:>10.1f}  {rss}"
         )
+    for row in rows:
+        if len(row.cpu_by_process) > 1:
+            by = ", ".join(f"{c / row.epp.requests * 1000:.3f}" for c in row.cpu_by_process)
+            idle = ", ".join(f"{c * 100:.1f}" for c in row.idle_by_process)
+            print(
+                f"{row.workers} workers, by process (supervisor, workers): CPU ms/req {by}; "
+                f"idle % {idle}"
+            )
     print(
         "CPU ms/req: all the pod's processes (supervisor and workers) over the EPP rounds; "
         "net: less the pod's idle CPU (idle %: of one core, measured before the rounds) over "

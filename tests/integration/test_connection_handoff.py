@@ -15,6 +15,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from adapters.envoy.h2grpc import H2GrpcServer, MethodHandler
 from adapters.envoy.health import HealthServicer
 from adapters.workerlink import ConnectionDispatcher
+from adapters.workerlink.hub import HandedConnections
 
 DEADLINE = 10.0
 
@@ -55,10 +56,14 @@ class _Worker:
 
 @contextlib.asynccontextmanager
 async def _dispatching(
-    ready: set[int], workers: int
+    ready: set[int],
+    workers: int,
+    reports: dict[int, HandedConnections] | None = None,
 ) -> AsyncIterator[tuple[ConnectionDispatcher, int, list[_Worker]]]:
     listener = _listener()
-    dispatcher = ConnectionDispatcher(listener, lambda w: w in ready)
+    dispatcher = ConnectionDispatcher(
+        listener, lambda w: w in ready, None if reports is None else reports.get
+    )
     ends = [_Worker(dispatcher.attach(w)) for w in range(workers)]
     task = asyncio.create_task(dispatcher.run())
     try:
@@ -194,3 +199,71 @@ async def test_a_worker_serves_grpc_on_the_connections_it_is_handed() -> None:
             grpc.StatusCode.UNAVAILABLE,
             grpc.StatusCode.DEADLINE_EXCEEDED,
         }
+
+
+async def test_a_connection_goes_to_the_worker_with_the_fewest_connections_taking_streams() -> None:
+    reports = {
+        0: HandedConnections(received=3, accepting=2, calls=10),
+        1: HandedConnections(received=3, accepting=1, calls=900),  # one is going away
+        2: HandedConnections(received=3, accepting=2, calls=0),
+    }
+    async with _dispatching({0, 1, 2}, 3, reports) as (dispatcher, port, workers):
+        client = await _connect(port)
+        await _roundtrip(client, await workers[1].take())
+        assert dispatcher.handed == {1: 1}
+        client.close()
+
+
+async def test_connections_handed_and_not_yet_taken_count_as_the_workers() -> None:
+    # A burst the workers report nothing of yet: worker 0, which started fewer calls, would
+    # get them all if the connections handed to it did not count until it reports them.
+    reports = {0: HandedConnections(), 1: HandedConnections(received=1, calls=100)}
+    async with _dispatching({0, 1}, 2, reports) as (dispatcher, port, workers):
+        clients = [await _connect(port) for _ in range(4)]
+        taken = [await _first_taken(workers) for _ in range(4)]
+        assert sorted(worker_id for worker_id, _ in taken) == [0, 0, 1, 1]
+        assert dispatcher.handed == {0: 2, 1: 2}
+        for sock in [*clients, *(handed for _, handed in taken)]:
+            sock.close()
+
+
+def test_among_equals_the_worker_with_fewer_recent_calls_goes_first() -> None:
+    now = [100.0]
+    reports = {
+        0: HandedConnections(received=5, accepting=0, calls=400),
+        1: HandedConnections(received=5, accepting=0, calls=300),
+    }
+    with _listener() as listener:
+        dispatcher = ConnectionDispatcher(
+            listener, lambda w: True, reports.get, clock=lambda: now[0]
+        )
+        ends = [dispatcher.attach(w) for w in (0, 1)]
+        assert dispatcher.order() == [1, 0]
+        # A minute on, worker 1 started 200 calls more and worker 0 none: the old calls
+        # weigh e^-6 of what they did, so worker 0 is the one behind now.
+        now[0] += 60.0
+        reports[1] = HandedConnections(received=6, accepting=0, calls=500)
+        assert dispatcher.order() == [0, 1]
+        # A worker started again (attached anew, its count from zero) goes first.
+        now[0] += 1.0
+        reports[1] = HandedConnections(received=0, accepting=0, calls=0)
+        ends.append(dispatcher.attach(1))
+        assert dispatcher.order() == [1, 0]
+        for end in ends:
+            end.close()
+
+
+async def test_a_worker_counts_the_connections_it_takes_and_the_calls_it_starts() -> None:
+    server = _health_server()
+    async with _dispatching({0}, 0) as (dispatcher, port, _):
+        server.start_handed(dispatcher.attach(0))
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            stub = health_pb2_grpc.HealthStub(channel)
+            for _ in range(3):
+                await stub.Check(health_pb2.HealthCheckRequest(service="readiness"), timeout=5)
+            assert (server.handed_received, server.calls_started) == (1, 3)
+            assert server.accepting_connections() == 1
+            for connection in server.connections:
+                connection.go_away()  # what the connection age does
+            assert server.accepting_connections() == 0
+        await server.stop(1.0)

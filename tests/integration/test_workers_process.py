@@ -132,6 +132,13 @@ async def test_sigterm_drains_the_workers_in_flight_streams_then_exits_0(
         assert "worker=1" in epp.child.log()
 
 
+def _handed_connections(child: ChildProcess) -> list[tuple[int, int, int]]:
+    return [
+        (w["connections_taken"], w["connections_accepting"], w["calls_started"])
+        for w in _workers(child)
+    ]
+
+
 def _served_by_worker(child: ChildProcess) -> dict[int, float]:
     """``inference_objective_request_total`` on each worker's own ``/metrics``."""
     counts = {}
@@ -171,6 +178,14 @@ async def test_connections_are_handed_to_the_workers_in_turn(
         for _ in range(4):
             await _one_routed_stream(epp.grpc_port)
         assert await asyncio.to_thread(_served_by_worker, epp.child) == {0: 2.0, 1: 2.0}
+        # what each worker reports of them, which the supervisor weighs for the next one
+        handed = [(2, 0, 2), (2, 0, 2)]
+        await asyncio.to_thread(
+            wait_for,
+            lambda: _handed_connections(epp.child) == handed,
+            timeout=10,
+            what=f"/workers to list {handed} (taken, taking streams, calls started)",
+        )
 
         epp.child.signal(signal.SIGTERM)
         await asyncio.to_thread(

@@ -111,7 +111,9 @@ async def test_racing_candidates_cannot_both_win(api: KubeApiServer, client: Api
         for _ in range(10):
             assert sum(e.is_leader for e in electors) == 1
             await asyncio.sleep(0.05)
-    assert sum(e.transitions for e in electors) == 1
+        # Counted before the candidates stop: a leader stopped first releases the Lease, and
+        # one still campaigning may take it before it stops in turn.
+        assert sum(e.transitions for e in electors) == 1
 
 
 async def test_a_leader_that_cannot_renew_steps_down(api: KubeApiServer, client: ApiClient) -> None:
