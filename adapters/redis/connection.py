@@ -33,9 +33,12 @@ from redis.asyncio.connection import Connection
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
+from adapters.redis.pipelined import ScriptChannel, TlsOptions
+
 __all__ = [
     "DEFAULT_CONNECT_TIMEOUT",
     "DEFAULT_SOCKET_TIMEOUT",
+    "PipelinedRedis",
     "RedisClient",
     "RedisUrl",
     "connect",
@@ -199,7 +202,36 @@ def connect(
             **common,
         )
     host, port = parsed.nodes[0]
-    return Redis(host=host, port=port, db=parsed.db, **common)
+    channel = ScriptChannel(
+        host,
+        port,
+        db=parsed.db,
+        username=parsed.username,
+        password=parsed.password,
+        tls=TlsOptions(
+            ca_certs=parsed.ssl_ca_certs,
+            cert_reqs=parsed.ssl_cert_reqs,
+            check_hostname=parsed.ssl_check_hostname,
+        )
+        if parsed.tls
+        else None,
+        connect_timeout=connect_timeout,
+        socket_timeout=socket_timeout,
+    )
+    return PipelinedRedis(channel, host=host, port=port, db=parsed.db, **common)
+
+
+class PipelinedRedis(Redis):
+    """redis-py's client for one server, whose Lua scripts (``LuaScript.run``, the routing
+    path's calls) go on one pipelined connection, ``script_channel``, instead of the pool."""
+
+    def __init__(self, script_channel: ScriptChannel, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.script_channel = script_channel
+
+    async def aclose(self, close_connection_pool: bool | None = None) -> None:
+        await self.script_channel.aclose()
+        await super().aclose(close_connection_pool)
 
 
 def _send_asking_on_the_redirected_connection() -> None:

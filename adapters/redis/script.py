@@ -23,6 +23,7 @@ from redis.exceptions import (
     ConnectionError as RedisConnectionError,
 )
 
+from adapters.redis.pipelined import ScriptChannel
 from ports.shared_state import SharedStateError, SharedStateReplyError, SharedStateWriteRefusedError
 
 __all__ = ["LuaScript", "drop_idle_connections", "guarded"]
@@ -35,7 +36,8 @@ Arg = str | bytes | int | float
 class LuaScript:
     """One script: ``run`` sends ``EVALSHA``; on ``NOSCRIPT`` (a restarted server, ``SCRIPT
     FLUSH``) it sends ``EVAL``, which also caches the script again. One round trip either
-    way, two after a flush."""
+    way, two after a flush. A single server's client from ``connect`` sends them on its
+    ``ScriptChannel`` (one pipelined connection); a cluster's, through redis-py."""
 
     __slots__ = ("name", "sha", "source")
 
@@ -47,7 +49,13 @@ class LuaScript:
     async def run(
         self, client: Redis | RedisCluster, keys: Sequence[str], args: Sequence[Arg]
     ) -> object:
+        channel = getattr(client, "script_channel", None)
         try:
+            if isinstance(channel, ScriptChannel):
+                try:
+                    return await channel.call(("EVALSHA", self.sha, len(keys), *keys, *args))
+                except NoScriptError:
+                    return await channel.call(("EVAL", self.source, len(keys), *keys, *args))
             try:
                 return await client.evalsha(self.sha, len(keys), *keys, *args)
             except NoScriptError:
