@@ -6,11 +6,13 @@ with the EPP as ext_proc, one routing directly (the client sets
 same closed-loop load at the same concurrency; prints requests/s, median and p99
 latency, the EPP/direct ratios, and the EPP's CPU seconds per 1,000 requests.
 
-``--workers 1,2,auto`` runs one pod per worker count instead (each on the same
-redis-server, each against its own direct Envoy, one after the other) and prints one row per
+``--workers 1,2,auto`` runs one pod per worker count instead, each with its own
+redis-server, simulators and direct Envoy. All pods are up at once and their rounds take
+turns, so that the machine's drifting load falls on each alike; it prints one row per
 count: requests/s, latency, EPP CPU per request summed over all the pod's processes, how the
 requests split over the workers, the memory of each process, the scrapes per second each
-model server received, and the requests/s per core that CPU cost projects.
+model server received, and the requests/s per core that CPU cost projects; then each
+round's CPU per request, and each count's against the first, round by round.
 ``--envoy-concurrency N`` gives both Envoys N worker threads, each with its own connections
 to the EPP (the default 1 needs a single connection for 32 streams).
 
@@ -193,8 +195,8 @@ def main() -> None:
     parser.add_argument(
         "--workers",
         default="",
-        help="comma-separated worker counts (e.g. 1,2,auto): one pod per count on one "
-        "redis-server, each with --redis-url",
+        help="comma-separated worker counts (e.g. 1,2,auto): one pod per count, each with "
+        "its own redis-server (--redis-url), all up at once, their rounds taking turns",
     )
     args = parser.parse_args()
     if args.workers:
@@ -343,6 +345,8 @@ class PodRow:
     #: each process's CPU seconds over the EPP rounds, and idle (per second), pod order
     cpu_by_process: list[float]
     idle_by_process: list[float]
+    #: CPU ms per request of each EPP round, in order
+    round_cpu_ms: list[float]
 
 
 def _merged(runs: list[Result]) -> Result:
@@ -357,22 +361,30 @@ def _merged(runs: list[Result]) -> Result:
     )
 
 
-def _pod(args: argparse.Namespace, redis_url: str, workers: int) -> PodRow:
-    options = StackOptions(
-        simulators=args.simulators,
-        epp_tls=not args.plaintext,
-        epp_args=[*args.epp_arg, "--redis-url", redis_url, "--workers", str(workers)],
-        envoy_concurrency=args.envoy_concurrency,
-    )
-    with Stack.run(options) as stack:
+class _Pod:
+    """One pod of ``workers`` processes, up with its own Envoys, simulators and redis-server
+    for the whole bench, so that the pods' rounds can take turns."""
+
+    def __init__(self, args: argparse.Namespace, workers: int, exits: contextlib.ExitStack):
+        self.args, self.workers = args, workers
+        redis = RedisServer()
+        redis.start()
+        exits.callback(redis.stop)
+        options = StackOptions(
+            simulators=args.simulators,
+            epp_tls=not args.plaintext,
+            epp_args=[*args.epp_arg, "--redis-url", redis.url, "--workers", str(workers)],
+            envoy_concurrency=args.envoy_concurrency,
+        )
+        stack = exits.enter_context(Stack.run(options))
         assert stack.epp is not None
         assert stack.epp.process is not None
-        pid = stack.epp.process.pid
-        sims = list(stack.simulator_urls.values())
+        self.stack, self.pid = stack, stack.epp.process.pid
+        self.sims = list(stack.simulator_urls.values())
 
         def serving() -> bool:
             try:
-                sample = sample_pod(pid, stack.epp_metrics_port, sims)
+                sample = sample_pod(self.pid, stack.epp_metrics_port, self.sims)
             except OSError:
                 return False
             return len(sample.per_worker) == workers and len(sample.pids) == (
@@ -381,52 +393,62 @@ def _pod(args: argparse.Namespace, redis_url: str, workers: int) -> PodRow:
 
         wait_for(serving, timeout=120, what=f"{workers} worker(s) serving")
         _, direct_port = stack.start_envoy(ext_proc=False, name="envoy-direct")
-        epp_url, direct_url = stack.url, f"http://127.0.0.1:{direct_port}"
-        destinations = list(stack.simulator_addresses.values())
-        _run("warmup", epp_url, 300, args.concurrency, None, None)
-        _run("warmup", direct_url, 300, args.concurrency, destinations, None)
-        first = sample_pod(pid, stack.epp_metrics_port, sims)
-        sampled_at = time.monotonic()
-        # The pod's CPU with no request: scrapes, relays, shared-load refreshes, gauges.
-        idle_started = time.monotonic()
-        idle_before = [cpu_seconds(p) for p in first.pids]
-        time.sleep(args.idle_seconds)
-        idle_seconds = time.monotonic() - idle_started
-        idle_by_process = [
-            (cpu_seconds(p) - b) / idle_seconds
-            for p, b in zip(first.pids, idle_before, strict=True)
+        self.epp_url, self.direct_url = stack.url, f"http://127.0.0.1:{direct_port}"
+        self.destinations = list(stack.simulator_addresses.values())
+        self.epp_runs: list[Result] = []
+        self.direct_runs: list[Result] = []
+
+    def warm_up(self) -> None:
+        _run("warmup", self.epp_url, 300, self.args.concurrency, None, None)
+        _run("warmup", self.direct_url, 300, self.args.concurrency, self.destinations, None)
+
+    def measure_idle(self) -> None:
+        """The pod's CPU with no request: scrapes, relays, shared-load refreshes, gauges.
+        From here on, the scrapes are counted (idle included)."""
+        self.first = sample_pod(self.pid, self.stack.epp_metrics_port, self.sims)
+        self.sampled_at = time.monotonic()
+        started = time.monotonic()
+        before = [cpu_seconds(p) for p in self.first.pids]
+        time.sleep(self.args.idle_seconds)
+        seconds = time.monotonic() - started
+        self.idle_by_process = [
+            (cpu_seconds(p) - b) / seconds for p, b in zip(self.first.pids, before, strict=True)
         ]
-        idle_rate = sum(idle_by_process)
-        epp_runs, direct_runs = [], []
-        by_process = [0.0 for _ in first.pids]
-        for _ in range(args.rounds):
-            before = [cpu_seconds(p) for p in first.pids]
-            run = _run("epp", epp_url, args.requests, args.concurrency, None, None)
-            spent = [cpu_seconds(p) - b for p, b in zip(first.pids, before, strict=True)]
-            by_process = [a + b for a, b in zip(by_process, spent, strict=True)]
-            cpu = sum(spent)
-            epp_runs.append(
-                Result(run.name, run.requests, run.seconds, run.latencies_ms, run.errors, cpu)
+        self.by_process = [0.0 for _ in self.first.pids]
+
+    def round(self) -> None:
+        args = self.args
+        before = [cpu_seconds(p) for p in self.first.pids]
+        run = _run("epp", self.epp_url, args.requests, args.concurrency, None, None)
+        spent = [cpu_seconds(p) - b for p, b in zip(self.first.pids, before, strict=True)]
+        self.by_process = [a + b for a, b in zip(self.by_process, spent, strict=True)]
+        self.epp_runs.append(
+            Result(run.name, run.requests, run.seconds, run.latencies_ms, run.errors, sum(spent))
+        )
+        self.direct_runs.append(
+            _run(
+                "direct", self.direct_url, args.requests, args.concurrency, self.destinations, None
             )
-            direct_runs.append(
-                _run("direct", direct_url, args.requests, args.concurrency, destinations, None)
-            )
-        last = sample_pod(pid, stack.epp_metrics_port, sims)
-        # The scrapes counted from the first sample on, over the time since (idle included).
-        scrape_seconds = time.monotonic() - sampled_at
+        )
+
+    def row(self) -> PodRow:
+        last = sample_pod(self.pid, self.stack.epp_metrics_port, self.sims)
+        scrape_seconds = time.monotonic() - self.sampled_at
+        first = self.first
         served = {w: last.per_worker.get(w, 0) - n for w, n in first.per_worker.items()}
         total = sum(served.values()) or 1
         scraped = [b - a for a, b in zip(first.scrapes, last.scrapes, strict=True)]
         return PodRow(
-            workers=workers,
-            epp=_merged(epp_runs),
-            direct=_merged(direct_runs),
+            workers=self.workers,
+            epp=_merged(self.epp_runs),
+            direct=_merged(self.direct_runs),
             split={w: n / total for w, n in sorted(served.items())},
             rss_mib=[rss_mib(p) for p in first.pids],
             scrapes_per_second=statistics.mean(scraped) / scrape_seconds,
-            idle_cpu_per_second=idle_rate,
-            cpu_by_process=by_process,
-            idle_by_process=idle_by_process,
+            idle_cpu_per_second=sum(self.idle_by_process),
+            cpu_by_process=self.by_process,
+            idle_by_process=self.idle_by_process,
+            round_cpu_ms=[(r.epp_cpu_seconds or 0.0) / r.requests * 1000 for r in self.epp_runs],
         )
 
 
@@ -436,12 +458,19 @@ def _workers_bench(args: argparse.Namespace) -> None:
         count = usable_cpus() if text.strip() == "auto" else int(text)
         if count not in counts:
             counts.append(count)
-    server = RedisServer()
-    server.start()
-    try:
-        rows = [_pod(args, server.url, count) for count in counts]
-    finally:
-        server.stop()
+    with contextlib.ExitStack() as exits:
+        # Every pod is up for the whole bench, and their rounds take turns (the first pod's
+        # round, then the next's, ...; each round's order rotated): the machine's load drifts
+        # over minutes, and one pod measured after the other would carry that drift.
+        pods = [_Pod(args, count, exits) for count in counts]
+        for pod in pods:
+            pod.warm_up()
+        for pod in pods:
+            pod.measure_idle()
+        for i in range(args.rounds):
+            for pod in pods[i % len(pods) :] + pods[: i % len(pods)]:
+                pod.round()
+        rows = [pod.row() for pod in pods]
     print(
         f"concurrency {args.concurrency}, Envoy threads {args.envoy_concurrency}, "
         f"{args.requests} requests x {args.rounds} rounds per "
@@ -469,6 +498,18 @@ def _workers_bench(args: argparse.Namespace) -> None:
             f"{1000 / cpu_ms if cpu_ms else 0:>9.0f}{epp.errors:>7}  {split:<10}"
             f"{row.scrapes_per_second:>10.1f}  {rss}"
         )
+    for row in rows:
+        rounds = ", ".join(f"{ms:.3f}" for ms in row.round_cpu_ms)
+        print(f"{row.workers} worker(s), CPU ms/req by round: {rounds}")
+    if len(rows) > 1:
+        base = rows[0]
+        for row in rows[1:]:
+            pairs = [b / a - 1 for a, b in zip(base.round_cpu_ms, row.round_cpu_ms, strict=True)]
+            print(
+                f"{row.workers} workers against {base.workers}, CPU per request round by round: "
+                + ", ".join(f"{p * 100:+.1f}%" for p in pairs)
+                + f" (median {statistics.median(pairs) * 100:+.1f}%)"
+            )
     for row in rows:
         if len(row.cpu_by_process) > 1:
             by = ", ".join(f"{c / row.epp.requests * 1000:.3f}" for c in row.cpu_by_process)
