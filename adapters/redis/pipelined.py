@@ -18,9 +18,10 @@ Behaviour, as redis-py's client has it in ``adapters.redis.connection``:
   ``ReadOnlyError``...), so ``guarded`` classifies it the same way;
 - a caller cancelled (its own deadline) leaves the connection as it is: its reply, when it
   comes, is dropped;
-- at most ``max_pending`` calls wait for replies: past that (a server that stopped answering
-  while requests keep coming) a call fails at once, so memory stays bounded until the
-  timeout closes the connection.
+- at most ``max_pending`` calls wait for replies, and at most ``max_buffered`` bytes of
+  commands wait to be sent (a server that stopped reading, a prompt of thousands of blocks
+  per call): past either a call fails at once, so memory stays bounded until the timeout
+  closes the connection.
 """
 
 from __future__ import annotations
@@ -36,12 +37,14 @@ from redis._parsers.base import BaseParser
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-__all__ = ["DEFAULT_MAX_PENDING", "ScriptChannel", "TlsOptions"]
+__all__ = ["DEFAULT_MAX_BUFFERED", "DEFAULT_MAX_PENDING", "ScriptChannel", "TlsOptions"]
 
 Arg = str | bytes | int | float
 
 #: Calls waiting for a reply on the connection, at most.
 DEFAULT_MAX_PENDING = 10_000
+#: Bytes of commands not yet taken by the kernel, at most.
+DEFAULT_MAX_BUFFERED = 16 << 20
 
 
 def _pack(args: Sequence[Arg | None]) -> bytes:
@@ -131,6 +134,12 @@ class _Connection(asyncio.Protocol):
             self._arm(self._channel.socket_timeout)
         return future
 
+    def buffered(self) -> int:
+        """Bytes of commands not yet taken by the kernel."""
+        queued = sum(len(packed) for packed in self._out) if self._out else 0
+        transport = self._transport
+        return queued + (transport.get_write_buffer_size() if transport is not None else 0)
+
     def _flush(self) -> None:
         self._flush_scheduled = False
         out, self._out = self._out, []
@@ -185,6 +194,7 @@ class ScriptChannel:
         "_port",
         "_tls",
         "connect_timeout",
+        "max_buffered",
         "max_pending",
         "socket_timeout",
     )
@@ -201,11 +211,13 @@ class ScriptChannel:
         connect_timeout: float,
         socket_timeout: float,
         max_pending: int = DEFAULT_MAX_PENDING,
+        max_buffered: int = DEFAULT_MAX_BUFFERED,
     ) -> None:
         self._host, self._port, self._tls = host, port, tls
         self.connect_timeout = connect_timeout
         self.socket_timeout = socket_timeout
         self.max_pending = max_pending
+        self.max_buffered = max_buffered
         handshake: list[bytes] = []
         if password is not None:
             auth = ("AUTH", username, password) if username else ("AUTH", password)
@@ -223,6 +235,10 @@ class ScriptChannel:
             connection = await self._connected()
         if len(connection.waiters) >= self.max_pending:
             raise RedisConnectionError(f"{self.max_pending} calls already wait for redis to answer")
+        if connection.buffered() >= self.max_buffered:
+            raise RedisConnectionError(
+                f"{self.max_buffered} bytes of commands already wait for redis to read them"
+            )
         return await connection.send(_pack(args))
 
     def lost(self, connection: _Connection) -> None:

@@ -97,6 +97,23 @@ async def test_calls_waiting_on_a_silent_server_are_bounded_then_time_out(
         await channel.aclose()
 
 
+async def test_commands_a_server_does_not_read_are_bounded_in_bytes(silent_port: int) -> None:
+    channel = ScriptChannel(
+        "127.0.0.1", silent_port, connect_timeout=1.0, socket_timeout=5.0, max_buffered=1 << 20
+    )
+    try:
+        # more than the kernel's buffers take on loopback: the rest waits in the transport
+        big = asyncio.ensure_future(channel.call(("ECHO", b"x" * (64 << 20))))
+        await asyncio.sleep(0.05)
+        assert not big.done()
+        with pytest.raises(RedisConnectionError, match="bytes of commands already wait"):
+            await channel.call(("PING",))
+    finally:
+        await channel.aclose()
+    with pytest.raises(RedisConnectionError, match="closed"):
+        await big
+
+
 async def test_the_urls_database_is_the_one_written(
     redis_server: RedisServer, key_prefix: str
 ) -> None:
