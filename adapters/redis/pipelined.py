@@ -84,6 +84,7 @@ class _Connection(asyncio.Protocol):
         #: (future, when it was sent), oldest first
         self.waiters: deque[tuple[asyncio.Future[object], float]] = deque()
         self._out: list[bytes] = []
+        self._out_bytes = 0
         self._flush_scheduled = False
         self._transport: asyncio.Transport | None = None
         self._watchdog: asyncio.TimerHandle | None = None
@@ -127,6 +128,7 @@ class _Connection(asyncio.Protocol):
         future: asyncio.Future[object] = self._loop.create_future()
         self.waiters.append((future, self._loop.time()))
         self._out.append(packed)
+        self._out_bytes += len(packed)
         if not self._flush_scheduled:
             self._flush_scheduled = True
             self._loop.call_soon(self._flush)
@@ -136,13 +138,14 @@ class _Connection(asyncio.Protocol):
 
     def buffered(self) -> int:
         """Bytes of commands not yet taken by the kernel."""
-        queued = sum(len(packed) for packed in self._out) if self._out else 0
         transport = self._transport
+        queued = self._out_bytes
         return queued + (transport.get_write_buffer_size() if transport is not None else 0)
 
     def _flush(self) -> None:
         self._flush_scheduled = False
         out, self._out = self._out, []
+        self._out_bytes = 0
         if out and self._transport is not None and not self.closed:
             self._transport.write(b"".join(out) if len(out) > 1 else out[0])
 
@@ -173,6 +176,7 @@ class _Connection(asyncio.Protocol):
         first = not self.closed
         self.closed = True
         self._out.clear()
+        self._out_bytes = 0
         waiters, self.waiters = self.waiters, deque()
         for future, _ in waiters:
             if not future.done():
