@@ -472,7 +472,7 @@ def build_parser() -> argparse.ArgumentParser:
         _duration,
         "20ms",
         "how often the other processes' load is read back without a change here "
-        "(a change syncs after a quarter of it)",
+        "(a change syncs after a quarter of it; idle with nothing booked, every second)",
     )
     _add(parser, "--redis-prefix-ttl", _duration, "1h", "life of a prefix block after its write")
     parser.add_argument(

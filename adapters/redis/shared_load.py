@@ -13,8 +13,11 @@ deleted), renews its lease, drops expired process ids, and returns the sum over 
 live processes, which becomes the local copy ``others()`` returns. It runs every
 ``staleness`` seconds, and sooner when ``publish`` or ``remove_endpoint`` changed a total,
 though at most once per ``staleness / 4``: under traffic the others see a booking, and
-this process reads theirs, within about a quarter of ``staleness`` plus a round trip,
-while an idle process pays one round trip per ``staleness``. ``publish`` and
+this process reads theirs, within about a quarter of ``staleness`` plus a round trip.
+A process idle for a second (no ``publish``, ``remove_endpoint`` or ``refresh``) with
+nothing booked runs it every ``idle_period`` (1 s, at most a quarter of the lease) instead:
+its totals do not change, its lease is renewed, and its next decision reads the others'
+load with ``refresh`` anyway; the first ``publish`` wakes the task again. ``publish`` and
 ``remove_endpoint`` only change local state and wake the task.
 
 On a failure the task logs once, keeps the last copy (``others()`` returns it until it is
@@ -52,7 +55,14 @@ from ports.metric_catalogue import SHARED_STATE_ERRORS
 from ports.observer import NoopObserver, Observer
 from ports.shared_state import EndpointLoad, SharedStateError, SharedStateReplyError
 
-__all__ = ["DEFAULT_LEASE", "DEFAULT_REFRESH_BUDGET", "DEFAULT_STALENESS", "RedisSharedLoad"]
+__all__ = [
+    "DEFAULT_LEASE",
+    "DEFAULT_REFRESH_BUDGET",
+    "DEFAULT_STALENESS",
+    "IDLE_AFTER",
+    "IDLE_PERIOD",
+    "RedisSharedLoad",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -60,6 +70,10 @@ DEFAULT_LEASE = 10.0
 DEFAULT_STALENESS = 0.02
 #: Seconds ``refresh`` waits for its round trip (the routing budget).
 DEFAULT_REFRESH_BUDGET = 0.005
+#: Seconds without activity after which a process with nothing booked is idle, and the
+#: period of its round trips then (at most a quarter of the lease).
+IDLE_AFTER = 1.0
+IDLE_PERIOD = 1.0
 _MAX_BACKOFF = 1.0
 _SYNC_LOAD = {"operation": "load_sync"}
 _WRITE_LOAD = {"operation": "load_write"}
@@ -139,11 +153,14 @@ class RedisSharedLoad:
     """This process's in-flight totals published to Redis; the other processes' read back."""
 
     __slots__ = (
+        "_active_at",
         "_client",
         "_copy",
         "_copy_at",
         "_degraded",
         "_dirty",
+        "_idle_after",
+        "_idle_period",
         "_lease",
         "_live_key",
         "_observer",
@@ -169,6 +186,7 @@ class RedisSharedLoad:
         staleness: float = DEFAULT_STALENESS,
         refresh_budget: float = DEFAULT_REFRESH_BUDGET,
         observer: Observer | None = None,
+        idle_after: float = IDLE_AFTER,
     ) -> None:
         if not key_prefix or "{" in key_prefix or "}" in key_prefix:
             raise ValueError(f"key prefix must be non-empty, without braces: {key_prefix!r}")
@@ -192,6 +210,9 @@ class RedisSharedLoad:
         self._task: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
         self._refresh_budget = refresh_budget
+        self._idle_period = max(staleness, min(IDLE_PERIOD, lease / 4))
+        self._idle_after = idle_after
+        self._active_at = time.monotonic()
         #: The round trip under way, shared by the background task and ``refresh``.
         self._sync: asyncio.Future[None] | None = None
 
@@ -215,7 +236,16 @@ class RedisSharedLoad:
     def staleness(self) -> float:
         return self._staleness
 
+    @property
+    def idle(self) -> bool:
+        """No publish, removal or refresh for ``idle_after`` seconds (``IDLE_AFTER``), and
+        nothing booked: the background round trips are ``idle_period`` apart."""
+        if time.monotonic() - self._active_at < self._idle_after:
+            return False
+        return not any(load.requests or load.tokens for load in self._own.values())
+
     def publish(self, endpoint: str, load: EndpointLoad) -> None:
+        self._active_at = time.monotonic()
         if self._own.get(endpoint) != load:
             self._own[endpoint] = load
             self._dirty.add(endpoint)
@@ -227,11 +257,13 @@ class RedisSharedLoad:
         return self._copy
 
     def remove_endpoint(self, endpoint: str) -> None:
+        self._active_at = time.monotonic()
         if self._own.pop(endpoint, None) is not None:
             self._dirty.add(endpoint)
             self._wake.set()
 
     async def refresh(self) -> None:
+        self._active_at = time.monotonic()
         if self._task is None or self._degraded:
             return  # not started, or failing: the background task retries on its own
         call = self._sync_shared()
@@ -351,7 +383,7 @@ class RedisSharedLoad:
                 if self._degraded:
                     self._degraded = False
                     logger.info("shared load: redis answers again, load republished")
-                delay = self._staleness
+                delay = self._idle_period if self.idle else self._staleness
             if me is not None and me.cancelling():
                 raise asyncio.CancelledError
             await self._pause(started, delay)

@@ -286,3 +286,41 @@ async def test_a_change_is_synced_within_a_quarter_of_the_staleness(
         await busy.stop()
         await reader.stop()
         await client.aclose()
+
+
+def _script_calls(server: RedisServer) -> int:
+    """Scripts the server has run so far (``EVALSHA`` and ``EVAL``)."""
+    calls = 0
+    for line in server.cli("INFO", "commandstats").splitlines():
+        if line.startswith(("cmdstat_evalsha:", "cmdstat_eval:")):
+            calls += int(line.split("calls=")[1].split(",")[0])
+    return calls
+
+
+async def test_an_idle_process_syncs_once_per_idle_period_and_wakes_on_a_change(
+    redis_server: RedisServer, key_prefix: str
+) -> None:
+    """With nothing booked and nothing asked for, the load's round trips slow from one per
+    staleness (50/s here) to one per idle period (a quarter of the lease, 0.5 s here); the
+    next booking is written at once, not an idle period later."""
+    client = connect(redis_server.url, connect_timeout=2.0, socket_timeout=2.0)
+    idle = RedisSharedLoad(client, key_prefix=key_prefix, lease=2.0, staleness=0.02, idle_after=0.2)
+    reader = RedisSharedLoad(client, key_prefix=key_prefix, lease=2.0)
+    try:
+        await idle.start()
+        await until(lambda: idle.idle, "the process became idle", within=2.0)
+        before = _script_calls(redis_server)
+        await asyncio.sleep(1.0)
+        # 2 at an idle period of 0.5 s (3 with a round trip at each edge); 50 at staleness
+        assert _script_calls(redis_server) - before <= 3
+        started = time.monotonic()
+        idle.publish("pod-a", EndpointLoad(1, 10))
+        assert not idle.idle
+        while reader.others() != {"pod-a": EndpointLoad(1, 10)}:
+            assert time.monotonic() - started < 0.25, "the booking waited for the idle period"
+            await reader.sync_once()
+            await asyncio.sleep(0.01)
+    finally:
+        await idle.stop()
+        await reader.stop()
+        await client.aclose()
