@@ -139,6 +139,12 @@ def _handed_connections(child: ChildProcess) -> list[tuple[int, int, int]]:
     ]
 
 
+def _reported(handed: list[tuple[int, int, int]], connections: int) -> bool:
+    """The workers reported ``connections`` taken, none still taking streams, one call each."""
+    taken = sum(t for t, _, _ in handed)
+    return taken == connections and all(a == 0 and c == t for t, a, c in handed)
+
+
 def _served_by_worker(child: ChildProcess) -> dict[int, float]:
     """``inference_objective_request_total`` on each worker's own ``/metrics``."""
     counts = {}
@@ -175,8 +181,17 @@ async def test_connections_are_handed_to_the_workers_in_turn(
     # The kernel's SO_REUSEPORT hash would put all four on one worker one time in eight,
     # and split them 3/1 one time in two: handed over by the supervisor they alternate.
     async with _two_workers_ready(tmp_path, redis_url) as epp:
-        for _ in range(4):
+        for opened in range(1, 5):
             await _one_routed_stream(epp.grpc_port)
+            # The supervisor weighs what the workers last reported (every 50 ms); a gateway
+            # opens its connections further apart than these do, so wait for the report:
+            # with a worker's report late, the other, reported idle, would rightly go again.
+            await asyncio.to_thread(
+                wait_for,
+                lambda n=opened: _reported(_handed_connections(epp.child), n),
+                timeout=10,
+                what=f"/workers to report {opened} connection(s) taken and closed",
+            )
         assert await asyncio.to_thread(_served_by_worker, epp.child) == {0: 2.0, 1: 2.0}
         # what each worker reports of them, which the supervisor weighs for the next one
         handed = [(2, 0, 2), (2, 0, 2)]
@@ -187,12 +202,22 @@ async def test_connections_are_handed_to_the_workers_in_turn(
             what=f"/workers to list {handed} (taken, taking streams, calls started)",
         )
 
-        epp.child.signal(signal.SIGTERM)
-        await asyncio.to_thread(
-            wait_for, lambda: epp.readiness() == NOT_SERVING, timeout=10, what="NOT_SERVING"
-        )
-        with pytest.raises(ConnectionRefusedError):  # the port is closed while draining
-            socket.create_connection(("127.0.0.1", epp.grpc_port), timeout=5).close()
+        # A stream held open keeps the pod draining (with none, it exits at once, and the
+        # port's state while draining cannot be seen).
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{epp.grpc_port}") as channel:
+            call = pb_grpc.ExternalProcessorStub(channel).Process()
+            await call.write(request_headers(envoy_headers()))
+            epp.child.signal(signal.SIGTERM)
+            await asyncio.to_thread(
+                wait_for, lambda: epp.readiness() == NOT_SERVING, timeout=10, what="NOT_SERVING"
+            )
+            with pytest.raises(ConnectionRefusedError):  # the port is closed while draining
+                socket.create_connection(("127.0.0.1", epp.grpc_port), timeout=5).close()
+            await call.write(request_body(b'{"model": "m", "prompt": "held"}', end_of_stream=True))
+            assert dict(set_headers((await call.read()).request_headers.response))
+            await call.read()  # the body
+            await call.done_writing()
+            assert await call.code() == grpc.StatusCode.OK
         assert await asyncio.to_thread(epp.child.wait, 30) == 0
 
 
