@@ -4,6 +4,7 @@ flush is needed), and clients bound to the test's event loop."""
 
 from __future__ import annotations
 
+import socket
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -78,3 +79,12 @@ def redis_scratch_server() -> Iterator[RedisServer]:
 def key_prefix() -> str:
     """A prefix no other test uses; the ACL user may touch ``epp:*`` only."""
     return f"epp:test-{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture
+def silent_port() -> Iterator[int]:
+    """A port that accepts connections (the kernel's backlog) and never answers."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(16)
+        yield int(listener.getsockname()[1])

@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import socket
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
 
@@ -116,15 +116,6 @@ async def test_a_wrong_password_fails_fast(redis_server: RedisServer, key_prefix
         assert time.monotonic() - started < CONNECT_TIMEOUT + SOCKET_TIMEOUT + SLACK
     finally:
         await client.aclose()
-
-
-@pytest.fixture
-def silent_port() -> Iterator[int]:
-    """A port that accepts connections (the kernel's backlog) and never answers."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as listener:
-        listener.bind(("127.0.0.1", 0))
-        listener.listen(16)
-        yield int(listener.getsockname()[1])
 
 
 @pytest.mark.parametrize("scheme", ["redis", "redis+cluster"])

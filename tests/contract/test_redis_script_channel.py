@@ -5,9 +5,7 @@ leaving the others' replies in place, a bound on the calls waiting, the database
 from __future__ import annotations
 
 import asyncio
-import socket
 import time
-from collections.abc import Iterator
 
 import pytest
 from redis.asyncio import Redis
@@ -65,15 +63,6 @@ async def test_callers_that_give_up_leave_the_others_replies_in_place(
         assert await index.match(_chain(0)) == {"pod-0": 4}
     finally:
         await client.aclose()
-
-
-@pytest.fixture
-def silent_port() -> Iterator[int]:
-    """A port that accepts connections (the kernel's backlog) and never answers."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as listener:
-        listener.bind(("127.0.0.1", 0))
-        listener.listen(16)
-        yield int(listener.getsockname()[1])
 
 
 async def test_calls_waiting_on_a_silent_server_are_bounded_then_time_out(
