@@ -125,6 +125,8 @@ class _Connection(asyncio.Protocol):
 
     # calls
     def send(self, packed: bytes) -> asyncio.Future[object]:
+        if self.closed:
+            raise RedisConnectionError("connection to redis closed")
         future: asyncio.Future[object] = self._loop.create_future()
         self.waiters.append((future, self._loop.time()))
         self._out.append(packed)
