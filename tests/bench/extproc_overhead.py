@@ -271,17 +271,6 @@ def main() -> None:
                     )
                 )
 
-    def merged(runs: list[Result]) -> Result:
-        cpu = [r.epp_cpu_seconds for r in runs if r.epp_cpu_seconds is not None]
-        return Result(
-            runs[0].name,
-            sum(r.requests for r in runs),
-            sum(r.seconds for r in runs),
-            [x for r in runs for x in r.latencies_ms],
-            sum(r.errors for r in runs),
-            sum(cpu) if cpu else None,
-        )
-
     def table(epp: Result, direct: Result) -> None:
         print(f"{'':<22}{'EPP':>12}{'direct':>12}{'EPP/direct':>12}")
         print(f"{'requests/s':<22}{epp.rps:>12.0f}{direct.rps:>12.0f}{epp.rps / direct.rps:>12.2f}")
@@ -290,7 +279,7 @@ def main() -> None:
             print(f"{label:<22}{a:>12.2f}{b:>12.2f}{a / b:>12.2f}")
         print(f"{'errors':<22}{epp.errors:>12}{direct.errors:>12}")
 
-    epp, direct = merged(epp_runs), merged(direct_runs)
+    epp, direct = _merged(epp_runs), _merged(direct_runs)
     print(
         f"concurrency {args.concurrency}, {args.requests} requests x {args.rounds} rounds per mode,"
         f" {args.simulators} simulated servers (ITL {args.itl_ms:g} ms),"
@@ -311,12 +300,12 @@ def main() -> None:
         f"{statistics.pstdev(epp.latencies_ms):.2f} ms)"
     )
     if stream_runs:
-        streamed = merged(stream_runs)
+        streamed = _merged(stream_runs)
         print(
             f"streamed, {args.stream_tokens} tokens, {args.stream_requests} requests x"
             f" {args.rounds} rounds per mode"
         )
-        table(streamed, merged(stream_direct_runs))
+        table(streamed, _merged(stream_direct_runs))
         assert streamed.epp_cpu_seconds is not None
         per_stream = streamed.epp_cpu_seconds / streamed.requests
         chunks = messages["stream"] / streamed.requests - messages["plain"] / epp.requests
