@@ -12,7 +12,8 @@ turns, so that the machine's drifting load falls on each alike; it prints one ro
 count: requests/s, latency, EPP CPU per request summed over all the pod's processes, how the
 requests split over the workers, the memory of each process, the scrapes per second each
 model server received, and the requests/s per core that CPU cost projects; then each
-round's CPU per request, and each count's against the first, round by round.
+round's CPU per request, and each count's against the first, round by round; then, with
+``--stream-requests``, a streamed row per count (each round streams after its plain load).
 ``--envoy-concurrency N`` gives both Envoys N worker threads, each with its own connections
 to the EPP (the default 1 needs a single connection for 32 streams).
 
@@ -336,6 +337,10 @@ class PodRow:
     idle_by_process: list[float]
     #: CPU ms per request of each EPP round, in order
     round_cpu_ms: list[float]
+    #: the streamed rounds (none without ``--stream-requests``) and the messages the EPP got
+    stream: Result | None
+    stream_direct: Result | None
+    messages: dict[str, int]
 
 
 def _merged(runs: list[Result]) -> Result:
@@ -361,6 +366,7 @@ class _Pod:
         exits.callback(redis.stop)
         options = StackOptions(
             simulators=args.simulators,
+            simulator_args=["--itl-ms", str(args.itl_ms)],
             epp_tls=not args.plaintext,
             epp_args=[*args.epp_arg, "--redis-url", redis.url, "--workers", str(workers)],
             envoy_concurrency=args.envoy_concurrency,
@@ -386,6 +392,9 @@ class _Pod:
         self.destinations = list(stack.simulator_addresses.values())
         self.epp_runs: list[Result] = []
         self.direct_runs: list[Result] = []
+        self.stream_runs: list[Result] = []
+        self.stream_direct_runs: list[Result] = []
+        self.messages = {"plain": 0, "stream": 0}
 
     def warm_up(self) -> None:
         _run("warmup", self.epp_url, 300, self.args.concurrency, None, None)
@@ -407,18 +416,38 @@ class _Pod:
 
     def round(self) -> None:
         args = self.args
-        before = [cpu_seconds(p) for p in self.first.pids]
-        run = _run("epp", self.epp_url, args.requests, args.concurrency, None, None)
-        spent = [cpu_seconds(p) - b for p, b in zip(self.first.pids, before, strict=True)]
-        self.by_process = [a + b for a, b in zip(self.by_process, spent, strict=True)]
-        self.epp_runs.append(
-            Result(run.name, run.requests, run.seconds, run.latencies_ms, run.errors, sum(spent))
-        )
+        self.epp_runs.append(self._epp_round("plain", args.requests, BODY))
         self.direct_runs.append(
             _run(
                 "direct", self.direct_url, args.requests, args.concurrency, self.destinations, None
             )
         )
+        if args.stream_requests:
+            body = _stream_body(args.stream_tokens)
+            self.stream_runs.append(self._epp_round("stream", args.stream_requests, body))
+            self.stream_direct_runs.append(
+                _run(
+                    "direct",
+                    self.direct_url,
+                    args.stream_requests,
+                    args.concurrency,
+                    self.destinations,
+                    None,
+                    body,
+                )
+            )
+
+    def _epp_round(self, kind: str, requests: int, body: bytes) -> Result:
+        """One load through the EPP: its CPU summed over the pod's processes, and the
+        messages Envoy sent the EPP added to ``messages[kind]``."""
+        messages = _messages_to_epp(self.stack.workdir)
+        before = [cpu_seconds(p) for p in self.first.pids]
+        run = _run("epp", self.epp_url, requests, self.args.concurrency, None, None, body)
+        spent = [cpu_seconds(p) - b for p, b in zip(self.first.pids, before, strict=True)]
+        self.messages[kind] += _messages_to_epp(self.stack.workdir) - messages
+        if kind == "plain":
+            self.by_process = [a + b for a, b in zip(self.by_process, spent, strict=True)]
+        return Result(run.name, run.requests, run.seconds, run.latencies_ms, run.errors, sum(spent))
 
     def row(self) -> PodRow:
         last = sample_pod(self.pid, self.stack.epp_metrics_port, self.sims)
@@ -438,6 +467,9 @@ class _Pod:
             cpu_by_process=self.by_process,
             idle_by_process=self.idle_by_process,
             round_cpu_ms=[(r.epp_cpu_seconds or 0.0) / r.requests * 1000 for r in self.epp_runs],
+            stream=_merged(self.stream_runs) if self.stream_runs else None,
+            stream_direct=_merged(self.stream_direct_runs) if self.stream_direct_runs else None,
+            messages=dict(self.messages),
         )
 
 
@@ -463,7 +495,7 @@ def _workers_bench(args: argparse.Namespace) -> None:
     print(
         f"concurrency {args.concurrency}, Envoy threads {args.envoy_concurrency}, "
         f"{args.requests} requests x {args.rounds} rounds per "
-        f"pod and mode, {args.simulators} simulated servers, EPP TLS "
+        f"pod and mode, {args.simulators} simulated servers (ITL {args.itl_ms:g} ms), EPP TLS "
         f"{'off' if args.plaintext else 'on'}, --redis-url on, {os.cpu_count()} CPUs (shared "
         f"by Envoy, the simulators, the load and the EPP: throughput cannot scale here), "
         f"EPP flags {args.epp_arg or 'default'}"
@@ -507,12 +539,37 @@ def _workers_bench(args: argparse.Namespace) -> None:
                 f"{row.workers} workers, by process (supervisor, workers): CPU ms/req {by}; "
                 f"idle % {idle}"
             )
+    if any(row.stream for row in rows):
+        print(
+            f"streamed, {args.stream_tokens} tokens, {args.stream_requests} requests x "
+            f"{args.rounds} rounds per pod and mode"
+        )
+        print(
+            f"{'workers':>7}{'EPP r/s':>9}{'direct':>8}{'ratio':>7}{'p50 ms':>8}{'p99 ms':>8}"
+            f"{'CPU ms/stream':>14}{'chunks':>8}{'us/chunk':>9}{'errors':>7}"
+        )
+    for row in rows:
+        if row.stream is None or row.stream_direct is None:
+            continue
+        stream, direct = row.stream, row.stream_direct
+        per_stream = (stream.epp_cpu_seconds or 0.0) / stream.requests
+        per_request = (row.epp.epp_cpu_seconds or 0.0) / row.epp.requests
+        chunks = row.messages["stream"] / stream.requests - row.messages["plain"] / row.epp.requests
+        per_chunk = (per_stream - per_request) / chunks * 1e6 if chunks > 0 else 0.0
+        print(
+            f"{row.workers:>7}{stream.rps:>9.0f}{direct.rps:>8.0f}{stream.rps / direct.rps:>7.2f}"
+            f"{stream.percentile(0.5):>8.2f}{stream.percentile(0.99):>8.2f}"
+            f"{per_stream * 1000:>14.3f}{chunks:>8.1f}{per_chunk:>9.1f}{stream.errors:>7}"
+        )
     print(
-        "CPU ms/req: all the pod's processes (supervisor and workers) over the EPP rounds; "
-        "net: less the pod's idle CPU (idle %: of one core, measured before the rounds) over "
-        "the same time; r/s/core: 1000 / CPU ms per request, a projection of requests/s "
-        "per core of the pod, not a measurement; scrapes/s: GET /metrics per second each "
-        "model server received."
+        "CPU ms/req: all the pod's processes (supervisor and workers) over the EPP rounds "
+        "(the plain ones; CPU ms/stream: the streamed ones); net: less the pod's idle CPU "
+        "(idle %: of one core, measured before the rounds) over the same time; r/s/core: "
+        "1000 / CPU ms per request, a projection of requests/s per core of the pod, not a "
+        "measurement; split: the requests each worker served over all the pod's rounds; "
+        "scrapes/s: GET /metrics per second each model server received; chunks: the "
+        "response-body messages Envoy sent the EPP per streamed request beyond a plain "
+        "one's, and us/chunk the streamed request's CPU beyond a plain one's over them."
     )
 
 
