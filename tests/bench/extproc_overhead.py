@@ -414,7 +414,7 @@ class _Pod:
         ]
         self.by_process = [0.0 for _ in self.first.pids]
 
-    def round(self) -> None:
+    def plain_round(self) -> None:
         args = self.args
         self.epp_runs.append(self._epp_round("plain", args.requests, BODY))
         self.direct_runs.append(
@@ -422,6 +422,9 @@ class _Pod:
                 "direct", self.direct_url, args.requests, args.concurrency, self.destinations, None
             )
         )
+
+    def stream_round(self) -> None:
+        args = self.args
         if args.stream_requests:
             body = _stream_body(args.stream_tokens)
             self.stream_runs.append(self._epp_round("stream", args.stream_requests, body))
@@ -489,8 +492,13 @@ def _workers_bench(args: argparse.Namespace) -> None:
         for pod in pods:
             pod.measure_idle()
         for i in range(args.rounds):
-            for pod in pods[i % len(pods) :] + pods[: i % len(pods)]:
-                pod.round()
+            turn = pods[i % len(pods) :] + pods[: i % len(pods)]
+            # the pods' plain rounds back to back, then their streamed ones, so that each
+            # pair compared is as close in time as it can be
+            for pod in turn:
+                pod.plain_round()
+            for pod in turn:
+                pod.stream_round()
         rows = [pod.row() for pod in pods]
     print(
         f"concurrency {args.concurrency}, Envoy threads {args.envoy_concurrency}, "
@@ -546,7 +554,7 @@ def _workers_bench(args: argparse.Namespace) -> None:
         )
         print(
             f"{'workers':>7}{'EPP r/s':>9}{'direct':>8}{'ratio':>7}{'p50 ms':>8}{'p99 ms':>8}"
-            f"{'CPU ms/stream':>14}{'chunks':>8}{'us/chunk':>9}{'errors':>7}"
+            f"{'CPU ms/stream':>14}{'net':>7}{'chunks':>8}{'us/chunk':>9}{'net':>7}{'errors':>7}"
         )
     for row in rows:
         if row.stream is None or row.stream_direct is None:
@@ -555,18 +563,24 @@ def _workers_bench(args: argparse.Namespace) -> None:
         per_stream = (stream.epp_cpu_seconds or 0.0) / stream.requests
         per_request = (row.epp.epp_cpu_seconds or 0.0) / row.epp.requests
         chunks = row.messages["stream"] / stream.requests - row.messages["plain"] / row.epp.requests
+        idle_rate = row.idle_cpu_per_second
+        net_stream = per_stream - idle_rate * stream.seconds / stream.requests
+        net_request = per_request - idle_rate * row.epp.seconds / row.epp.requests
         per_chunk = (per_stream - per_request) / chunks * 1e6 if chunks > 0 else 0.0
+        net_chunk = (net_stream - net_request) / chunks * 1e6 if chunks > 0 else 0.0
         print(
             f"{row.workers:>7}{stream.rps:>9.0f}{direct.rps:>8.0f}{stream.rps / direct.rps:>7.2f}"
             f"{stream.percentile(0.5):>8.2f}{stream.percentile(0.99):>8.2f}"
-            f"{per_stream * 1000:>14.3f}{chunks:>8.1f}{per_chunk:>9.1f}{stream.errors:>7}"
+            f"{per_stream * 1000:>14.3f}{net_stream * 1000:>7.3f}{chunks:>8.1f}"
+            f"{per_chunk:>9.1f}{net_chunk:>7.1f}{stream.errors:>7}"
         )
     print(
         "CPU ms/req: all the pod's processes (supervisor and workers) over the EPP rounds "
         "(the plain ones; CPU ms/stream: the streamed ones); net: less the pod's idle CPU "
         "(idle %: of one core, measured before the rounds) over the same time; r/s/core: "
         "1000 / CPU ms per request, a projection of requests/s per core of the pod, not a "
-        "measurement; split: the requests each worker served over all the pod's rounds; "
+        "measurement (a streamed round lasts longer per request, so the pod's idle CPU weighs "
+        "more on it); split: the requests each worker served over all the pod's rounds; "
         "scrapes/s: GET /metrics per second each model server received; chunks: the "
         "response-body messages Envoy sent the EPP per streamed request beyond a plain "
         "one's, and us/chunk the streamed request's CPU beyond a plain one's over them."
