@@ -13,7 +13,8 @@ count: requests/s, latency, EPP CPU per request summed over all the pod's proces
 requests split over the workers, the memory of each process, the scrapes per second each
 model server received, and the requests/s per core that CPU cost projects; then each
 round's CPU per request, and each count's against the first, round by round; then, with
-``--stream-requests``, a streamed row per count (each round streams after its plain load).
+``--stream-requests``, a streamed row per count (in each round the pods' plain loads come
+back to back, then their streamed ones).
 ``--envoy-concurrency N`` gives both Envoys N worker threads, each with its own connections
 to the EPP (the default 1 needs a single connection for 32 streams).
 
@@ -126,6 +127,37 @@ class Result:
     def percentile(self, q: float) -> float:
         ordered = sorted(self.latencies_ms)
         return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+@dataclass(frozen=True)
+class StreamCost:
+    """A streamed request's EPP CPU, and per chunk: what it costs beyond a plain request,
+    over the response-body messages it added; each also net of the EPP's idle CPU."""
+
+    per_stream: float
+    net_stream: float
+    chunks: float
+    per_chunk: float
+    net_chunk: float
+
+
+def _stream_cost(
+    plain: Result, streamed: Result, messages: dict[str, int], idle_rate: float
+) -> StreamCost:
+    per_request = (plain.epp_cpu_seconds or 0.0) / plain.requests
+    per_stream = (streamed.epp_cpu_seconds or 0.0) / streamed.requests
+    net_request = per_request - idle_rate * plain.seconds / plain.requests
+    net_stream = per_stream - idle_rate * streamed.seconds / streamed.requests
+    chunks = messages["stream"] / streamed.requests - messages["plain"] / plain.requests
+    if chunks <= 0:
+        return StreamCost(per_stream, net_stream, chunks, 0.0, 0.0)
+    return StreamCost(
+        per_stream,
+        net_stream,
+        chunks,
+        (per_stream - per_request) / chunks,
+        (net_stream - net_request) / chunks,
+    )
 
 
 async def _load(
@@ -307,20 +339,18 @@ def main() -> None:
             f" {args.rounds} rounds per mode"
         )
         table(streamed, _merged(stream_direct_runs))
-        assert streamed.epp_cpu_seconds is not None
-        per_stream = streamed.epp_cpu_seconds / streamed.requests
-        chunks = messages["stream"] / streamed.requests - messages["plain"] / epp.requests
-        print(f"EPP CPU ms per streamed request: {per_stream * 1000:.3f}")
+        cost = _stream_cost(epp, streamed, messages, idle_rate)
+        print(f"EPP CPU ms per streamed request: {cost.per_stream * 1000:.3f}")
         print(
             f"EPP messages per request: plain {messages['plain'] / epp.requests:.1f}, "
             f"streamed {messages['stream'] / streamed.requests:.1f}"
         )
-        if chunks > 0:
-            per_chunk = (per_stream - per_request) / chunks
-            net_stream = per_stream - idle_rate * streamed.seconds / streamed.requests
-            net_chunk = (net_stream - net_request) / chunks
-            print(f"EPP CPU us per SSE chunk: {per_chunk * 1e6:.1f} ({chunks:.1f} chunks each)")
-            print(f"  net of the EPP's idle CPU: {net_chunk * 1e6:.1f}")
+        if cost.chunks > 0:
+            print(
+                f"EPP CPU us per SSE chunk: {cost.per_chunk * 1e6:.1f} "
+                f"({cost.chunks:.1f} chunks each)"
+            )
+            print(f"  net of the EPP's idle CPU: {cost.net_chunk * 1e6:.1f}")
 
 
 @dataclass(frozen=True)
@@ -560,19 +590,12 @@ def _workers_bench(args: argparse.Namespace) -> None:
         if row.stream is None or row.stream_direct is None:
             continue
         stream, direct = row.stream, row.stream_direct
-        per_stream = (stream.epp_cpu_seconds or 0.0) / stream.requests
-        per_request = (row.epp.epp_cpu_seconds or 0.0) / row.epp.requests
-        chunks = row.messages["stream"] / stream.requests - row.messages["plain"] / row.epp.requests
-        idle_rate = row.idle_cpu_per_second
-        net_stream = per_stream - idle_rate * stream.seconds / stream.requests
-        net_request = per_request - idle_rate * row.epp.seconds / row.epp.requests
-        per_chunk = (per_stream - per_request) / chunks * 1e6 if chunks > 0 else 0.0
-        net_chunk = (net_stream - net_request) / chunks * 1e6 if chunks > 0 else 0.0
+        cost = _stream_cost(row.epp, stream, row.messages, row.idle_cpu_per_second)
         print(
             f"{row.workers:>7}{stream.rps:>9.0f}{direct.rps:>8.0f}{stream.rps / direct.rps:>7.2f}"
             f"{stream.percentile(0.5):>8.2f}{stream.percentile(0.99):>8.2f}"
-            f"{per_stream * 1000:>14.3f}{net_stream * 1000:>7.3f}{chunks:>8.1f}"
-            f"{per_chunk:>9.1f}{net_chunk:>7.1f}{stream.errors:>7}"
+            f"{cost.per_stream * 1000:>14.3f}{cost.net_stream * 1000:>7.3f}{cost.chunks:>8.1f}"
+            f"{cost.per_chunk * 1e6:>9.1f}{cost.net_chunk * 1e6:>7.1f}{stream.errors:>7}"
         )
     print(
         "CPU ms/req: all the pod's processes (supervisor and workers) over the EPP rounds "
