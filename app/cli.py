@@ -533,12 +533,6 @@ def parse_settings(argv: Sequence[str] | None = None) -> Settings:
             f"argument --workers: {values['workers']} workers need --redis-url: workers share "
             "the prefix index and in-flight load through it (use --workers 1 without Redis)"
         )
-    # Not wired through the supervisor yet, which is the pod's face (health, /metrics).
-    if values["workers"] > 1 and values["ha_enable_leader_election"]:
-        parser.error(
-            "argument --ha-enable-leader-election: not supported with --workers > 1 yet "
-            "(the supervisor serves the pod's readiness)"
-        )
     for flag in ("static_objectives", "kubeconfig"):
         if values[flag] is not None and not values[flag].is_file():
             parser.error(f"argument --{flag.replace('_', '-')}: {values[flag]} is not a file")

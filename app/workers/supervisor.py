@@ -17,7 +17,10 @@ It is the pod's one face and its one data layer; the workers serve the requests:
   its code and the delay. A worker that fails before any worker of the pod was ever ready
   ends the supervisor with its exit code (a port in use, a bad flag: restarting cannot help).
 - **Health.** One gRPC health port: SERVING while at least one worker reports ready and the
-  supervisor is not draining; ``liveness`` stays SERVING while draining.
+  supervisor is not draining; ``liveness`` stays SERVING while draining. With
+  ``--ha-enable-leader-election`` the supervisor campaigns for the pool's Lease (its workers
+  do not) and the pod is ready only while it holds it, as one process would be; on SIGTERM
+  it releases the Lease before the workers drain, so a standby pod takes over meanwhile.
 - **Metrics.** One ``/metrics``: the supervisor's own registry (scrape errors: it is the one
   that polls) merged with every connected worker's (``adapters.prometheus.merge``);
   ``/workers`` lists the workers as JSON (id, pid, ready, metrics port, restarts, and the
@@ -42,6 +45,7 @@ import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import aiohttp
 import grpc
@@ -62,6 +66,9 @@ from app.observability import metrics_ssl_context
 from app.plugins import PluginLoadError
 from app.settings import Settings
 from app.workers.role import WORKER_VARIABLE, WorkerRole
+
+if TYPE_CHECKING:  # the kubernetes client is imported only when a Lease is used
+    from adapters.kubernetes.leader import LeaderElector
 
 __all__ = ["BACKOFF_MAX", "BACKOFF_START", "STABLE_AFTER", "run_supervisor"]
 
@@ -145,7 +152,13 @@ class Supervisor:
             self.argv += ["--cert-path", _write_self_signed(self.workdir)]
         self.hub = SupervisorHub(os.path.join(self.workdir, "link.sock"))
         self.container = build_supervisor_container(settings, self.hub)
-        self.health = HealthServicer(lambda: self.hub.ready_workers() > 0)
+        # the pod's Lease (--ha-enable-leader-election), held here, not by the workers;
+        # made in run(), where a Kubernetes configuration that does not work is reported
+        self.elector: LeaderElector | None = None
+        self.health = HealthServicer(
+            lambda: self.hub.ready_workers() > 0,
+            self._leads if settings.ha_enable_leader_election else None,
+        )
         self.slots = [_Slot(i) for i in range(settings.workers)]
         self.stop = asyncio.Event()
         self.draining = False
@@ -158,6 +171,9 @@ class Supervisor:
         self._session: aiohttp.ClientSession | None = None
 
     # --- the pod's face ---
+
+    def _leads(self) -> bool:
+        return self.elector is not None and self.elector.leader()
 
     async def _serve_health(self) -> grpc.aio.Server:
         server = grpc.aio.server()
@@ -402,6 +418,11 @@ class Supervisor:
                 logger.error("cannot start endpoint discovery: %s", exc)
                 return 1
             try:
+                self.elector = self.container.leader_elector()
+            except Exception as exc:
+                logger.error("cannot start leader election: %s", exc)
+                return 1
+            try:
                 runner = await self._serve_metrics()
                 health = await self._serve_health()
             except OSError as exc:
@@ -434,6 +455,10 @@ class Supervisor:
             if self.dispatcher is not None:
                 self._dispatching = asyncio.create_task(self.dispatcher.run(), name="dispatch")
                 tasks.append(self._dispatching)
+            campaign = None
+            if self.elector is not None:
+                campaign = asyncio.create_task(self.elector.run(), name="leader-election")
+                tasks.append(campaign)
             keepers = [asyncio.create_task(self._keep(slot)) for slot in self.slots]
             stop_task = asyncio.create_task(self.stop.wait())
             done, _ = await asyncio.wait({*tasks, stop_task}, return_when=asyncio.FIRST_COMPLETED)
@@ -442,6 +467,9 @@ class Supervisor:
                 if not task.cancelled() and task.exception() is not None:
                     logger.error("%s stopped: %r", task.get_name(), task.exception())
                     self.fatal = 1
+            if campaign is not None:  # release the Lease first: a standby takes over meanwhile
+                campaign.cancel()
+                await asyncio.gather(campaign, return_exceptions=True)
             await self._drain_workers()
             for keeper in keepers:
                 keeper.cancel()

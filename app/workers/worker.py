@@ -96,7 +96,10 @@ def run_worker(settings: Settings, role: WorkerRole) -> int:
     """The worker process, until SIGTERM, SIGINT or its supervisor's end."""
     configure_logging(settings.verbosity, settings.log_format, worker=str(role.worker_id))
     _die_with_supervisor(role.supervisor_pid)
-    settings = settings.model_copy(update={"grpc_port": role.grpc_port})
+    # the supervisor holds the pod's Lease and gates the pod's readiness on it
+    settings = settings.model_copy(
+        update={"grpc_port": role.grpc_port, "ha_enable_leader_election": False}
+    )
     if settings.uvloop and sys.platform != "win32":
         try:
             import uvloop

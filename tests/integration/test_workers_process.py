@@ -20,11 +20,12 @@ import orjson
 import pytest
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
+from tests.bench.leader_failover import failover
 from tests.e2e.test_kubernetes_e2e import MODEL_LABELS, POOL, model_pod, write_kubeconfig
 from tests.integration.test_process import NOT_SERVING, Epp
 from tests.support.certs import served_certificate
 from tests.support.extproc import envoy_headers, request_body, request_headers, set_headers
-from tests.support.kube_api import INFERENCE_POOLS_V1, PODS, KubeApiServer, inference_pool_v1
+from tests.support.kube_api import INFERENCE_POOLS_V1, PODS, KubeApiServer, inference_pool_v1, pod
 from tests.support.ports import bindable
 from tests.support.redis import RedisServer, redis_available
 from tests.support.stack import ChildProcess, Stack, StackOptions, free_port, wait_for
@@ -239,18 +240,24 @@ async def test_every_worker_serves_the_pods_one_self_signed_certificate(
         epp.child.stop()
 
 
-def test_leader_election_with_workers_exits_2_naming_the_flag(tmp_path: Path) -> None:
-    epp = Epp(
-        tmp_path,
-        "--workers",
-        "2",
-        "--redis-url",
-        "redis://127.0.0.1:1",
-        "--ha-enable-leader-election",
-    )
-    epp.child.start()
-    assert epp.child.wait(30) == 2
-    assert "argument --ha-enable-leader-election" in epp.child.log()
+def test_pods_of_workers_fail_over_on_their_supervisors_lease(
+    tmp_path: Path, redis_url: str
+) -> None:
+    """``--ha-enable-leader-election`` with ``--workers 2``: each pod's supervisor campaigns
+    for the Lease (its workers do not), one pod is ready, and when its pod is deleted
+    (SIGTERM) the standby pod reports ready within seconds."""
+    with KubeApiServer() as api:
+        api.create(INFERENCE_POOLS_V1, inference_pool_v1("pool", selector={"app": "model"}))
+        api.create(PODS, pod("model-0", ip="127.0.0.61", labels={"app": "model"}))
+        ready, _ = failover(
+            tmp_path, api, signal.SIGTERM, ["--workers", "2", "--redis-url", redis_url]
+        )
+    assert ready < 5.0
+    for name in ("epp-0", "epp-1"):
+        log = (tmp_path / f"{name}.log").read_text()
+        campaigns = [line for line in log.splitlines() if "campaigning for Lease" in line]
+        assert len(campaigns) == 1, campaigns
+        assert campaigns[0].endswith("worker=supervisor"), campaigns
 
 
 def test_the_supervisor_serves_each_workers_profiling_pages(tmp_path: Path, redis_url: str) -> None:
