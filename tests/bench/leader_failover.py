@@ -13,11 +13,15 @@ measures how long until the standby reports SERVING:
 Each round restarts the stopped replica so that the next round has a standby again.
 
     .venv/bin/python -m tests.bench.leader_failover --rounds 3 --signals TERM,KILL
+
+``--workers N`` runs each replica as a pod of N workers (``--workers`` > 1 needs Redis: the
+script starts a redis-server the replicas share).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import os
 import signal
@@ -39,6 +43,7 @@ from tests.support.kube_api import (
     pod,
     write_kubeconfig,
 )
+from tests.support.redis import RedisServer
 from tests.support.stack import ChildProcess, free_port, wait_for
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
@@ -143,7 +148,19 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--signals", default="TERM,KILL")
+    parser.add_argument("--workers", type=int, default=1, help="worker processes per replica")
     args = parser.parse_args()
+    with contextlib.ExitStack() as exits:
+        extra = []
+        if args.workers > 1:
+            redis = RedisServer()
+            redis.start()
+            exits.callback(redis.stop)
+            extra = ["--workers", str(args.workers), "--redis-url", redis.url]
+        _rounds(args, extra)
+
+
+def _rounds(args: argparse.Namespace, extra: list[str]) -> None:
     with KubeApiServer() as api, tempfile.TemporaryDirectory() as tmp:
         api.create(INFERENCE_POOLS_V1, inference_pool_v1("pool", selector={"app": "model"}))
         api.create(PODS, pod("model-0", ip="127.0.0.61", labels={"app": "model"}))
@@ -153,11 +170,12 @@ def main() -> None:
             for n in range(args.rounds):
                 workdir = Path(tmp) / f"{name}-{n}"
                 workdir.mkdir()
-                ready, since_loss = failover(workdir, api, signum)
+                ready, since_loss = failover(workdir, api, signum, extra)
                 times.append(ready)
                 after_loss.append(since_loss)
             print(
-                f"SIG{name}, default lease settings, over {len(times)} rounds: "
+                f"SIG{name}, default lease settings, {args.workers} worker(s) per replica, "
+                f"over {len(times)} rounds: "
                 f"leader stopped -> standby ready median {statistics.median(times):.2f}s, "
                 f"max {max(times):.2f}s ({', '.join(f'{t:.2f}' for t in times)}); "
                 f"Lease lost (released or lapsed) -> standby ready median "
