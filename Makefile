@@ -64,7 +64,7 @@ demo-ha: install
 
 bench: install redis
 	$(BIN)/python -m tests.bench.extproc_overhead
-	$(BIN)/python -m tests.bench.extproc_overhead --workers 1,2,auto
+	$(BIN)/python -m tests.bench.extproc_overhead --workers 1,2,auto --rounds 4 --stream-requests 500
 
 # The EPP's image from Containerfile, tagged with the project's version, with the first of
 # podman, docker or buildah on PATH; skipped (with a message) when there is none.
