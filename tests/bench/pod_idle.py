@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import subprocess
 import sys
 import tempfile
@@ -26,33 +25,16 @@ from pathlib import Path
 
 from tests.bench.load import cpu_seconds
 from tests.bench.pod import pod_pids
+from tests.bench.scrape_cpu import model_server_addresses, start_model_servers
 from tests.support.redis import RedisServer
 from tests.support.stack import free_port, wait_for
 
 
 def _model_servers(count: int, exits: contextlib.ExitStack) -> list[str]:
-    server = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "tests.bench.scrape_cpu",
-            "--serve",
-            "--endpoints",
-            str(count),
-            "--base-ip",
-            "127.0.1.2",
-        ],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
+    server = start_model_servers(count, "127.0.1.2")
     exits.callback(server.wait, 10)
     exits.callback(server.terminate)
-    assert server.stdout is not None
-    line = server.stdout.readline()
-    if not line.startswith("ready "):
-        raise SystemExit(f"the model servers did not start: {line!r}")
-    addresses: list[str] = json.loads(line.split(" ", 1)[1])
-    return addresses
+    return model_server_addresses(server)
 
 
 def _measure(

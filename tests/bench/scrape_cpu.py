@@ -222,6 +222,35 @@ async def _serve(count: int, base_ip: str) -> None:
         server.close()
 
 
+def start_model_servers(count: int, base_ip: str) -> subprocess.Popen[str]:
+    """``count`` model servers in a separate process (this module's ``--serve``), on
+    ``base_ip`` and the addresses after it; read them with ``model_server_addresses``."""
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tests.bench.scrape_cpu",
+            "--serve",
+            "--endpoints",
+            str(count),
+            "--base-ip",
+            base_ip,
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+
+
+def model_server_addresses(server: subprocess.Popen[str]) -> list[str]:
+    """The ``ip:port`` of each model server ``server`` started, once they listen."""
+    assert server.stdout is not None
+    ready = server.stdout.readline()
+    if not ready.startswith("ready "):
+        raise SystemExit(f"the model servers did not start: {ready!r}")
+    addresses: list[str] = json.loads(ready.removeprefix("ready "))
+    return addresses
+
+
 # --- the prototype client and the in-memory source ------------------------------------------
 
 
@@ -689,28 +718,11 @@ def main() -> None:
     if not HAVE_UVLOOP:
         print("uvloop is not installed: skipping the uvloop variants")
         variants = [v for v in variants if not v.endswith("-uvloop")]
-    server = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "tests.bench.scrape_cpu",
-            "--serve",
-            "--endpoints",
-            str(args.endpoints),
-            "--base-ip",
-            args.base_ip,
-        ],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
+    server = start_model_servers(args.endpoints, args.base_ip)
     rows: list[Measurement] = []
     profile: Path | None = None
     try:
-        assert server.stdout is not None
-        ready = server.stdout.readline()
-        if not ready.startswith("ready "):
-            raise SystemExit(f"the model servers did not start: {ready!r}")
-        addresses = json.loads(ready.removeprefix("ready "))
+        addresses = model_server_addresses(server)
         with tempfile.TemporaryDirectory(prefix="scrape-cpu-") as tmp:
             addresses_file = Path(tmp) / "addresses.json"
             addresses_file.write_text(json.dumps(addresses))
