@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import socket
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
 
+from adapters.redis import RedisClient, connect
 from tests.support.redis import RedisCluster, RedisServer, TlsFiles, make_tls_files, redis_available
 
 __all__: list[str] = []
@@ -73,6 +74,17 @@ def redis_scratch_server() -> Iterator[RedisServer]:
     server.start()
     yield server
     server.close()
+
+
+@pytest.fixture
+async def redis_client(redis_server: RedisServer) -> AsyncIterator[RedisClient]:
+    """The shipped client (``adapters.redis.connect``) on the session's redis-server, bound
+    to this test's event loop and closed after it."""
+    client = connect(redis_server.url)
+    try:
+        yield client
+    finally:
+        await client.aclose()
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 import pytest
 
-from adapters.redis import RedisPrefixIndex, RedisSharedLoad, connect
+from adapters.redis import RedisClient, RedisPrefixIndex, RedisSharedLoad, connect
 from ports.shared_state import EndpointLoad, SharedStateError
 from tests.support.redis import (
     ACL_CLUSTER_COMMANDS,
@@ -153,25 +153,21 @@ async def test_a_closed_port_fails_at_once(scheme: str, key_prefix: str) -> None
 
 
 async def test_noscript_after_script_flush_is_transparent(
-    redis_server: RedisServer, key_prefix: str
+    redis_server: RedisServer, redis_client: RedisClient, key_prefix: str
 ) -> None:
-    client = connect(redis_server.url)
-    try:
-        index = RedisPrefixIndex(client, key_prefix=key_prefix)
-        await index.add(CHAIN, "pod-a", 100)
-        assert await index.match(CHAIN) == {"pod-a": 8}
-        redis_server.cli("SCRIPT", "FLUSH")
-        assert await index.match(CHAIN) == {"pod-a": 8}
-        redis_server.cli("SCRIPT", "FLUSH")
-        await index.add(CHAIN, "pod-b", 100)
-        redis_server.cli("SCRIPT", "FLUSH")
-        await index.remove_endpoint("pod-a")
-        assert await index.match(CHAIN) == {"pod-b": 8}
-        load = RedisSharedLoad(client, key_prefix=key_prefix)
-        redis_server.cli("SCRIPT", "FLUSH")
-        await load.sync_once()
-    finally:
-        await client.aclose()
+    index = RedisPrefixIndex(redis_client, key_prefix=key_prefix)
+    await index.add(CHAIN, "pod-a", 100)
+    assert await index.match(CHAIN) == {"pod-a": 8}
+    redis_server.cli("SCRIPT", "FLUSH")
+    assert await index.match(CHAIN) == {"pod-a": 8}
+    redis_server.cli("SCRIPT", "FLUSH")
+    await index.add(CHAIN, "pod-b", 100)
+    redis_server.cli("SCRIPT", "FLUSH")
+    await index.remove_endpoint("pod-a")
+    assert await index.match(CHAIN) == {"pod-b": 8}
+    load = RedisSharedLoad(redis_client, key_prefix=key_prefix)
+    redis_server.cli("SCRIPT", "FLUSH")
+    await load.sync_once()
 
 
 async def test_noscript_on_a_cluster_is_transparent(
@@ -190,18 +186,14 @@ async def test_noscript_on_a_cluster_is_transparent(
 
 
 async def test_an_error_reply_is_a_shared_state_error(
-    redis_server: RedisServer, key_prefix: str
+    redis_server: RedisServer, redis_client: RedisClient, key_prefix: str
 ) -> None:
-    client = connect(redis_server.url)
-    try:
-        index = RedisPrefixIndex(client, key_prefix=key_prefix)
-        redis_server.cli("SET", index.block_key(CHAIN[0], CHAIN[0]), "not a hash")
-        with pytest.raises(SharedStateError, match="WRONGTYPE"):
-            await index.match(CHAIN)
-        with pytest.raises(SharedStateError, match="WRONGTYPE"):
-            await index.add(CHAIN, "pod-a", 10)
-    finally:
-        await client.aclose()
+    index = RedisPrefixIndex(redis_client, key_prefix=key_prefix)
+    redis_server.cli("SET", index.block_key(CHAIN[0], CHAIN[0]), "not a hash")
+    with pytest.raises(SharedStateError, match="WRONGTYPE"):
+        await index.match(CHAIN)
+    with pytest.raises(SharedStateError, match="WRONGTYPE"):
+        await index.add(CHAIN, "pod-a", 10)
 
 
 async def test_a_server_killed_and_restarted_empty(

@@ -12,7 +12,7 @@ from redis.asyncio import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from adapters.redis import RedisPrefixIndex, connect
+from adapters.redis import RedisClient, RedisPrefixIndex, connect
 from adapters.redis.pipelined import ScriptChannel
 from tests.support.redis import RedisServer
 
@@ -29,40 +29,30 @@ def _chain(i: int) -> list[int]:
 
 
 async def test_concurrent_scripts_share_one_connection_and_get_their_own_replies(
-    redis_server: RedisServer, key_prefix: str
+    redis_server: RedisServer, redis_client: RedisClient, key_prefix: str
 ) -> None:
-    client = connect(redis_server.url)
-    try:
-        index = RedisPrefixIndex(client, key_prefix=key_prefix)
-        before = _connections_received(redis_server)
-        # 40 chains, each on its own endpoint with its own length: every reply is different
-        await asyncio.gather(
-            *(index.add(_chain(i)[: 1 + i % 4], f"pod-{i}", 10) for i in range(40))
-        )
-        matches = await asyncio.gather(*(index.match(_chain(i)) for i in range(40)))
-        assert matches == [{f"pod-{i}": 1 + i % 4} for i in range(40)]
-        # one for the 80 scripts, one for the redis-cli that reads INFO
-        assert _connections_received(redis_server) - before == 2
-    finally:
-        await client.aclose()
+    index = RedisPrefixIndex(redis_client, key_prefix=key_prefix)
+    before = _connections_received(redis_server)
+    # 40 chains, each on its own endpoint with its own length: every reply is different
+    await asyncio.gather(*(index.add(_chain(i)[: 1 + i % 4], f"pod-{i}", 10) for i in range(40)))
+    matches = await asyncio.gather(*(index.match(_chain(i)) for i in range(40)))
+    assert matches == [{f"pod-{i}": 1 + i % 4} for i in range(40)]
+    # one for the 80 scripts, one for the redis-cli that reads INFO
+    assert _connections_received(redis_server) - before == 2
 
 
 async def test_callers_that_give_up_leave_the_others_replies_in_place(
-    redis_server: RedisServer, key_prefix: str
+    redis_client: RedisClient, key_prefix: str
 ) -> None:
-    client = connect(redis_server.url)
-    try:
-        index = RedisPrefixIndex(client, key_prefix=key_prefix)
-        await asyncio.gather(*(index.add(_chain(i), f"pod-{i}", 10) for i in range(20)))
-        calls = [asyncio.ensure_future(index.match(_chain(i))) for i in range(20)]
-        await asyncio.sleep(0)  # all sent, in one write, no reply read yet
-        for call in calls[::2]:
-            call.cancel()
-        kept = await asyncio.gather(*calls[1::2])
-        assert kept == [{f"pod-{i}": 4} for i in range(1, 20, 2)]
-        assert await index.match(_chain(0)) == {"pod-0": 4}
-    finally:
-        await client.aclose()
+    index = RedisPrefixIndex(redis_client, key_prefix=key_prefix)
+    await asyncio.gather(*(index.add(_chain(i), f"pod-{i}", 10) for i in range(20)))
+    calls = [asyncio.ensure_future(index.match(_chain(i))) for i in range(20)]
+    await asyncio.sleep(0)  # all sent, in one write, no reply read yet
+    for call in calls[::2]:
+        call.cancel()
+    kept = await asyncio.gather(*calls[1::2])
+    assert kept == [{f"pod-{i}": 4} for i in range(1, 20, 2)]
+    assert await index.match(_chain(0)) == {"pod-0": 4}
 
 
 async def test_calls_waiting_on_a_silent_server_are_bounded_then_time_out(
