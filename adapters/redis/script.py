@@ -23,7 +23,7 @@ from redis.exceptions import (
     ConnectionError as RedisConnectionError,
 )
 
-from adapters.redis.pipelined import ScriptChannel
+from adapters.redis.connection import PipelinedRedis
 from ports.shared_state import SharedStateError, SharedStateReplyError, SharedStateWriteRefusedError
 
 __all__ = ["LuaScript", "drop_idle_connections", "guarded"]
@@ -49,9 +49,9 @@ class LuaScript:
     async def run(
         self, client: Redis | RedisCluster, keys: Sequence[str], args: Sequence[Arg]
     ) -> object:
-        channel = getattr(client, "script_channel", None)
         try:
-            if isinstance(channel, ScriptChannel):
+            if isinstance(client, PipelinedRedis):
+                channel = client.script_channel
                 try:
                     return await channel.call(("EVALSHA", self.sha, len(keys), *keys, *args))
                 except NoScriptError:
