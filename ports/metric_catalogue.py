@@ -34,6 +34,8 @@ __all__ = [
     "KV_EVENTS_GAPS",
     "KV_EVENTS_LAG",
     "KV_EVENTS_TRUSTED",
+    "KV_GATE_HELD",
+    "KV_GATE_WAIT",
     "KV_INDEX_ENTRIES",
     "KV_INDEX_LOADED_BLOCKS",
     "KV_INDEX_PENDING_WRITES",
@@ -301,6 +303,19 @@ MODEL_REWRITE_DECISIONS = CounterMetric(
 # --- flow control ---
 
 #: Seconds from enqueue to the final outcome, every request.
+#: ``kv-capacity-gate``: requests waiting now for KV-cache room on their endpoint.
+KV_GATE_HELD = GaugeMetric(
+    name="inference_extension_kv_capacity_gate_held_requests",
+    help="Requests the kv-capacity-gate holds until their endpoint has KV-cache room.",
+)
+#: ``kv-capacity-gate``: how long each request it held waited, by how it left the wait.
+KV_GATE_WAIT = HistogramMetric(
+    name="inference_extension_kv_capacity_gate_wait_seconds",
+    help="Time requests held by the kv-capacity-gate waited, by outcome (let_in: room "
+    "freed; deadline: maxHoldMs passed; gone: the client left; deleted: the endpoint went).",
+    labels=("outcome",),
+    buckets=_QUEUE_DURATION_BUCKETS,
+)
 FLOW_CONTROL_QUEUE_DURATION = HistogramMetric(
     name="inference_extension_flow_control_request_queue_duration_seconds",
     help="Distribution of the total time requests spend in the flow control layer, from "
@@ -478,6 +493,8 @@ CATALOGUE: tuple[Metric, ...] = (
     PREFIX_INDEXER_SIZE,
     PREFIX_INDEXER_HIT_RATIO,
     PREFIX_INDEXER_HIT_BYTES,
+    KV_GATE_HELD,
+    KV_GATE_WAIT,
     EXTENSION_INFO,
     MODEL_REWRITE_DECISIONS,
     FLOW_CONTROL_QUEUE_DURATION,

@@ -76,7 +76,9 @@ FEATURE_GATES = ("dataLayer", "enableLegacyMetrics", "flowControl")
 #: are fresh (``metrics-freshness-filter``: a new prefix avoids a server whose ``/metrics``
 #: fails; a prefix sticky to it alone stays). The approximate prefix index remembers
 #: ``lruCapacityPerServer`` blocks per endpoint (``autoTune: false``) rather than the
-#: server's KV size, so a prefix keeps going back to the endpoint that had it. The
+#: server's KV size, so a prefix keeps going back to the endpoint that had it. After
+#: scheduling, ``kv-capacity-gate`` holds a request in the EPP while its endpoint's KV cache
+#: has no room for it and lets the held ones in cache hits first (since 2026-11-25). The
 #: reference's own default (queue 2, KV-cache utilization 2, prefix 3) is
 #: ``REFERENCE_DEFAULT_CONFIG_TEXT``. The data-layer default is added like for any config without
 #: a ``dataLayer`` section.
@@ -88,6 +90,7 @@ DEFAULT_CONFIG: dict[str, Any] = {
         {"type": "metrics-freshness-filter"},
         {"type": "token-load-scorer"},
         {"type": "max-score-picker"},
+        {"type": "kv-capacity-gate"},
     ],
     "schedulingProfiles": [
         {

@@ -37,6 +37,7 @@ IN_TREE_MODULES = (
     # request control
     "domain.requestcontrol.plugins.prefix_producer",
     "domain.requestcontrol.plugins.inflight_load",
+    "domain.requestcontrol.plugins.kv_capacity_gate",
     "domain.requestcontrol.plugins.utilization_detector",
     "domain.requestcontrol.plugins.concurrency_detector",
     "domain.requestcontrol.plugins.served_verifier",

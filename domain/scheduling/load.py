@@ -10,14 +10,40 @@ endpoint is believed to hold (``PrefixCacheMatchInfo``: matched blocks x block s
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from domain.datalayer.attributes import PREFIX_CACHE_MATCH_INFO, PrefixCacheMatchInfo
+from domain.plugins.state import StateKey
 from domain.requesthandling.openai import ApiKind, ParsedRequest
 from domain.scheduling.types import Candidate, InferenceRequest
 from ports.codec import JsonCodec
 
-__all__ = ["input_tokens", "round_half_up", "uncached_tokens"]
+__all__ = [
+    "PREFIX_BLOCKS",
+    "PREFIX_BLOCKS_OWNER",
+    "PrefixBlocks",
+    "input_tokens",
+    "round_half_up",
+    "uncached_tokens",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class PrefixBlocks:
+    """The request's prompt cut into prefix blocks by the prefix producer: one hash per
+    full block of ``block_size_tokens`` tokens, in prompt order (a chain: equal hashes
+    mean equal prefixes)."""
+
+    hashes: Sequence[int]
+    block_size_tokens: int
+
+
+#: Where the prefix producer leaves the request's ``PrefixBlocks`` for other plugins (the
+#: ``kv-capacity-gate``): ``request.state.get(PREFIX_BLOCKS_OWNER, PREFIX_BLOCKS)``.
+PREFIX_BLOCKS_OWNER = "prefix-blocks"
+PREFIX_BLOCKS: StateKey[PrefixBlocks] = StateKey("prefix-blocks")
 
 
 def round_half_up(value: float) -> int:

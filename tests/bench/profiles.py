@@ -25,6 +25,7 @@ __all__ = [
     "SIMULATOR_PREFILL_TOKENS_PER_S",
     "default_with_no_hit_lru",
     "default_without_freshness",
+    "default_without_kv_gate",
     "sticky_config",
 ]
 
@@ -89,4 +90,12 @@ def default_with_no_hit_lru(weight: float) -> str:
     config["plugins"].insert(-1, {"type": "no-hit-lru-scorer"})
     for profile in config["schedulingProfiles"]:
         profile["plugins"].insert(-1, {"pluginRef": "no-hit-lru-scorer", "weight": weight})
+    return json.dumps(config)
+
+
+def default_without_kv_gate() -> str:
+    """The no-config default without ``kv-capacity-gate`` (JSON, valid YAML): the default
+    until 2026-11-25."""
+    config: dict[str, Any] = copy.deepcopy(DEFAULT_CONFIG)
+    config["plugins"] = [p for p in config["plugins"] if p["type"] != "kv-capacity-gate"]
     return json.dumps(config)

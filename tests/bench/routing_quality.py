@@ -3,8 +3,8 @@
 Runs each workload once per column, each column on a fresh stack (``tests.support.stack``:
 simulated vLLM instances with the ``h100-8b`` timing preset and a small KV cache):
 
-- ``default``: the EPP without a config ("sticky until saturated", ``app.config.loader``'s
-  ``DEFAULT_CONFIG``), through Envoy;
+- ``default``: the EPP without a config ("sticky until saturated" and ``kv-capacity-gate``,
+  ``app.config.loader``'s ``DEFAULT_CONFIG``), through Envoy;
 - ``sticky``: the same filter and scorer as a config (``tests.bench.profiles.sticky_config``)
   with ``peakPrefillThroughput`` the simulator's 4,000 tokens/s and the prefix index sized
   by the servers' KV blocks (``autoTune``);
@@ -39,8 +39,12 @@ shared-prefix groups' prefixes, so cache pressure matters and requests queue for
 
 Prints, side by side: the prefix-cache hit rate from the simulators' own counters
 (``GET /sim/stats``: hits / queries in tokens, summed over instances), the simulators' TTFT
-p50/p90/p99 and mean queue time (in simulated time: what an H100 would show), the
-client's time to first byte p50/p90 and latency p50 (real time), requests per instance, how
+p50/p90/p99 and mean queue time (in simulated time: what an H100 would show, from the moment
+the request reaches the simulator), the client's TTFT p50/p90/p99 in simulated time (its time
+to first byte / the time scale: the simulators' TTFT plus whatever the request spent in front
+of them, such as a wait in the EPP's ``kv-capacity-gate``, with the gateway's own latency
+doubled at time scale 0.5), the client's time to first byte p50/p90 and latency p50 (real
+time), requests per instance, how
 many instances served each group (session, prefix), KV evictions, preemptions and errors.
 All workloads and columns take about 10 minutes on 2 cores, ``--quick`` about 3.
 
@@ -48,7 +52,8 @@ All workloads and columns take about 10 minutes on 2 cores, ``--quick`` about 3.
         [--workload shared-prefix|multi-turn|no-share|zipf|all]
         [--modes default,sticky,reference,random,sglang-cache_aware,sglang-round_robin]
 
-``--modes`` may also name ``no-freshness`` (the default without ``metrics-freshness-filter``)
+``--modes`` may also name ``no-gate`` (the default without ``kv-capacity-gate``, the default
+until 2026-11-25), ``no-freshness`` (the default without ``metrics-freshness-filter``)
 and ``lru-0.003``, ``lru-0.01``, ``lru-0.03`` (the default plus ``no-hit-lru-scorer`` at that
 weight), the variants of decision 0014; they are not run unless named.
 """
@@ -77,6 +82,7 @@ from tests.bench.profiles import (
     RANDOM_CONFIG,
     default_with_no_hit_lru,
     default_without_freshness,
+    default_without_kv_gate,
     sticky_config,
 )
 from tests.simulator import DEFAULT_MODEL
@@ -92,6 +98,7 @@ MODES: dict[str, list[str]] = {
 #: Columns run only when ``--modes`` names them (decision 0014's variants of the default).
 EXTRA_MODES: dict[str, list[str]] = {
     "no-freshness": ["--config-text", default_without_freshness()],
+    "no-gate": ["--config-text", default_without_kv_gate()],
     **{
         f"lru-{weight}": ["--config-text", default_with_no_hit_lru(weight)]
         for weight in (0.003, 0.01, 0.03)
@@ -337,6 +344,10 @@ class Outcome:
     groups_per_instance: tuple[int, ...] = ()
     #: every request's simulated TTFT (ms), for figures pooled over several runs
     sim_ttft_samples_ms: tuple[float, ...] = ()
+    #: the client's time to first byte in simulated time (real / time scale) p50/p90/p99:
+    #: the simulators' TTFT plus any time the request spent in the gateway before reaching
+    #: one (Envoy, the EPP's flow control or ``kv-capacity-gate``, SGLang's router)
+    client_ttft_ms: tuple[float, float, float] = (math.nan, math.nan, math.nan)
 
 
 def simulator_args(args: argparse.Namespace) -> list[str]:
@@ -355,9 +366,15 @@ def simulator_args(args: argparse.Namespace) -> list[str]:
 
 
 def summarise(
-    mode: str, rec: ClientRecord, elapsed: float, stats: dict[str, dict[str, Any]]
+    mode: str,
+    rec: ClientRecord,
+    elapsed: float,
+    stats: dict[str, dict[str, Any]],
+    time_scale: float = 0.0,
 ) -> Outcome:
-    """One column: the client's record and the simulators' counters (``/sim/stats``)."""
+    """One column: the client's record and the simulators' counters (``/sim/stats``);
+    with ``time_scale`` also the client's TTFB in simulated time."""
+    scaled = [t / time_scale for t in rec.ttfb_ms] if time_scale > 0 else []
     hits = sum(d["prefix_cache"]["hits"] for d in stats.values())
     queries = sum(d["prefix_cache"]["queries"] for d in stats.values())
     ttft = [s * 1e3 for d in stats.values() for s in d["ttft_samples"]]
@@ -391,6 +408,11 @@ def summarise(
         ),
         groups_per_instance=_groups_per_instance(rec, sorted(stats)),
         sim_ttft_samples_ms=tuple(ttft),
+        client_ttft_ms=(
+            percentile(scaled, 0.5),
+            percentile(scaled, 0.9),
+            percentile(scaled, 0.99),
+        ),
     )
 
 
@@ -416,7 +438,7 @@ def run_mode(mode: str, args: argparse.Namespace, sessions: Sessions) -> Outcome
         url = stack.url if policy is None else start_sglang_router(stack, policy)
         rec, elapsed = asyncio.run(drive_sessions(url, sessions, args.concurrency, args.max_tokens))
         stats = asyncio.run(sim_stats(stack.simulator_urls))
-    return summarise(mode, rec, elapsed, stats)
+    return summarise(mode, rec, elapsed, stats, args.time_scale)
 
 
 def sglang_router_missing() -> str | None:
@@ -499,6 +521,10 @@ def print_table(
         ("sim TTFT p90 (ms, simulated)", [f"{o.sim_ttft_ms[1]:.0f}" for o in outcomes]),
         ("sim TTFT p99 (ms, simulated)", [f"{o.sim_ttft_ms[2]:.0f}" for o in outcomes]),
         ("sim queue time mean (ms, simulated)", [f"{o.sim_queue_ms_mean:.0f}" for o in outcomes]),
+        (
+            "client TTFT p50 / p90 / p99 (ms, simulated)",
+            ["{:.0f} / {:.0f} / {:.0f}".format(*o.client_ttft_ms) for o in outcomes],
+        ),
         ("client TTFB p50 (ms, real)", [f"{o.ttfb_ms[0]:.0f}" for o in outcomes]),
         ("client TTFB p90 (ms, real)", [f"{o.ttfb_ms[1]:.0f}" for o in outcomes]),
         ("client latency p50 (ms, real)", [f"{o.latency_ms_p50:.0f}" for o in outcomes]),

@@ -4,11 +4,13 @@ A request goes through the Director as the gRPC server hands it over: ``route()`
 exchange that ``Director.open`` returns, with the Director built by ``configured_director``
 from the in-tree default config ("sticky until saturated": approx-prefix-cache-producer
 without autoTune, inflight-load-producer, prefix-cache-affinity-filter,
-metrics-freshness-filter, token-load-scorer, max-score-picker, single-profile-handler),
+metrics-freshness-filter, token-load-scorer, max-score-picker, kv-capacity-gate,
+single-profile-handler),
 inside one asyncio loop (uvloop when installed).
 One decision is the OpenAI body parse (orjson), the prefix hashing (xxh64), the prefix-index
 match, the in-flight load lookup, the filters, the scorer and the picker, and the PreRequest
-hooks (index update, load booking). Its wall time (and the thread's
+hooks (index update, load booking, the KV gate's count: one request is in flight at a time,
+so it never waits). Its wall time (and the thread's
 CPU time) is taken with ``perf_counter_ns`` around ``route()``; ``close()`` runs after each
 request, untimed. The PreRequest hook is wrapped in a thin timer (one extra coroutine call)
 so that its share is reported too. Observability is off (the Director's no-op observer).

@@ -6,7 +6,9 @@ shared ``PrefixIndex`` says how many of those blocks each endpoint was recently 
 every candidate gets a ``PrefixCacheMatchInfo`` attribute (the best match is reported to the
 Handle's observer as the prefix indexer's hit ratio and hit bytes). After scheduling, the hashes
 are recorded for the chosen endpoint (and for the ``prefill`` profile's endpoint, when that
-profile ran), so the next request with the same prefix is steered to it.
+profile ran), so the next request with the same prefix is steered to it. The hashes are also
+left in the request's state as ``PrefixBlocks`` (``domain.scheduling.load``) for the
+``kv-capacity-gate``.
 
 It is the default producer of ``PrefixCacheMatchInfo``: configuring ``prefix-cache-scorer``
 (or ``prefix-cache-affinity-filter``) creates it, with the scorer's parameters.
@@ -37,6 +39,7 @@ from domain.prefixcache.parameters import (
     DEFAULT_BLOCK_SIZE_TOKENS,
     PrefixCacheParameters,
 )
+from domain.scheduling.load import PREFIX_BLOCKS, PREFIX_BLOCKS_OWNER, PrefixBlocks
 from domain.scheduling.types import Candidate, InferenceRequest, SchedulingResult
 from ports.endpoints import EndpointEvent, EndpointEventKind
 from ports.metric_catalogue import PREFIX_INDEXER_HIT_BYTES, PREFIX_INDEXER_HIT_RATIO
@@ -145,6 +148,7 @@ class ApproxPrefixCacheProducer(ProducerPlugin, ConsumerPlugin):
             return
         name = self._typed_name.name
         request.state.put(name, BLOCK_HASHES, hashes)
+        request.state.put(PREFIX_BLOCKS_OWNER, PREFIX_BLOCKS, PrefixBlocks(hashes, block_tokens))
         total = len(hashes)
         matches = await self._index.match(hashes)
         if not matches and self._claims:

@@ -229,6 +229,18 @@ class HooksDouble(Double):
         return None
 
 
+class GateDouble(Double):
+    """A PreRequest and response-body hook (``kv-capacity-gate``)."""
+
+    async def pre_request(self, request: InferenceRequest, result: SchedulingResult) -> None:
+        return None
+
+    async def response_body(
+        self, request: InferenceRequest, response: ResponseInfo, target: EndpointInfo | None
+    ) -> None:
+        return None
+
+
 class InertDouble(Double):
     """Fills no extension point the loader knows (like a flow-control policy)."""
 
@@ -283,6 +295,7 @@ def make_registry(*, data_layer: bool = True, policies: bool = True) -> PluginRe
     add("header-based-testing-filter", FilterDouble)
     add("prefix-consumer-filter", PrefixFilterDouble, PrefixParameters)
     add("destination-endpoint-served-verifier", HooksDouble)
+    add("kv-capacity-gate", GateDouble)
     add("chain-producer", ProducerDouble, ChainParameters)
     add("key-consumer", ConsumerDouble, ChainParameters)
     add("hooks", HooksDouble)

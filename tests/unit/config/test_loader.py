@@ -150,6 +150,8 @@ def test_no_config_gives_sticky_until_saturated(text: str | None) -> None:
     assert names(source.extractors) == ["core-metrics-extractor"]
     assert loaded.flow_control is None
     assert loaded.feature_gates == frozenset()
+    # After scheduling, the KV-capacity gate is the last PreRequest hook.
+    assert names(loaded.pre_request)[-1] == "kv-capacity-gate"
 
 
 def test_the_reference_default_is_kept_as_a_config() -> None:

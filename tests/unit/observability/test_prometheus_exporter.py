@@ -52,6 +52,8 @@ EXPECTED: dict[str, tuple[str, set[str]]] = {
     "inference_extension_prefix_indexer_size": ("gauge", set()),
     "inference_extension_prefix_indexer_hit_ratio": ("histogram", set()),
     "inference_extension_prefix_indexer_hit_bytes": ("histogram", set()),
+    "inference_extension_kv_capacity_gate_held_requests": ("gauge", set()),
+    "inference_extension_kv_capacity_gate_wait_seconds": ("histogram", {"outcome"}),
     "inference_extension_info": ("gauge", {"commit", "build_ref"}),
     "inference_extension_model_rewrite_decisions_total": (
         "counter",
@@ -116,6 +118,10 @@ BUCKETS: dict[str, tuple[float, ...]] = {
         0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0,
     ),
     "inference_extension_prefix_indexer_hit_bytes": (0.0, *(1024.0 * 2**i for i in range(7))),
+    "inference_extension_kv_capacity_gate_wait_seconds": (
+        0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0,
+        120.0,
+    ),
     "inference_extension_flow_control_request_queue_duration_seconds": (
         0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0,
         120.0,
