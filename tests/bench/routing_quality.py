@@ -348,6 +348,8 @@ class Outcome:
     #: the simulators' TTFT plus any time the request spent in the gateway before reaching
     #: one (Envoy, the EPP's flow control or ``kv-capacity-gate``, SGLang's router)
     client_ttft_ms: tuple[float, float, float] = (math.nan, math.nan, math.nan)
+    #: every request's client TTFT (ms, simulated), for figures pooled over several runs
+    client_ttft_samples_ms: tuple[float, ...] = ()
 
 
 def simulator_args(args: argparse.Namespace) -> list[str]:
@@ -413,6 +415,7 @@ def summarise(
             percentile(scaled, 0.9),
             percentile(scaled, 0.99),
         ),
+        client_ttft_samples_ms=tuple(scaled),
     )
 
 

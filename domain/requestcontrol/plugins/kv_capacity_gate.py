@@ -11,7 +11,7 @@ longest cached prefix on the endpoint first. ``tests.bench.routing_quality`` mea
 (README "Routing quality").
 
 How room is counted, per endpoint, for the requests this plugin let through and has not
-seen end (its own: other replicas' or workers' requests are not counted, see below):
+seen end (and other processes' load, see the end):
 
 - a request's *footprint* is its prompt's prefix blocks (the ``PrefixBlocks`` the prefix
   producer leaves in the request's state; a block shared by several requests counts once,
@@ -31,6 +31,11 @@ The rules:
   nothing held for that endpoint that fits better, goes on at once. Otherwise it waits,
   at most ``maxHoldMs``; past that it goes on regardless (the server queues it as it
   would without the gate). ``maxHoldMs: 0`` never holds (the footprints are still counted);
+- the gate holds for an endpoint only while at least ``MIN_HIT_SHARE`` of the requests
+  recently scheduled there had a prefix match on it (a moving average, ``HIT_SHARE_WEIGHT``
+  per request; it starts at 0). With no cache hits to let pass, holding would only add the
+  hand-off from the EPP to the server to the wait: such requests go on at once, and any
+  still held go with them;
 - when a request the gate let through ends (``response_body`` with ``end_of_stream``,
   whatever the outcome: completed, failed, client gone), its footprint is released and the
   held requests of that endpoint are looked at, best first: the longest prefix match on
@@ -40,9 +45,14 @@ The rules:
 - a held request whose client goes away leaves the queue; when the endpoint is deleted,
   its held requests go on at once (to their fallbacks, if any).
 
-Each EPP process counts only its own requests. With several replicas or workers sending to
-the same servers each one under-counts, lets more through, and the servers queue the rest
-as they would without the gate: the gate's gain shrinks, nothing breaks.
+Several EPP processes (replicas or workers sharing state, the Handle's ``shared_load``): the
+other processes' in-flight load on the endpoint, as the ``inflight-load-producer`` publishes
+it (their uncached input tokens and requests, up to ``SharedLoad.staleness`` old), counts
+too, as that many blocks plus one output block per request. Their shared prefix blocks are
+not known here, so the count stays an estimate. Their requests end without a release here,
+so while requests are held the gate looks again every ``max(staleness,
+MIN_RECHECK_INTERVAL)``. Where the count is short, the servers queue the rest, as they would
+without the gate.
 """
 
 from __future__ import annotations
@@ -61,14 +71,17 @@ from domain.plugins.state import StateKey
 from domain.requestcontrol.interfaces import ResponseInfo
 from domain.scheduling.load import PREFIX_BLOCKS, PREFIX_BLOCKS_OWNER, input_tokens
 from domain.scheduling.types import Candidate, InferenceRequest, SchedulingResult
+from domain.sharedstate.load import LocalSharedLoad
 from ports.codec import JsonCodec
 from ports.endpoints import EndpointEvent, EndpointEventKind, EndpointInfo
 from ports.metric_catalogue import KV_GATE_HELD, KV_GATE_WAIT
+from ports.shared_state import EndpointLoad
 
 __all__ = [
     "HIT_SHARE_WEIGHT",
     "MAX_SCAN",
     "MIN_HIT_SHARE",
+    "MIN_RECHECK_INTERVAL",
     "TYPE",
     "KVCapacityGate",
     "KVCapacityGateParameters",
@@ -83,6 +96,9 @@ MAX_SCAN = 32
 #: per request): with no cache hits to let pass, the server's queue does as well.
 MIN_HIT_SHARE = 0.1
 HIT_SHARE_WEIGHT = 1 / 32
+#: The shortest period between looks at the held requests when other processes' requests
+#: may have ended (``SharedLoad.staleness`` when longer).
+MIN_RECHECK_INTERVAL = 0.02
 _NO_LABELS: dict[str, str] = {}
 #: Block size (tokens) of a footprint counted without the prefix producer's blocks.
 _DEFAULT_BLOCK_TOKENS = 16
@@ -132,11 +148,20 @@ class _Endpoint:
         refs = self.refs
         return footprint.own + sum(1 for h in footprint.hashes if h not in refs)
 
-    def fits(self, footprint: _Footprint) -> bool:
-        capacity = self.capacity_tokens // footprint.tokens_per_block
-        if self.requests == 0 or capacity <= 0:
+    def fits(self, footprint: _Footprint, others: EndpointLoad | None) -> bool:
+        """Whether ``footprint`` fits beside the counted requests and ``others``' (the
+        other EPP processes' in-flight load here: their uncached tokens, in blocks, and one
+        output block per request)."""
+        per_block = footprint.tokens_per_block
+        capacity = self.capacity_tokens // per_block
+        used = len(self.refs) + self.own
+        if others is not None and others.requests > 0:
+            used += -(-others.tokens // per_block) + others.requests
+        elif self.requests == 0:
             return True
-        return len(self.refs) + self.own + self.new_blocks(footprint) <= capacity
+        if capacity <= 0:
+            return True
+        return used + self.new_blocks(footprint) <= capacity
 
     def add(self, footprint: _Footprint) -> None:
         refs = self.refs
@@ -179,6 +204,7 @@ class _Held:
 class _Counted:
     """A request the gate let through and has not seen end."""
 
+    name: str
     endpoint: _Endpoint
     footprint: _Footprint
 
@@ -202,6 +228,12 @@ class KVCapacityGate:
         #: requests waiting now, on every endpoint (the held-requests gauge)
         self._waiting = 0
         self._arrivals = itertools.count()
+        shared = handle.shared_load
+        self._shared = shared
+        #: False for ``LocalSharedLoad``: no other process's load to read or wait for.
+        self._pooled = not isinstance(shared, LocalSharedLoad)
+        self._recheck_interval = max(shared.staleness, MIN_RECHECK_INTERVAL)
+        self._timer: asyncio.TimerHandle | None = None
         handle.datastore.subscribe(self._on_endpoint_event)
 
     @property
@@ -232,22 +264,22 @@ class KVCapacityGate:
         matched = info.match_blocks if isinstance(info, PrefixCacheMatchInfo) else 0
         state.hit_share += ((1.0 if matched else 0.0) - state.hit_share) * HIT_SHARE_WEIGHT
         if self._max_hold <= 0 or state.capacity_tokens <= 0:
-            self._count(request, state, footprint)
+            self._count(request, name, state, footprint)
             return
         if state.hit_share < MIN_HIT_SHARE:
             # Nothing to let pass: the server's own queue serves these as well, sooner.
             self._let_all_in(state, "let_in")
-            self._count(request, state, footprint)
+            self._count(request, name, state, footprint)
             return
-        if not state.held and state.fits(footprint):
-            self._count(request, state, footprint)
+        if not state.held and state.fits(footprint, self._others(name)):
+            self._count(request, name, state, footprint)
             return
         waiter = _Held((-matched, next(self._arrivals)), footprint, _loop().create_future())
         bisect.insort(state.held, waiter)
-        self._let_in(state)
+        self._let_in(name, state)
         future = waiter.future
         if future.done():
-            request.state.put(owner, _COUNTED, _Counted(state, footprint))
+            request.state.put(owner, _COUNTED, _Counted(name, state, footprint))
             return
         started = self._clock()
         self._held(1)
@@ -264,7 +296,7 @@ class KVCapacityGate:
             if future.done():
                 # Let in as the client left: give the room back.
                 state.remove(footprint)
-                self._let_in(state)
+                self._let_in(name, state)
             else:
                 future.cancel()
                 _discard(state.held, waiter)
@@ -276,19 +308,21 @@ class KVCapacityGate:
             self._observer.histogram(KV_GATE_WAIT, {"outcome": outcome}, self._clock() - started)
         if future.done():
             # Let in by a release (or the endpoint's deletion): already counted there.
-            request.state.put(owner, _COUNTED, _Counted(state, footprint))
+            request.state.put(owner, _COUNTED, _Counted(name, state, footprint))
             return
         future.cancel()
         _discard(state.held, waiter)  # waited maxHoldMs: goes on regardless
-        self._count(request, state, footprint)
+        self._count(request, name, state, footprint)
 
     def _held(self, change: int) -> None:
         self._waiting += change
         self._observer.gauge(KV_GATE_HELD, _NO_LABELS, self._waiting)
 
-    def _count(self, request: InferenceRequest, state: _Endpoint, footprint: _Footprint) -> None:
+    def _count(
+        self, request: InferenceRequest, name: str, state: _Endpoint, footprint: _Footprint
+    ) -> None:
         state.add(footprint)
-        request.state.put(self._typed_name.name, _COUNTED, _Counted(state, footprint))
+        request.state.put(self._typed_name.name, _COUNTED, _Counted(name, state, footprint))
 
     def _footprint(self, request: InferenceRequest) -> _Footprint:
         tokens = input_tokens(request, self._codec)
@@ -300,8 +334,12 @@ class KVCapacityGate:
         rest = max(0, tokens - len(blocks.hashes) * per_block)
         return _Footprint(blocks.hashes, -(-rest // per_block) + 1, per_block)
 
-    def _let_in(self, state: _Endpoint) -> None:
-        """Let the held requests of ``state`` that fit go on, best first."""
+    def _others(self, name: str) -> EndpointLoad | None:
+        return self._shared.others().get(name) if self._pooled else None
+
+    def _let_in(self, name: str, state: _Endpoint) -> None:
+        """Let the held requests of endpoint ``name`` that fit go on, best first."""
+        others = self._others(name)
         held = state.held
         index = 0
         scanned = 0
@@ -311,13 +349,22 @@ class KVCapacityGate:
             if waiter.future.done():
                 del held[index]
                 continue
-            if not state.fits(waiter.footprint):
+            if not state.fits(waiter.footprint, others):
                 index += 1
                 continue
             del held[index]
             # Counted now, so the next fit test sees it; the waiter only records it.
             state.add(waiter.footprint)
             waiter.future.set_result(None)
+        if held and self._pooled and self._timer is None:
+            # Other processes' requests end without telling this one: look again later.
+            self._timer = _loop().call_later(self._recheck_interval, self._recheck)
+
+    def _recheck(self) -> None:
+        self._timer = None
+        for name, state in list(self._endpoints.items()):
+            if state.held:
+                self._let_in(name, state)
 
     @staticmethod
     def _let_all_in(state: _Endpoint, outcome: str) -> None:
@@ -341,7 +388,7 @@ class KVCapacityGate:
         state = counted.endpoint
         state.remove(counted.footprint)
         if state.held:
-            self._let_in(state)
+            self._let_in(counted.name, state)
 
     def _on_endpoint_event(self, event: EndpointEvent, endpoint: Endpoint) -> None:
         if event.kind is not EndpointEventKind.DELETE:

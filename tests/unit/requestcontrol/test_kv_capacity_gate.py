@@ -25,6 +25,7 @@ from domain.scheduling.types import (
 from ports.endpoints import EndpointAddress, EndpointEvent, EndpointEventKind, EndpointInfo
 from ports.metric_catalogue import KV_GATE_HELD, KV_GATE_WAIT, GaugeMetric, HistogramMetric
 from ports.observer import NoopObserver
+from ports.shared_state import EndpointLoad
 from tests.support.scheduling import inference_request
 from tests.unit.requestcontrol import make_handle
 
@@ -395,4 +396,51 @@ async def test_held_requests_go_on_once_the_hits_stop(handle: Handle) -> None:
         share -= share * weight
         misses += 1
     await asyncio.wait_for(held, 1)
+    assert gate.held("pod-a") == 0
+
+
+class _OtherProcesses:
+    """A ``SharedLoad`` whose other processes' load the test sets."""
+
+    def __init__(self) -> None:
+        self.load: dict[str, EndpointLoad] = {}
+
+    @property
+    def staleness(self) -> float:
+        return 0.0
+
+    def publish(self, endpoint: str, load: EndpointLoad) -> None:
+        return None
+
+    def others(self) -> Mapping[str, EndpointLoad]:
+        return self.load
+
+    def remove_endpoint(self, endpoint: str) -> None:
+        return None
+
+    async def refresh(self) -> None:
+        return None
+
+    async def start(self) -> None:
+        return None
+
+    async def stop(self) -> None:
+        return None
+
+
+async def test_other_processes_load_counts_and_their_ends_let_held_requests_in(
+    handle: Handle,
+) -> None:
+    pool = _OtherProcesses()
+    handle.shared_load = pool
+    gate = _gate(handle)
+    pod = _candidate(handle)
+    await _warm(gate, pod)
+    # Another EPP process has a request of 90 uncached blocks in flight on the server.
+    pool.load["pod-a"] = EndpointLoad(requests=1, tokens=90 * 16)
+    task = await _started(gate, _request("b1", "B", 60), pod)
+    assert not task.done(), "nothing of this process's runs there, but the server is full"
+    # That request ends; nothing of this process ends, yet the held one goes on.
+    pool.load.clear()
+    await asyncio.wait_for(task, 1)
     assert gate.held("pod-a") == 0
