@@ -22,6 +22,7 @@ from domain.scheduling.types import (
     ProfileRunResult,
     SchedulingResult,
 )
+from domain.sharedstate.load import LoadBoard
 from ports.endpoints import EndpointAddress, EndpointEvent, EndpointEventKind, EndpointInfo
 from ports.metric_catalogue import KV_GATE_HELD, KV_GATE_WAIT, GaugeMetric, HistogramMetric
 from ports.observer import NoopObserver
@@ -83,6 +84,17 @@ async def _warm(gate: KVCapacityGate, pod: Candidate, matched: int = 1, count: i
         await gate.response_body(request, _end(request), pod.info)
 
 
+async def _warmed(
+    handle: Handle, max_hold_ms: float = 10_000.0
+) -> tuple[KVCapacityGate, Candidate]:
+    """A gate and its endpoint ``pod-a``, after requests that hit a cached prefix there (the
+    gate holds only for servers that recently served cache hits)."""
+    gate = _gate(handle, max_hold_ms)
+    pod = _candidate(handle)
+    await _warm(gate, pod)
+    return gate, pod
+
+
 async def _started(
     gate: KVCapacityGate, request: InferenceRequest, target: Candidate, matched: int = 1
 ) -> asyncio.Task[None]:
@@ -111,9 +123,7 @@ def test_a_pre_request_and_response_body_plugin_with_checked_parameters(handle: 
 async def test_requests_that_fit_go_on_and_one_that_does_not_waits_for_room(
     handle: Handle,
 ) -> None:
-    gate = _gate(handle)
-    pod = _candidate(handle)
-    await _warm(gate, pod)
+    gate, pod = await _warmed(handle)
     # Group A: 60 prefix blocks + 1 own block each; the second shares the 60.
     first = _request("a1", "A", 60)
     second = _request("a2", "A", 60)
@@ -135,9 +145,7 @@ async def test_requests_that_fit_go_on_and_one_that_does_not_waits_for_room(
 async def test_held_requests_are_let_in_longest_match_first_then_in_arrival_order(
     handle: Handle,
 ) -> None:
-    gate = _gate(handle)
-    pod = _candidate(handle)
-    await _warm(gate, pod)
+    gate, pod = await _warmed(handle)
     running = _request("b0", "B", 90)
     await gate.pre_request(running, _result(pod))
     order: list[str] = []
@@ -168,9 +176,7 @@ async def test_held_requests_are_let_in_longest_match_first_then_in_arrival_orde
 
 
 async def test_a_small_request_passes_a_held_one_that_does_not_fit(handle: Handle) -> None:
-    gate = _gate(handle)
-    pod = _candidate(handle)
-    await _warm(gate, pod)
+    gate, pod = await _warmed(handle)
     running = _request("a1", "A", 60)
     await gate.pre_request(running, _result(pod))
     big = _request("b1", "B", 60)
@@ -185,9 +191,7 @@ async def test_a_small_request_passes_a_held_one_that_does_not_fit(handle: Handl
 
 
 async def test_a_request_waits_at_most_max_hold_then_goes_on(handle: Handle) -> None:
-    gate = _gate(handle, max_hold_ms=50)
-    pod = _candidate(handle)
-    await _warm(gate, pod)
+    gate, pod = await _warmed(handle, max_hold_ms=50)
     running = _request("a1", "A", 90)
     await gate.pre_request(running, _result(pod))
     late = _request("b1", "B", 90)
@@ -227,9 +231,7 @@ async def test_an_endpoint_without_a_scraped_cache_size_is_never_held_for(
 
 
 async def test_a_request_larger_than_the_cache_goes_on_alone(handle: Handle) -> None:
-    gate = _gate(handle)
-    pod = _candidate(handle)
-    await _warm(gate, pod)
+    gate, pod = await _warmed(handle)
     huge = _request("huge", "H", 300)
     await asyncio.wait_for(gate.pre_request(huge, _result(pod)), 1)
     small = _request("small", "S", 1)
@@ -240,9 +242,7 @@ async def test_a_request_larger_than_the_cache_goes_on_alone(handle: Handle) -> 
 
 
 async def test_a_held_request_whose_client_leaves_takes_no_room(handle: Handle) -> None:
-    gate = _gate(handle)
-    pod = _candidate(handle)
-    await _warm(gate, pod)
+    gate, pod = await _warmed(handle)
     running = _request("a1", "A", 60)
     await gate.pre_request(running, _result(pod))
     gone = _request("gone", "B", 60)
@@ -262,9 +262,7 @@ async def test_a_held_request_whose_client_leaves_takes_no_room(handle: Handle) 
 async def test_a_request_let_in_as_its_client_leaves_gives_its_room_back(
     handle: Handle,
 ) -> None:
-    gate = _gate(handle)
-    pod = _candidate(handle)
-    await _warm(gate, pod)
+    gate, pod = await _warmed(handle)
     running = _request("a1", "A", 60)
     await gate.pre_request(running, _result(pod))
     leaving = _request("leaving", "B", 60)
@@ -280,9 +278,7 @@ async def test_a_request_let_in_as_its_client_leaves_gives_its_room_back(
 
 
 async def test_deleting_the_endpoint_lets_its_held_requests_go(handle: Handle) -> None:
-    gate = _gate(handle)
-    pod = _candidate(handle)
-    await _warm(gate, pod)
+    gate, pod = await _warmed(handle)
     running = _request("a1", "A", 90)
     await gate.pre_request(running, _result(pod))
     held = _request("b1", "B", 90)
@@ -294,9 +290,7 @@ async def test_deleting_the_endpoint_lets_its_held_requests_go(handle: Handle) -
 
 
 async def test_every_end_releases_once(handle: Handle) -> None:
-    gate = _gate(handle)
-    pod = _candidate(handle)
-    await _warm(gate, pod)
+    gate, pod = await _warmed(handle)
     first = _request("a1", "A", 60)
     await gate.pre_request(first, _result(pod))
     for _ in range(3):  # a repeated end (close() after the last chunk) changes nothing
@@ -311,9 +305,7 @@ async def test_every_end_releases_once(handle: Handle) -> None:
 
 
 async def test_a_request_without_prefix_blocks_counts_its_whole_prompt(handle: Handle) -> None:
-    gate = _gate(handle)
-    pod = _candidate(handle)
-    await _warm(gate, pod)
+    gate, pod = await _warmed(handle)
     plain = inference_request({"model": "m", "prompt": "x"}, request_id="plain")
     plain.request_size_bytes = 60 * 16 * 4  # 60 blocks of tokens, no prefix producer
     await gate.pre_request(plain, _result(pod))
@@ -343,9 +335,7 @@ class _Recorder(NoopObserver):
 async def test_metrics_show_the_held_requests_and_how_each_wait_ended(handle: Handle) -> None:
     recorder = _Recorder()
     handle.observer = recorder
-    gate = _gate(handle, max_hold_ms=50)
-    pod = _candidate(handle)
-    await _warm(gate, pod)
+    gate, pod = await _warmed(handle, max_hold_ms=50)
     running = _request("a1", "A", 90)
     await gate.pre_request(running, _result(pod))
     assert recorder.waits == [], "a request that goes on at once did not wait"
@@ -376,9 +366,7 @@ async def test_traffic_without_cache_hits_is_never_held(handle: Handle) -> None:
 
 
 async def test_held_requests_go_on_once_the_hits_stop(handle: Handle) -> None:
-    gate = _gate(handle)
-    pod = _candidate(handle)
-    await _warm(gate, pod)
+    gate, pod = await _warmed(handle)
     running = _request("a1", "A", 90)
     await gate.pre_request(running, _result(pod))
     held = await _started(gate, _request("b1", "B", 90), pod)
@@ -399,48 +387,18 @@ async def test_held_requests_go_on_once_the_hits_stop(handle: Handle) -> None:
     assert gate.held("pod-a") == 0
 
 
-class _OtherProcesses:
-    """A ``SharedLoad`` whose other processes' load the test sets."""
-
-    def __init__(self) -> None:
-        self.load: dict[str, EndpointLoad] = {}
-
-    @property
-    def staleness(self) -> float:
-        return 0.0
-
-    def publish(self, endpoint: str, load: EndpointLoad) -> None:
-        return None
-
-    def others(self) -> Mapping[str, EndpointLoad]:
-        return self.load
-
-    def remove_endpoint(self, endpoint: str) -> None:
-        return None
-
-    async def refresh(self) -> None:
-        return None
-
-    async def start(self) -> None:
-        return None
-
-    async def stop(self) -> None:
-        return None
-
-
 async def test_other_processes_load_counts_and_their_ends_let_held_requests_in(
     handle: Handle,
 ) -> None:
-    pool = _OtherProcesses()
-    handle.shared_load = pool
-    gate = _gate(handle)
-    pod = _candidate(handle)
-    await _warm(gate, pod)
+    board = LoadBoard()
+    handle.shared_load = board.member("this")
+    other = board.member("other")
+    gate, pod = await _warmed(handle)
     # Another EPP process has a request of 90 uncached blocks in flight on the server.
-    pool.load["pod-a"] = EndpointLoad(requests=1, tokens=90 * 16)
+    other.publish("pod-a", EndpointLoad(requests=1, tokens=90 * 16))
     task = await _started(gate, _request("b1", "B", 60), pod)
     assert not task.done(), "nothing of this process's runs there, but the server is full"
     # That request ends; nothing of this process ends, yet the held one goes on.
-    pool.load.clear()
+    other.publish("pod-a", EndpointLoad())
     await asyncio.wait_for(task, 1)
     assert gate.held("pod-a") == 0
