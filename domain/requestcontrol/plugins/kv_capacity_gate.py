@@ -14,7 +14,7 @@ How room is counted, per endpoint, for the requests this plugin let through and 
 seen end (and other processes' load, see the end):
 
 - a request's *footprint* is its prompt's prefix blocks (the ``PrefixBlocks`` the prefix
-  producer leaves in the request's state; a block shared by several requests counts once,
+  producer, approximate or precise, leaves in the request's state; a block shared by several requests counts once,
   as in the server's cache) plus its blocks that are not shared: the rest of its prompt
   (input tokens beyond the hashed blocks, rounded up to blocks) and one block for its
   output. Without ``PrefixBlocks`` the whole prompt counts as not shared (input tokens

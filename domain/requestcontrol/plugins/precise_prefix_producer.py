@@ -63,6 +63,7 @@ from domain.requestcontrol.plugins.prefix_producer import (
     claim_new_prefix,
 )
 from domain.requesthandling.openai import ApiKind
+from domain.scheduling.load import PREFIX_BLOCKS, PREFIX_BLOCKS_OWNER, PrefixBlocks
 from domain.scheduling.types import Candidate, InferenceRequest, SchedulingResult
 from domain.sharedstate.shared_kv_index import SharedKVBlockIndex
 from ports.endpoints import EndpointEvent
@@ -437,6 +438,7 @@ class PrecisePrefixCacheProducer(ProducerPlugin, ConsumerPlugin, BackgroundPlugi
                 candidate.attributes[PREFIX_CACHE_MATCH_INFO] = none
             return
         request.state.put(self._typed_name.name, _KEYS, keys)
+        request.state.put(PREFIX_BLOCKS_OWNER, PREFIX_BLOCKS, PrefixBlocks(keys, self._block))
         total = len(keys)
         names = [c.info.name for c in candidates]
         ranks = self.parameters.kv_events_config.data_parallel_size

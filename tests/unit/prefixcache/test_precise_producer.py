@@ -25,6 +25,7 @@ from domain.requestcontrol.plugins.prefix_producer import (
     ApproxPrefixCacheProducer,
     PrefixCacheParameters,
 )
+from domain.scheduling.load import PREFIX_BLOCKS, PREFIX_BLOCKS_OWNER, PrefixBlocks
 from domain.scheduling.types import Candidate, ProfileRunResult, SchedulingResult
 from ports.endpoints import EndpointEvent, EndpointEventKind
 from ports.kv_events import DATA_PARALLEL_RANK_HEADER, BlockStored, rank_key
@@ -80,6 +81,9 @@ async def test_candidates_get_the_blocks_their_events_reported() -> None:
         PrefixCacheMatchInfo(1, 3, BLOCK),
         PrefixCacheMatchInfo(0, 3, BLOCK),
     ]
+    # The keys are left for kv-capacity-gate, which counts a shared block once.
+    blocks = request.state.get(PREFIX_BLOCKS_OWNER, PREFIX_BLOCKS)
+    assert blocks == PrefixBlocks(keys, BLOCK)
 
 
 async def test_the_chosen_endpoint_is_credited_until_events_arrive() -> None:
