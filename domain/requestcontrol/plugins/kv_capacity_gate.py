@@ -14,11 +14,11 @@ How room is counted, per endpoint, for the requests this plugin let through and 
 seen end (and other processes' load, see the end):
 
 - a request's *footprint* is its prompt's prefix blocks (the ``PrefixBlocks`` the prefix
-  producer, approximate or precise, leaves in the request's state; a block shared by several requests counts once,
-  as in the server's cache) plus its blocks that are not shared: the rest of its prompt
-  (input tokens beyond the hashed blocks, rounded up to blocks) and one block for its
-  output. Without ``PrefixBlocks`` the whole prompt counts as not shared (input tokens
-  as ``inflight-load-producer`` estimates them);
+  producer, approximate or precise, leaves in the request's state; a block shared by
+  several requests counts once, as in the server's cache) plus its blocks that are not
+  shared: the rest of its prompt (input tokens beyond the hashed blocks, rounded up to
+  blocks) and one block for its output. Without ``PrefixBlocks`` the whole prompt counts
+  as not shared (input tokens as ``inflight-load-producer`` estimates them);
 - the endpoint's *capacity* is its KV cache as scraped: ``cache_num_blocks`` x
   ``cache_block_size`` tokens, in the footprint's blocks. An endpoint whose metrics give no
   cache size is never held for;
@@ -144,10 +144,6 @@ class _Endpoint:
         #: held requests, best first
         self.held: list[_Held] = []
 
-    def new_blocks(self, footprint: _Footprint) -> int:
-        refs = self.refs
-        return footprint.own + sum(1 for h in footprint.hashes if h not in refs)
-
     def fits(self, footprint: _Footprint, others: EndpointLoad | None) -> bool:
         """Whether ``footprint`` fits beside the counted requests and ``others``' (the
         other EPP processes' in-flight load here: their uncached tokens, in blocks, and one
@@ -161,7 +157,18 @@ class _Endpoint:
             return True
         if capacity <= 0:
             return True
-        return used + self.new_blocks(footprint) <= capacity
+        room = capacity - used - footprint.own
+        if room < 0:
+            return False
+        # Stop counting the blocks it would add once they exceed the room: a request that
+        # does not fit costs at most the room in lookups, however long its prompt.
+        refs = self.refs
+        for h in footprint.hashes:
+            if h not in refs:
+                room -= 1
+                if room < 0:
+                    return False
+        return True
 
     def add(self, footprint: _Footprint) -> None:
         refs = self.refs
