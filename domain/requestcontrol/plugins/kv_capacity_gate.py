@@ -281,19 +281,31 @@ class KVCapacityGate:
         if not state.held and state.fits(footprint, self._others(name)):
             self._count(request, name, state, footprint)
             return
-        waiter = _Held((-matched, next(self._arrivals)), footprint, _loop().create_future())
+        future = asyncio.get_running_loop().create_future()
+        waiter = _Held((-matched, next(self._arrivals)), footprint, future)
         bisect.insort(state.held, waiter)
         self._let_in(name, state)
-        future = waiter.future
+        if not future.done():
+            await self._wait(name, state, waiter)
         if future.done():
-            request.state.put(owner, _COUNTED, _Counted(name, state, footprint))
+            # Let in by a release (or the endpoint's deletion): already counted there.
+            self._record(request, name, state, footprint)
             return
+        future.cancel()
+        _discard(state.held, waiter)  # waited maxHoldMs: goes on regardless
+        self._count(request, name, state, footprint)
+
+    async def _wait(self, name: str, state: _Endpoint, waiter: _Held) -> None:
+        """Until ``waiter`` is let in or ``maxHoldMs`` has passed; a cancellation (the
+        client left) takes it out of the queue, or gives back the room it was let into."""
+        future = waiter.future
         started = self._clock()
         self._held(1)
         outcome = "deadline"
         try:
             # Not ``wait_for``: it swallows a cancellation that comes as the future
-            # completes, and a client gone must not be forwarded.
+            # completes, and a client gone must not be forwarded. The shield keeps the
+            # deadline from cancelling the future, which means "let in" once done.
             async with asyncio.timeout(self._max_hold):
                 await asyncio.shield(future)
         except TimeoutError:
@@ -301,8 +313,7 @@ class KVCapacityGate:
         except asyncio.CancelledError:
             outcome = "gone"
             if future.done():
-                # Let in as the client left: give the room back.
-                state.remove(footprint)
+                state.remove(waiter.footprint)
                 self._let_in(name, state)
             else:
                 future.cancel()
@@ -313,13 +324,6 @@ class KVCapacityGate:
             if future.done() and outcome != "gone":
                 outcome = waiter.outcome
             self._observer.histogram(KV_GATE_WAIT, {"outcome": outcome}, self._clock() - started)
-        if future.done():
-            # Let in by a release (or the endpoint's deletion): already counted there.
-            request.state.put(owner, _COUNTED, _Counted(name, state, footprint))
-            return
-        future.cancel()
-        _discard(state.held, waiter)  # waited maxHoldMs: goes on regardless
-        self._count(request, name, state, footprint)
 
     def _held(self, change: int) -> None:
         self._waiting += change
@@ -329,17 +333,20 @@ class KVCapacityGate:
         self, request: InferenceRequest, name: str, state: _Endpoint, footprint: _Footprint
     ) -> None:
         state.add(footprint)
+        self._record(request, name, state, footprint)
+
+    def _record(
+        self, request: InferenceRequest, name: str, state: _Endpoint, footprint: _Footprint
+    ) -> None:
+        """Remember that ``request`` is counted on ``name`` (released at its end)."""
         request.state.put(self._typed_name.name, _COUNTED, _Counted(name, state, footprint))
 
     def _footprint(self, request: InferenceRequest) -> _Footprint:
-        tokens = input_tokens(request, self._codec)
         blocks = request.state.get(PREFIX_BLOCKS_OWNER, PREFIX_BLOCKS)
-        if blocks is None or not blocks.hashes:
-            per_block = _DEFAULT_BLOCK_TOKENS
-            return _Footprint((), -(-tokens // per_block) + 1, per_block)
-        per_block = blocks.block_size_tokens
-        rest = max(0, tokens - len(blocks.hashes) * per_block)
-        return _Footprint(blocks.hashes, -(-rest // per_block) + 1, per_block)
+        hashes = blocks.hashes if blocks is not None else ()
+        per_block = blocks.block_size_tokens if blocks is not None else _DEFAULT_BLOCK_TOKENS
+        rest = max(0, input_tokens(request, self._codec) - len(hashes) * per_block)
+        return _Footprint(hashes, -(-rest // per_block) + 1, per_block)
 
     def _others(self, name: str) -> EndpointLoad | None:
         return self._shared.others().get(name) if self._pooled else None
@@ -365,7 +372,8 @@ class KVCapacityGate:
             waiter.future.set_result(None)
         if held and self._pooled and self._timer is None:
             # Other processes' requests end without telling this one: look again later.
-            self._timer = _loop().call_later(self._recheck_interval, self._recheck)
+            loop = asyncio.get_running_loop()
+            self._timer = loop.call_later(self._recheck_interval, self._recheck)
 
     def _recheck(self) -> None:
         self._timer = None
@@ -418,10 +426,6 @@ def _discard(held: list[_Held], waiter: _Held) -> None:
     index = bisect.bisect_left(held, waiter)
     if index < len(held) and held[index] is waiter:
         del held[index]
-
-
-def _loop() -> asyncio.AbstractEventLoop:
-    return asyncio.get_running_loop()
 
 
 def _factory(name: str, parameters: KVCapacityGateParameters, handle: Handle) -> Plugin:
