@@ -31,6 +31,7 @@ from typing import Any
 
 from app.config.decoding import parse_yaml
 from app.config.loader import ConfigError, LoadedConfig, load_config
+from app.config.overrides import ConfigOverrides
 from app.plugins import PluginLoadError
 from domain.datastore.store import Datastore
 from domain.plugins.base import PluginRegistry
@@ -68,6 +69,7 @@ class ConfigWatcher:
         director: Director,
         build_control: Callable[[LoadedConfig], RequestControl],
         interval: float = 1.0,
+        overrides: ConfigOverrides | None = None,
     ) -> None:
         self._path = path
         self._text = running_text
@@ -79,6 +81,7 @@ class ConfigWatcher:
         self._director = director
         self._build_control = build_control
         self._interval = interval
+        self._overrides = overrides
         self._unreadable = False
         self.reloads = 0
         self.refusals = 0
@@ -118,7 +121,9 @@ class ConfigWatcher:
                 raise ConfigError(f"{', '.join(changed)}: changed, which needs a restart")
             handle = dataclasses.replace(self._handle, plugins={})
             try:
-                loaded = load_config(text, registry=self._registry, handle=handle)
+                loaded = load_config(
+                    text, registry=self._registry, handle=handle, overrides=self._overrides
+                )
                 control = self._build_control(loaded)
             except BaseException:
                 # the half-built plugins must not go on hearing of endpoints

@@ -30,6 +30,7 @@ from adapters.redis import (
 from adapters.workerlink import SupervisorHub, WorkerLink
 from adapters.xxhash.block_hasher import XxhashBlockHasher
 from app.config.loader import LoadedConfig, load_config
+from app.config.overrides import ConfigOverrides
 from app.config_watch import ConfigWatcher
 from app.flowcontrol import build_flow_controller
 from app.metrics_relay import supervisor_binding, worker_binding
@@ -244,8 +245,12 @@ def _handle(
     )
 
 
-def _loaded_config(text: str | None, registry: PluginRegistry, handle: Handle) -> LoadedConfig:
-    return load_config(text, registry=registry, handle=handle)
+def _loaded_config(
+    text: str | None, registry: PluginRegistry, handle: Handle, settings: Settings
+) -> LoadedConfig:
+    return load_config(
+        text, registry=registry, handle=handle, overrides=ConfigOverrides.from_settings(settings)
+    )
 
 
 def _flow_controller(
@@ -387,6 +392,7 @@ def _config_watcher(
         datastore=datastore,
         director=director,
         build_control=build_control,
+        overrides=ConfigOverrides.from_settings(settings),
     )
 
 
@@ -451,7 +457,7 @@ class Container(containers.DeclarativeContainer):
         shared_degraded,
     )
     config_text = providers.Singleton(_config_text, settings)
-    config = providers.Singleton(_loaded_config, config_text, registry, handle)
+    config = providers.Singleton(_loaded_config, config_text, registry, handle, settings)
     flow_controller = providers.Singleton(_flow_controller, config, datastore, settings, observer)
     request_control = providers.Singleton(
         _request_control, config, settings, scheduling_observer, flow_controller, observer

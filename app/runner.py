@@ -14,7 +14,8 @@ from typing import Any
 from adapters.otel.tracing import TracingConfigError
 from app.config.loader import ConfigError
 from app.container import Container, build_container
-from app.logsetup import configure_logging
+from app.flags import log_startup_notices
+from app.logsetup import LogOptions, configure_logging
 from app.memory import malloc_trim, trim_periodically
 from app.plugins import PluginLoadError
 from app.settings import Settings
@@ -224,7 +225,8 @@ async def _main(settings: Settings, customize: Callable[[Container], None] | Non
 def run(settings: Settings, customize: Callable[[Container], None] | None = None) -> int:
     """The EPP process: logging, the event loop, the container, until SIGTERM or SIGINT.
     ``customize`` may override the container's providers before anything starts."""
-    configure_logging(settings.verbosity, settings.log_format)
+    configure_logging(LogOptions.from_settings(settings))
+    log_startup_notices(settings)
     if settings.uvloop and sys.platform != "win32":
         try:
             import uvloop

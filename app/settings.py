@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-__all__ = ["CIPHER_SUITES", "EXTPROC_TRANSPORTS", "Settings"]
+__all__ = ["CIPHER_SUITES", "EXTPROC_TRANSPORTS", "LegacyMetrics", "Settings"]
 
 Port = int
 
@@ -26,6 +26,28 @@ CIPHER_SUITES = {
 
 #: ``--extproc-transport``: grpc.aio, or the EPP's own HTTP/2 framing (docs/decisions/0020).
 EXTPROC_TRANSPORTS = ("grpcio", "native")
+
+
+class LegacyMetrics(BaseModel):
+    """The reference's deprecated model-server metrics flags; ``None``: not given. Applied
+    over the config's ``metrics-data-source`` parameters and the default engine's metric
+    specs of ``core-metrics-extractor`` (``app.config.legacy``)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    scheme: Literal["http", "https"] | None = None
+    path: str | None = None
+    port: int | None = Field(default=None, ge=0, le=65535)
+    insecure_skip_verify: bool | None = None
+    queued_requests_spec: str | None = None
+    running_requests_spec: str | None = None
+    kv_usage_spec: str | None = None
+    lora_spec: str | None = None
+    cache_info_spec: str | None = None
+
+    def given(self) -> dict[str, object]:
+        """The fields that were set, by name."""
+        return {k: v for k, v in self.model_dump().items() if v is not None}
 
 
 class Settings(BaseModel):
@@ -60,6 +82,7 @@ class Settings(BaseModel):
     refresh_prometheus_metrics_interval: float = Field(default=5.0, gt=0)
     metrics_staleness_threshold: float = Field(default=2.0, gt=0)
     shutdown_grace_period: float = Field(default=30.0, ge=0)
+    drain_timeout: float = Field(default=0.0, ge=0)
     max_request_body_bytes: int = Field(default=16 * 1024 * 1024, ge=0)
     max_response_buffer_bytes: int = Field(default=16 * 1024 * 1024, ge=0)
     stream_idle_timeout: float = Field(default=600.0, ge=0)
@@ -69,12 +92,21 @@ class Settings(BaseModel):
     protocol_error_pause: float = Field(default=1.0, ge=0)
     verbosity: int = Field(default=0, ge=0)
     log_format: Literal["text", "json"] = "text"
+    # The reference's zap logging flags (app.logsetup.LogOptions); None: not given.
+    zap_log_level: str | None = None
+    zap_devel: bool = False
+    zap_stacktrace_level: str | None = None
+    zap_time_encoding: str | None = None
     tracing: bool = True
     enable_pprof: bool = True
     metrics_endpoint_auth: bool = True
     ha_enable_leader_election: bool = False
     enable_cert_reload: bool = False
     watch_config_file: bool = False
+    feature_gates: tuple[tuple[str, bool], ...] = ()
+    allow_experimental_plugins: bool = False
+    enable_grpc_stream_metrics: bool = False
+    legacy_metrics: LegacyMetrics = LegacyMetrics()
     grpc_max_recv_msg_size: int = Field(default=64 * 1024 * 1024, ge=1024, lt=2**31)
     grpc_max_send_msg_size: int = Field(default=64 * 1024 * 1024, ge=1024, lt=2**31)
     tls_min_version: Literal["VersionTLS12"] = "VersionTLS12"

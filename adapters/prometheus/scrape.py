@@ -17,17 +17,22 @@ __all__ = ["MetricsDataSource", "MetricsSourceParameters"]
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class MetricsSourceParameters:
-    """``scheme`` (http|https), ``path`` (/metrics), ``insecureSkipVerify`` (true)."""
+    """``scheme`` (http|https), ``path`` (/metrics), ``insecureSkipVerify`` (true), ``port``
+    (0: each endpoint's metrics port, else its serving port; otherwise this port on the
+    endpoint's host)."""
 
     scheme: Literal["http", "https"] = "http"
     path: str = "/metrics"
     insecure_skip_verify: bool = True
+    port: int = 0
 
     def __post_init__(self) -> None:
         if self.scheme not in ("http", "https"):
             raise ValueError("scheme: must be http or https")
         if not self.path.startswith("/") or any(c in self.path for c in " \r\n"):
             raise ValueError("path: must be an absolute path without spaces")
+        if not 0 <= self.port <= 65535:
+            raise ValueError("port: must be in 0..65535")
 
 
 class MetricsDataSource:
@@ -70,6 +75,8 @@ class MetricsDataSource:
 
     async def poll(self, endpoint: EndpointInfo) -> MetricsText:
         host = endpoint.metrics_host or endpoint.address.host_port()
+        if self._parameters.port:
+            host = f"{host.rpartition(':')[0]}:{self._parameters.port}"
         held = self._connections.get(endpoint.name)
         connection = held[1] if held is not None and held[0] == host else None
         if connection is None or connection.closed:

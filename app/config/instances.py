@@ -12,6 +12,7 @@ from dataclasses import is_dataclass
 from typing import Any
 
 from app.config.errors import ConfigError
+from app.config.overrides import ConfigOverrides
 from app.config.parameters import ParameterError, validate_parameters
 from app.config.schema import PluginEntry, PluginRefSpec
 from domain.plugins.base import Plugin, PluginConfigError, PluginRegistry, parameter_names
@@ -29,9 +30,12 @@ def describe(plugin: Plugin) -> str:
 class PluginInstances:
     """The plugins built so far (``plugins``, in build order) and their config paths."""
 
-    def __init__(self, registry: PluginRegistry, handle: Handle) -> None:
+    def __init__(
+        self, registry: PluginRegistry, handle: Handle, overrides: ConfigOverrides | None = None
+    ) -> None:
         self.registry = registry
         self.handle = handle
+        self.overrides = overrides or ConfigOverrides()
         self.plugins: dict[str, Plugin] = {}
         self.origin: dict[str, str] = {}
 
@@ -40,14 +44,7 @@ class PluginInstances:
         path = f"plugins[{index}]"
         if entry.type not in self.registry:
             raise ConfigError(f'{path}.type: unknown plugin type "{entry.type}"')
-        parameters_type = self.registry.spec(entry.type).parameters
-        try:
-            parameters = validate_parameters(parameters_type, entry.parameters)
-        except ParameterError as exc:
-            where = f"{path}.parameters"
-            if exc.path:
-                where += exc.path if exc.path.startswith("[") else f".{exc.path}"
-            raise ConfigError(f"{where}: {exc.reason}") from None
+        parameters = self._validated(entry.type, entry.parameters, f"{path}.parameters")
         # A type may name its unnamed instances after their parameters (e.g. a GVK).
         if entry.name:
             name = entry.name
@@ -59,8 +56,23 @@ class PluginInstances:
             raise ConfigError(f'{path}.name: duplicate plugin name "{name}"')
         self.create(entry.type, name, parameters, path)
 
+    def _validated(self, type_name: str, raw: Any, path: str) -> Any:
+        """``raw`` parameters, with the flags' overrides, as the type's parameters."""
+        parameters_type = self.registry.spec(type_name).parameters
+        try:
+            return validate_parameters(
+                parameters_type, self.overrides.parameters_of(type_name, raw)
+            )
+        except ParameterError as exc:
+            where = path
+            if exc.path:
+                where += exc.path if exc.path.startswith("[") else f".{exc.path}"
+            raise ConfigError(f"{where}: {exc.reason}") from None
+
     def create(self, type_name: str, name: str, parameters: Any, path: str) -> Plugin:
         """Builds one plugin (``parameters`` ``None``: the type's defaults) and adds it."""
+        if parameters is None and type_name in self.overrides.parameters:
+            parameters = self._validated(type_name, None, f"{path} (from the flags)")
         try:
             plugin = self.registry.create(type_name, name, parameters, self.handle)
         except (PluginConfigError, ValueError) as exc:

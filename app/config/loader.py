@@ -32,6 +32,7 @@ from app.config.decoding import decode, parse_yaml
 from app.config.errors import ConfigError
 from app.config.flowcontrol import add_policy_plugins, check_flow_control
 from app.config.instances import PluginInstances
+from app.config.overrides import ConfigOverrides
 from app.config.producers import add_missing_producers, sorted_producers
 from app.config.profiles import add_default_picker, build_profiles, choose_profile_handler
 from app.config.schema import EndpointPickerConfigSpec, FlowControlSpec
@@ -155,16 +156,23 @@ class LoadedConfig:
     flow_control: FlowControlSpec | None
 
 
-def load_config(text: str | None, *, registry: PluginRegistry, handle: Handle) -> LoadedConfig:
+def load_config(
+    text: str | None,
+    *,
+    registry: PluginRegistry,
+    handle: Handle,
+    overrides: ConfigOverrides | None = None,
+) -> LoadedConfig:
     """Builds the configuration described by ``text`` (YAML); ``None`` or blank text (or a
     document with nothing but comments) gives the no-config defaults.
 
     Plugins are created with ``registry.create`` and added to ``handle`` as they are built,
-    so a factory finds the plugins configured before it. Raises ``ConfigError``.
+    so a factory finds the plugins configured before it. ``overrides`` are the flags'
+    changes (``app.config.overrides``). Raises ``ConfigError``.
     """
     raw = parse_yaml(text)
     spec = decode(DEFAULT_CONFIG if raw is None else raw)
-    loaded = _build(PluginInstances(registry, handle), spec)
+    loaded = _build(PluginInstances(registry, handle, overrides), spec)
     logger.info(
         "config loaded: %d plugin(s), profiles %s, handler %s, parser %s, saturation %s",
         len(loaded.plugins),
@@ -178,7 +186,7 @@ def load_config(text: str | None, *, registry: PluginRegistry, handle: Handle) -
 
 def _build(instances: PluginInstances, spec: EndpointPickerConfigSpec) -> LoadedConfig:
     """One load, in the order the module docstring gives."""
-    gates = _feature_gates(spec)
+    gates = instances.overrides.apply_gates(_feature_gates(spec), FEATURE_GATES)
     for index, entry in enumerate(spec.plugins):
         instances.configure(index, entry)
     configured = list(instances.plugins)

@@ -61,7 +61,8 @@ from adapters.prometheus.merge import merge_expositions
 from adapters.workerlink import ConnectionDispatcher, SupervisorHub
 from app.config.loader import ConfigError
 from app.container import build_supervisor_container
-from app.logsetup import configure_logging
+from app.flags import log_startup_notices
+from app.logsetup import LogOptions, configure_logging
 from app.observability import metrics_ssl_context
 from app.plugins import PluginLoadError
 from app.settings import Settings
@@ -503,7 +504,8 @@ async def _main(settings: Settings, argv: Sequence[str]) -> int:
 def run_supervisor(settings: Settings, argv: Sequence[str]) -> int:
     """The supervisor process (``--workers`` > 1), until SIGTERM or SIGINT; ``argv`` are the
     flags it was started with, given to every worker."""
-    configure_logging(settings.verbosity, settings.log_format, worker="supervisor")
+    configure_logging(LogOptions.from_settings(settings), worker="supervisor")
+    log_startup_notices(settings)
     if settings.uvloop and sys.platform != "win32":
         try:
             import uvloop

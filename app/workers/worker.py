@@ -23,7 +23,7 @@ import sys
 
 from adapters.workerlink import WorkerLink
 from app.container import build_container
-from app.logsetup import configure_logging
+from app.logsetup import LogOptions, configure_logging
 from app.runner import StartupError, serve
 from app.settings import Settings
 from app.workers.role import WorkerRole
@@ -94,7 +94,7 @@ async def _main(settings: Settings, role: WorkerRole) -> int:
 
 def run_worker(settings: Settings, role: WorkerRole) -> int:
     """The worker process, until SIGTERM, SIGINT or its supervisor's end."""
-    configure_logging(settings.verbosity, settings.log_format, worker=str(role.worker_id))
+    configure_logging(LogOptions.from_settings(settings), worker=str(role.worker_id))
     _die_with_supervisor(role.supervisor_pid)
     # the supervisor holds the pod's Lease and gates the pod's readiness on it
     settings = settings.model_copy(

@@ -57,7 +57,7 @@ from pathlib import Path
 import aiohttp
 import orjson
 
-from app.workers.cpus import usable_cpus
+from app.cpus import usable_cpus
 from tests.bench.load import closed_loop, cpu_seconds
 from tests.bench.pod import rss_mib, sample_pod
 from tests.simulator import DEFAULT_MODEL

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 from app.cli import parse_settings
 from app.container import Container
-from app.logsetup import configure_logging
+from app.logsetup import LogOptions, configure_logging
 from app.runner import run
 from tests.bench.sdk_tracing import INSTALL_HINT, SdkTracing, otlp_exporter_available
 
@@ -32,7 +32,7 @@ def _use_sdk_tracing(container: Container) -> None:
 
 def main(argv: Sequence[str] | None = None) -> None:
     settings = parse_settings(argv)
-    configure_logging(settings.verbosity, settings.log_format)
+    configure_logging(LogOptions.from_settings(settings))
     if settings.tracing and not otlp_exporter_available():
         logger.error("%s", INSTALL_HINT)
         sys.exit(1)

@@ -239,4 +239,4 @@ def test_a_missing_file_is_a_usage_error(
             ]
         )
     assert raised.value.code == 2
-    assert f"argument --static-objectives: {missing} is not a file" in capsys.readouterr().err
+    assert f"--static-objectives {missing}: is not a file" in capsys.readouterr().err

@@ -82,7 +82,7 @@ def test_bad_worker_counts_exit_2_naming_the_flag(tmp_path: Path, value: str) ->
     epp = Epp(tmp_path, f"--workers={value}")
     epp.child.start()
     assert epp.child.wait(30) == 2
-    assert "argument --workers" in epp.child.log()
+    assert "epp: --workers" in epp.child.log()
 
 
 def test_a_bad_config_stops_the_supervisor_with_exit_1(tmp_path: Path, redis_url: str) -> None:

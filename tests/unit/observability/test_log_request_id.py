@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from app.logsetup import configure_logging
+from app.logsetup import LogOptions, configure_logging
 from ports.observer import REQUEST_ID
 
 
@@ -31,7 +31,7 @@ def _in_request(request_id: str, message: str) -> None:
 
 
 def test_json_lines_carry_the_request_id(capsys: pytest.CaptureFixture[str]) -> None:
-    configure_logging(4, "json")
+    configure_logging(LogOptions(level=logging.DEBUG, format="json"))
     _in_request("req-42", "routed")
     logging.getLogger("app.runner").info("not a request")
     lines = [json.loads(line) for line in capsys.readouterr().err.splitlines()]
@@ -42,7 +42,7 @@ def test_json_lines_carry_the_request_id(capsys: pytest.CaptureFixture[str]) -> 
 
 
 def test_text_lines_end_with_the_request_id(capsys: pytest.CaptureFixture[str]) -> None:
-    configure_logging(4, "text")
+    configure_logging(LogOptions(level=logging.DEBUG, format="text"))
     _in_request("req-7", "routed")
     logging.getLogger("app.runner").info("not a request")
     first, second = capsys.readouterr().err.splitlines()
@@ -51,7 +51,7 @@ def test_text_lines_end_with_the_request_id(capsys: pytest.CaptureFixture[str]) 
 
 
 def test_an_explicit_request_id_wins(capsys: pytest.CaptureFixture[str]) -> None:
-    configure_logging(0, "json")
+    configure_logging(LogOptions(format="json"))
     REQUEST_ID.set("from-context")
     try:
         logging.getLogger("x").info("hello", extra={"request_id": "explicit"})

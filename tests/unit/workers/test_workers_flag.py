@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from app.cli import parse_settings
-from app.workers.cpus import cgroup_cpu_limit, usable_cpus
+from app.cpus import cgroup_cpu_limit, usable_cpus
 
 STATIC = ["--static-endpoints", "127.0.0.2:8000", "--metrics-endpoint-auth=false"]
 REDIS = ["--redis-url", "redis://127.0.0.1:6379"]
@@ -30,14 +30,14 @@ def test_bad_counts_exit_2_naming_the_flag(value: str, capsys: pytest.CaptureFix
     with pytest.raises(SystemExit) as exited:
         parse_settings([*STATIC, *REDIS, f"--workers={value}"])
     assert exited.value.code == 2
-    assert "argument --workers" in capsys.readouterr().err
+    assert capsys.readouterr().err.startswith("epp: --workers")
 
 
 def test_more_than_one_worker_without_redis_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exited:
         parse_settings([*STATIC, "--workers", "2"])
     assert exited.value.code == 2
-    assert "argument --workers: 2 workers need --redis-url" in capsys.readouterr().err
+    assert "epp: --workers 2: workers need --redis-url" in capsys.readouterr().err
 
 
 def _write(root: Path, name: str, text: str) -> None:
