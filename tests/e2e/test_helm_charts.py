@@ -1,0 +1,149 @@
+"""The EPP run as the reference's and the llm-d router's Helm charts run it.
+
+Each test starts the EPP with the exact argument list a chart renders (``tests.support.
+charts``; only the ports are moved to free ones, after the chart's arguments, and ``/config``
+to the test's directory), the chart's EndpointPickerConfig, and the chart's environment,
+against a loopback Kubernetes API server holding the InferencePool and its pods, which are
+simulated model servers. It checks what the chart's probes ask (gRPC health on the health
+port, services ``inference-extension`` with one replica, ``liveness``/``readiness`` with
+more) and that requests through a real Envoy are routed to the pool.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+from collections import Counter
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from tests.simulator.config import DEFAULT_MODEL
+from tests.simulator.server import INSTANCE_HEADER
+from tests.support.charts import (
+    GIE_DEFAULT_PLUGINS,
+    LLMD_DEFAULT_PLUGINS,
+    RELEASE,
+    ChartPod,
+    gie_args,
+    llmd_args,
+)
+from tests.support.kube_api import (
+    INFERENCE_POOLS_V1,
+    PODS,
+    KubeApiServer,
+    inference_pool_v1,
+    pod,
+    write_kubeconfig,
+)
+from tests.support.stack import Stack, StackOptions, free_port, wait_for
+
+pytestmark = pytest.mark.e2e
+
+SERVING = health_pb2.HealthCheckResponse.SERVING
+LABELS = {"app": "vllm-qwen"}
+POD_IPS = ("127.0.0.121", "127.0.0.122", "127.0.0.123")
+#: After the chart's arguments: free ports instead of the chart's fixed ones.
+PORTS = ["--grpc-port", "0", "--grpc-health-port", "0", "--metrics-port", "0"]
+
+
+@contextmanager
+def chart_stack(
+    tmp_path: Path,
+    args: Sequence[str],
+    configs: Mapping[str, str],
+    *,
+    replicas: int = 1,
+    env: Mapping[str, str] | None = None,
+) -> Iterator[Stack]:
+    port = free_port(POD_IPS[0])
+    with KubeApiServer() as api:
+        kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", api.url)
+        api.create(INFERENCE_POOLS_V1, inference_pool_v1(RELEASE, selector=LABELS, ports=[port]))
+        for index, ip in enumerate(POD_IPS):
+            api.create(PODS, pod(f"vllm-{index}", ip=ip, labels=LABELS))
+        epp_args = ChartPod(
+            args=list(args), configs=dict(configs), config_dir=tmp_path / "config"
+        ).command_args()
+        options = StackOptions(
+            simulators=len(POD_IPS),
+            simulator_base_ip=POD_IPS[0],
+            simulator_port=port,
+            # the chart's arguments, in place of the stack's discovery flags
+            epp_discovery=[*epp_args, *PORTS],
+            # the chart's secure serving (its default): Envoy speaks TLS to the EPP
+            epp_tls=True,
+            epp_replicas=replicas,
+            epp_env={"KUBECONFIG": str(kubeconfig), "NAMESPACE": "default", **(env or {})},
+            wait_for_serving=False,
+        )
+        with Stack.run(options) as stack:
+            yield stack
+
+
+def health(port: int, service: str) -> int | None:
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        try:
+            return int(
+                health_pb2_grpc.HealthStub(channel)
+                .Check(health_pb2.HealthCheckRequest(service=service), timeout=2)
+                .status
+            )
+        except grpc.RpcError:
+            return None
+
+
+def served_by(stack: Stack, count: int, headers: Mapping[str, str] | None = None) -> Counter[str]:
+    """Sends ``count`` chat completions through Envoy; the simulators that answered."""
+    served: Counter[str] = Counter()
+    for index in range(count):
+        body = json.dumps(
+            {
+                "model": DEFAULT_MODEL,
+                "messages": [{"role": "user", "content": f"question {index} " * 20}],
+                "max_tokens": 4,
+            }
+        ).encode()
+        request = urllib.request.Request(
+            f"{stack.url}/v1/chat/completions",
+            data=body,
+            headers={"content-type": "application/json", **(headers or {})},
+        )
+        with urllib.request.urlopen(request, timeout=30) as response:
+            assert response.status == 200
+            json.loads(response.read())
+            served[response.headers[INSTANCE_HEADER]] += 1
+    return served
+
+
+def test_the_references_chart_with_its_default_values(tmp_path: Path) -> None:
+    with chart_stack(tmp_path, gie_args(), {"default-plugins.yaml": GIE_DEFAULT_PLUGINS}) as stack:
+        assert stack.epp is not None
+        # the chart's probes: service "inference-extension" on the health port
+        wait_for(
+            lambda: health(stack.epp_health_port, "inference-extension") == SERVING,
+            timeout=30,
+            what="the readiness probe of the reference's chart",
+        )
+        served = served_by(stack, 12)
+        assert sum(served.values()) == 12
+        assert set(served) <= set(stack.simulator_urls)
+        # JSON lines (--zap-encoder json), and the pool from the API server
+        lines = [json.loads(line) for line in stack.epp.log().splitlines() if line.startswith("{")]
+        assert any("InferencePool default/vllm-qwen: 3 pods" in line["msg"] for line in lines)
+
+
+def test_the_llm_d_charts_default_values(tmp_path: Path) -> None:
+    with chart_stack(
+        tmp_path, llmd_args(), {"default-plugins.yaml": LLMD_DEFAULT_PLUGINS}
+    ) as stack:
+        wait_for(
+            lambda: health(stack.epp_health_port, "inference-extension") == SERVING,
+            timeout=30,
+            what="the readiness probe of the llm-d router's chart",
+        )
+        assert sum(served_by(stack, 12).values()) == 12
