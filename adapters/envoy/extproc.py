@@ -604,18 +604,15 @@ class _Stream:
     # response path
 
     async def _on_response_headers(self, message: Any) -> list[Any]:
-        raw_values: dict[str, bytes] = {}
-        headers = _headers_of(message.headers, raw_values)
+        headers = _headers_of(message.headers)
+        # The reference also sets every response header again, to the value it has: a no-op
+        # for the client, and Envoy refuses (and counts in ext_proc.rejected_header_mutations)
+        # the x-envoy-* ones, such as x-envoy-upstream-service-time, on every request.
         set_headers: list[tuple[str, str | bytes]] = [("x-went-into-resp-headers", "true")]
         if self._exchange is not None:
             reply = await self._exchange.response_headers(headers, self._metadata)
             self._streaming = reply.streaming
             set_headers.extend(reply.headers)
-        set_headers.extend(
-            (k, raw_values.get(k, v) if raw_values else v)
-            for k, v in headers.items()
-            if not k.startswith(":") and k not in SYSTEM_REQUEST_HEADERS
-        )
         response = pb.ProcessingResponse()
         _set_headers(response.response_headers.response.header_mutation, set_headers)
         replies = [response]

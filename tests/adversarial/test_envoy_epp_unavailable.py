@@ -68,7 +68,11 @@ async def _stack(model_server: _HeldModelServer) -> AsyncIterator[Stack]:
     server = await asyncio.start_server(model_server.handle, "127.0.0.1", 0)
     model_server.port = server.sockets[0].getsockname()[1]
     running = Stack.run(
-        StackOptions(simulators=0, extra_endpoints=[f"127.0.0.1:{model_server.port}"])
+        StackOptions(
+            simulators=0,
+            extra_endpoints=[f"127.0.0.1:{model_server.port}"],
+            extproc_faults=True,  # the EPP goes away under open streams, on purpose
+        )
     )
     stack = await asyncio.to_thread(running.__enter__)
     try:

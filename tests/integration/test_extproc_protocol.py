@@ -566,7 +566,7 @@ async def test_request_trailers_get_no_reply(epp: grpc.aio.Channel) -> None:
 # --- response path -----------------------------------------------------------------------------
 
 
-async def test_response_headers_reply_marks_and_resets_headers(epp: grpc.aio.Channel) -> None:
+async def test_response_headers_reply_only_marks(epp: grpc.aio.Channel) -> None:
     stream = await routed(epp)
     await stream.send(
         response_headers(
@@ -576,10 +576,9 @@ async def test_response_headers_reply_marks_and_resets_headers(epp: grpc.aio.Cha
     reply = await stream.read()
     assert reply.WhichOneof("response") == "response_headers"
     pairs = set_headers(reply.response_headers.response)
-    assert pairs[0] == ("x-went-into-resp-headers", "true")
-    assert ("content-type", "application/json") in pairs
-    assert ("x-upstream", "u") in pairs
-    assert values_of(pairs, ":status") == []
+    # the debug marker only: the response's own headers are not set again to their values
+    # (Envoy refuses the x-envoy-* ones and counts each as a rejected mutation)
+    assert pairs == [("x-went-into-resp-headers", "true")]
     await stream.finish()
 
 
@@ -722,8 +721,7 @@ async def test_response_headers_reach_the_exchange_with_served_endpoint_metadata
     reply = await stream.read()
 
     pairs = set_headers(reply.response_headers.response)
-    assert pairs[:2] == [("x-went-into-resp-headers", "true"), ("x-epp-extra", "1")]
-    assert ("content-type", "application/json") in pairs[2:]
+    assert pairs == [("x-went-into-resp-headers", "true"), ("x-epp-extra", "1")]
     (call,) = fake.last.response_headers_calls
     assert call.headers[":status"] == "200"
     assert call.metadata["envoy.lb"] == served["envoy.lb"]

@@ -16,6 +16,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -264,6 +265,8 @@ class StackOptions:
     epp_tls: bool = True
     epp_client_certificate: tuple[Path, Path] | None = None
     envoy: bool = True
+    #: the run provokes ext_proc faults on purpose (Envoy's counters are not checked)
+    extproc_faults: bool = False
     envoy_concurrency: int = 1
     envoy_log_level: str = "warn"
     start_timeout: float = 60.0
@@ -309,8 +312,34 @@ class Stack:
             try:
                 stack._start()
                 yield stack
+                stack.check_extproc_counters()
             finally:
                 stack.close()
+
+    #: Envoy's ext_proc counters that must stay 0 in a run that expects no fault.
+    EXTPROC_FAULTS = ("rejected_header_mutations", "streams_failed", "message_timeouts")
+
+    def envoy_counters(self, name: str = "envoy", contains: str = "ext_proc.") -> dict[str, int]:
+        """Envoy's counters whose names contain ``contains``, from its admin ``/stats``."""
+        address = (self.workdir / f"{name}.admin").read_text().strip()
+        query = urllib.parse.urlencode({"filter": contains, "format": "json"})
+        with urllib.request.urlopen(f"http://{address}/stats?{query}", timeout=5) as response:
+            stats = json.loads(response.read())["stats"]
+        return {s["name"]: int(s["value"]) for s in stats if "value" in s}
+
+    def check_extproc_counters(self) -> None:
+        """After a run that expects no ext_proc fault (``StackOptions.extproc_faults``
+        false): Envoy rejected no header mutation, no ext_proc stream failed, no message
+        timed out."""
+        if self.options.extproc_faults or self.envoy is None or not self.options.epp:
+            return
+        self.envoy.check_alive()
+        faults = {
+            name: value
+            for name, value in self.envoy_counters().items()
+            if name.rsplit(".", 1)[-1] in self.EXTPROC_FAULTS and value
+        }
+        assert not faults, f"Envoy counted ext_proc faults: {faults}"
 
     def close(self) -> None:
         for child in reversed(self.children):
