@@ -9,9 +9,9 @@ STAMP := $(VENV)/.installed
 # tests load them through their entry points; a change to one's pyproject reinstalls.
 EXAMPLE_PROJECTS := $(wildcard examples/*/pyproject.toml)
 
-.PHONY: install redis kubectl check test demo demo-ha bench image clean
+.PHONY: install redis kubectl podman check test demo demo-ha bench wheels image clean
 
-install: $(STAMP) redis kubectl
+install: $(STAMP) redis kubectl podman
 
 # The Redis tests (tests/contract) start real redis-server processes: Debian's redis-server
 # and redis-tools packages, installed when missing (CI runs as root on a fresh Debian).
@@ -33,6 +33,15 @@ kubectl:
 	{ echo "make install: the tests need kubectl, and installing it failed. Install Debian's" \
 	  "kubernetes-client package (apt-get install -y kubernetes-client, as root), or put" \
 	  "any kubectl on PATH." >&2; exit 1; }
+
+# The image tests (tests/image) build the Containerfile on a local Debian base and run it:
+# Debian's podman and mmdebstrap, installed when missing.
+podman:
+	@command -v podman >/dev/null && command -v mmdebstrap >/dev/null || \
+	( (apt-get update && apt-get install -y podman mmdebstrap) >/dev/null && \
+	  command -v podman >/dev/null && command -v mmdebstrap >/dev/null ) || \
+	{ echo "make install: the image tests need podman and mmdebstrap, and installing them" \
+	  "failed. Install Debian's podman and mmdebstrap packages (as root)." >&2; exit 1; }
 
 $(STAMP): pyproject.toml $(EXAMPLE_PROJECTS)
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -66,18 +75,27 @@ bench: install redis
 	$(BIN)/python -m tests.bench.extproc_overhead
 	$(BIN)/python -m tests.bench.extproc_overhead --workers 1,2,auto --rounds 4 --stream-requests 500
 
+# The wheels the image installs (build/wheels): the project's and its runtime dependencies,
+# no test tools. async-timeout is one of redis's only below Python 3.11.3 (Debian's 3.11.2).
+wheels: install
+	rm -rf build/wheels
+	$(BIN)/python -m pip wheel --quiet --disable-pip-version-check --wheel-dir build/wheels \
+		. "async-timeout>=4.0.3"
+
 # The EPP's image from Containerfile, tagged with the project's version, with the first of
-# podman, docker or buildah on PATH; skipped (with a message) when there is none.
+# podman, docker or buildah on PATH (BASE_IMAGE=... to build on another base).
 VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
 IMAGE ?= epp:$(VERSION)
-image:
+BUILD_ARGS := $(if $(BASE_IMAGE),--build-arg BASE_IMAGE=$(BASE_IMAGE))
+image: wheels
 	@builder=$$(command -v podman || command -v docker || command -v buildah || true); \
 	if [ -z "$$builder" ]; then \
-	  echo "make image: no podman, docker or buildah on PATH; skipped"; exit 0; fi; \
+	  echo "make image: no podman, docker or buildah on PATH" >&2; exit 1; fi; \
 	case "$$builder" in \
-	  *buildah) set -x; "$$builder" bud -f Containerfile -t $(IMAGE) . ;; \
-	  *) set -x; "$$builder" build -f Containerfile -t $(IMAGE) . ;; \
+	  *buildah) set -x; "$$builder" bud $(BUILD_ARGS) -f Containerfile -t $(IMAGE) . ;; \
+	  *podman) set -x; "$$builder" build --isolation chroot $(BUILD_ARGS) -f Containerfile -t $(IMAGE) . ;; \
+	  *) set -x; "$$builder" build $(BUILD_ARGS) -f Containerfile -t $(IMAGE) . ;; \
 	esac
 
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis
+	rm -rf $(VENV) build .mypy_cache .ruff_cache .pytest_cache .hypothesis
