@@ -2,8 +2,10 @@
 
 - service name: ``OTEL_SERVICE_NAME``, else ``gateway-api-inference-extension/epp``
   (other resource attributes from ``OTEL_RESOURCE_ATTRIBUTES``, by the SDK's ``Resource``);
-- exporter ``OTEL_TRACES_EXPORTER``: ``console`` (the default: finished spans as one-line
-  JSON log records, so they follow the process's log format), ``otlp`` (OTLP over gRPC to
+- exporter ``OTEL_TRACES_EXPORTER``: unset, ``otlp`` when an OTLP endpoint variable
+  (``OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT``) is set and ``none`` otherwise, so a pod never
+  writes spans to its log unless asked; ``console`` (finished spans as one-line JSON log
+  records, following the process's log format), ``otlp`` (OTLP over gRPC to
   ``OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT``, default ``http://localhost:4317``; plaintext
   for ``http://``, TLS for ``https://``, and for a bare ``host:port`` unless
   ``OTEL_EXPORTER_OTLP_[TRACES_]INSECURE=true``; with the ``..._HEADERS``, ``..._TIMEOUT``
@@ -269,7 +271,10 @@ def _otlp_http_sink(environ: Mapping[str, str], resource: Resource) -> OtlpHttpS
 
 
 def _sink_from(environ: Mapping[str, str], resource: Resource) -> SpanSink | EncodingSink | None:
-    kind = (environ.get("OTEL_TRACES_EXPORTER") or "console").strip().lower()
+    kind = (environ.get("OTEL_TRACES_EXPORTER") or "").strip().lower()
+    if not kind:
+        endpoint = _env(environ, "ENDPOINT")
+        kind = "otlp" if endpoint else "none"
     if kind == "none":
         return None
     if kind == "otlp":

@@ -12,8 +12,11 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import pytest
+import yaml
 
+from app.config.loader import DEFAULT_CONFIG
 from tests.support.manifests import (
+    ROOT,
     builtin_problems,
     custom_problems,
     custom_resource_schemas,
@@ -158,3 +161,11 @@ def test_the_crd_schemas_refuse_what_the_api_server_would(
         problems = custom_problems(broken, schema)
         assert problems, where
         assert any(where in p for p in problems), problems
+
+
+def test_the_base_config_is_the_built_in_default() -> None:
+    """deploy/kubernetes/base/epp-config.yaml says it is the default profile written out."""
+    shipped = yaml.safe_load((ROOT / "deploy/kubernetes/base/epp-config.yaml").read_text())
+    assert shipped.pop("apiVersion") == "inference.networking.x-k8s.io/v1alpha1"
+    assert shipped.pop("kind") == "EndpointPickerConfig"
+    assert shipped == DEFAULT_CONFIG

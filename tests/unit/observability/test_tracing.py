@@ -65,7 +65,12 @@ def test_the_sampler_comes_from_the_environment(env: dict[str, str], description
 
 
 def test_the_exporter_comes_from_the_environment() -> None:
-    assert isinstance(OtelTracing({}).sink, ConsoleSink)  # console by default
+    # unset: nothing on the pod's log; OTLP as soon as an endpoint is named
+    assert OtelTracing({}).sink is None
+    assert isinstance(OtelTracing({"OTEL_TRACES_EXPORTER": "console"}).sink, ConsoleSink)
+    implied = OtelTracing({"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://127.0.0.1:2"})
+    assert isinstance(implied.sink, OtlpGrpcSink)
+    assert implied.sink.target == "127.0.0.1:2"
     assert OtelTracing({"OTEL_TRACES_EXPORTER": "none"}).sink is None
     otlp = OtelTracing(
         {"OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:1"}
@@ -200,7 +205,7 @@ def test_roots_are_sampled_at_the_configured_ratio() -> None:
 def test_the_console_exporter_logs_one_json_line_per_span(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    tracing = OtelTracing(ALWAYS)
+    tracing = OtelTracing({**ALWAYS, "OTEL_TRACES_EXPORTER": "console"})
     with caplog.at_level(logging.INFO, logger="epp.traces"):
         tracing.start_span("gateway.request").end()
         tracing.shutdown()
@@ -491,7 +496,7 @@ def test_in_json_logs_a_console_span_is_an_object_of_its_own() -> None:
     level = traces.level
     traces.setLevel(logging.INFO)
     try:
-        tracing = OtelTracing(ALWAYS)
+        tracing = OtelTracing({**ALWAYS, "OTEL_TRACES_EXPORTER": "console"})
         span = tracing.start_span("gateway.request", carrier=SAMPLED)
         span.set_attribute("target_model", "m")
         span.end()
