@@ -62,6 +62,7 @@ from ports.codec import JsonCodec
 from ports.datalayer import NotificationSource, PollingDataSource
 from ports.endpoints import EndpointSource
 from ports.kv_events import KVBlockStore
+from ports.metric_catalogue import CATALOGUE, EXTPROC_STREAM_METRICS, Metric
 from ports.objectives import ObjectiveSink
 from ports.observer import Observer
 from ports.prefix_index import BlockHasher, PrefixIndex
@@ -245,6 +246,14 @@ def _handle(
     )
 
 
+def _metric_catalogue(settings: Settings) -> tuple[Metric, ...]:
+    """What /metrics exports: the ext_proc stream metrics only with
+    ``--enable-grpc-stream-metrics``, as the llm-d router."""
+    if settings.enable_grpc_stream_metrics:
+        return CATALOGUE
+    return tuple(metric for metric in CATALOGUE if metric not in EXTPROC_STREAM_METRICS)
+
+
 def _loaded_config(
     text: str | None, registry: PluginRegistry, handle: Handle, settings: Settings
 ) -> LoadedConfig:
@@ -412,7 +421,9 @@ class Container(containers.DeclarativeContainer):
     connection_handoff: providers.Provider[socket.socket | None] = providers.Object(None)
     hub: providers.Provider[SupervisorHub | None] = providers.Object(None)
     # --- observability (spec section 9): one Observer for the domain and the adapters ---
-    metrics_observer = providers.Singleton(PrometheusObserver)
+    metrics_observer = providers.Singleton(
+        PrometheusObserver, providers.Callable(_metric_catalogue, settings)
+    )
     tracing = providers.Singleton(build_tracing, settings)
     observer = providers.Singleton(EppObserver, metrics_observer, tracing)
     # --- shared state (docs/shared-state.md): in process, or on Redis with --redis-url ---
@@ -522,6 +533,7 @@ class Container(containers.DeclarativeContainer):
         client_ca=providers.Callable(_client_ca, settings),
         transport=settings.provided.extproc_transport,
         cipher_suites=providers.Callable(_cipher_suites, settings),
+        stream_metrics=settings.provided.enable_grpc_stream_metrics,
     )
 
 

@@ -21,6 +21,10 @@ from typing import ClassVar
 __all__ = [
     "CATALOGUE",
     "EXTENSION_INFO",
+    "EXTPROC_STREAMS",
+    "EXTPROC_STREAMS_INFLIGHT",
+    "EXTPROC_STREAM_DURATION",
+    "EXTPROC_STREAM_METRICS",
     "FLOW_CONTROL_DISPATCH_CYCLE_DURATION",
     "FLOW_CONTROL_DISPLACED",
     "FLOW_CONTROL_ENQUEUE_DURATION",
@@ -41,6 +45,7 @@ __all__ = [
     "KV_INDEX_PENDING_WRITES",
     "KV_INDEX_WRITER_LEASES",
     "KV_KEYS_UNKEYED",
+    "LLMD_PREFIX",
     "MODEL_REWRITE_DECISIONS",
     "NORMALIZED_TPOT",
     "OUTPUT_TOKENS",
@@ -50,6 +55,9 @@ __all__ = [
     "POOL_AVERAGE_RUNNING_REQUESTS",
     "POOL_PER_POD_QUEUE_SIZE",
     "POOL_READY_PODS",
+    "POOL_STD_DEV_KV_CACHE",
+    "POOL_STD_DEV_QUEUE_SIZE",
+    "POOL_STD_DEV_RUNNING_REQUESTS",
     "PREFIX_INDEXER_HIT_BYTES",
     "PREFIX_INDEXER_HIT_RATIO",
     "PREFIX_INDEXER_SIZE",
@@ -70,6 +78,7 @@ __all__ = [
     "SHARED_STATE_ERRORS",
     "SHARED_STATE_ROUNDTRIP",
     "SHARED_STATE_WRITES",
+    "Alias",
     "CounterMetric",
     "GaugeMetric",
     "HistogramMetric",
@@ -84,18 +93,47 @@ class MetricKind(Enum):
     HISTOGRAM = "histogram"
 
 
+@dataclass(frozen=True, slots=True)
+class Alias:
+    """The same values exported under another name (the llm-d router's ``llm_d_epp_*``).
+
+    ``labels`` are the alias's label names in exposition order; ``sources`` name the
+    reported label each takes its value from (empty: the same names); ``constants`` are
+    labels with a fixed value, added after them. Series that differ only in reported labels
+    the alias does not show are summed into one."""
+
+    name: str
+    labels: tuple[str, ...] = ()
+    sources: tuple[str, ...] = ()
+    constants: tuple[tuple[str, str], ...] = ()
+
+    def source_labels(self) -> tuple[str, ...]:
+        return self.sources or self.labels
+
+
 @dataclass(frozen=True, slots=True, kw_only=True, eq=False)
 class Metric:
-    """One exported metric. ``labels`` are the label names in exposition order; every
-    report carries exactly these."""
+    """One exported metric. Every report carries exactly ``reported_labels``: ``labels``
+    (the names of this metric's own series, in exposition order) then ``extra_labels``,
+    which only its ``aliases`` show (its own series sum over them)."""
 
     kind: ClassVar[MetricKind]
     name: str
     help: str
     labels: tuple[str, ...] = ()
+    extra_labels: tuple[str, ...] = ()
+    aliases: tuple[Alias, ...] = ()
 
     def __post_init__(self) -> None:
         _check_labels(self)
+
+    @property
+    def reported_labels(self) -> tuple[str, ...]:
+        return self.labels + self.extra_labels
+
+    def names(self) -> tuple[str, ...]:
+        """Every name this metric is exported under: its own, then its aliases'."""
+        return (self.name, *(alias.name for alias in self.aliases))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True, eq=False)
@@ -127,8 +165,28 @@ class HistogramMetric(Metric):
 
 
 def _check_labels(metric: Metric) -> None:
-    if len(set(metric.labels)) != len(metric.labels):
-        raise ValueError(f"{metric.name}: duplicate label name in {metric.labels}")
+    reported = metric.reported_labels
+    if len(set(reported)) != len(reported):
+        raise ValueError(f"{metric.name}: duplicate label name in {reported}")
+    for alias in metric.aliases:
+        if not set(alias.source_labels()) <= set(reported):
+            raise ValueError(f"{alias.name}: labels {alias.source_labels()} not in {reported}")
+        if len(alias.source_labels()) != len(alias.labels):
+            raise ValueError(f"{alias.name}: {alias.labels} and {alias.sources} differ")
+
+
+#: The llm-d router's metric prefix (``llm_d_epp_``): its dashboards and alerts read these.
+LLMD_PREFIX = "llm_d_epp_"
+
+
+def _llmd(
+    name: str,
+    labels: tuple[str, ...] = (),
+    *,
+    sources: tuple[str, ...] = (),
+    constants: tuple[tuple[str, str], ...] = (),
+) -> tuple[Alias, ...]:
+    return (Alias(LLMD_PREFIX + name, labels, sources, constants),)
 
 
 def _powers_of_two(low: int, high: int) -> tuple[float, ...]:
@@ -141,6 +199,10 @@ def _powers_of_two(low: int, high: int) -> tuple[float, ...]:
 
 
 _MODEL = ("model_name", "target_model_name")
+#: The labels of the llm-d router's request metrics: the model's, the fairness id's and the
+#: priority's.
+_REQUEST = (*_MODEL, "fairness_id", "priority")
+_FAIRNESS_PRIORITY = ("fairness_id", "priority")
 _DURATION_BUCKETS = (
     0.005, 0.025, 0.05, 0.1, 0.2, 0.4, 0.6, 0.8, 1.0, 1.25, 1.5, 2.0, 3.0, 4.0, 5.0, 6.0, 8.0,
     10.0, 15.0, 20.0, 30.0, 45.0, 60.0, 120.0, 180.0, 240.0, 300.0, 360.0, 480.0, 600.0, 900.0,
@@ -170,12 +232,16 @@ REQUEST_TOTAL = CounterMetric(
     name="inference_objective_request_total",
     help="Counter of inference objective requests broken out for each model and target model.",
     labels=(*_MODEL, "priority"),
+    extra_labels=("fairness_id",),
+    aliases=_llmd("request_total", _REQUEST),
 )
 REQUEST_ERROR_TOTAL = CounterMetric(
     name="inference_objective_request_error_total",
     help="Counter of inference objective requests errors broken out for each model and "
     "target model.",
     labels=(*_MODEL, "error_code"),
+    extra_labels=_FAIRNESS_PRIORITY,
+    aliases=_llmd("request_error_total", (*_REQUEST, "error_code")),
 )
 REQUEST_DURATION = HistogramMetric(
     name="inference_objective_request_duration_seconds",
@@ -183,12 +249,16 @@ REQUEST_DURATION = HistogramMetric(
     "and target model.",
     labels=_MODEL,
     buckets=_DURATION_BUCKETS,
+    extra_labels=_FAIRNESS_PRIORITY,
+    aliases=_llmd("request_duration_seconds", _REQUEST),
 )
 REQUEST_SIZES = HistogramMetric(
     name="inference_objective_request_sizes",
     help="Inference objective requests size distribution in bytes for each model and target model.",
     labels=_MODEL,
     buckets=_REQUEST_SIZE_BUCKETS,
+    extra_labels=_FAIRNESS_PRIORITY,
+    aliases=_llmd("request_size_bytes", _REQUEST),
 )
 RESPONSE_SIZES = HistogramMetric(
     name="inference_objective_response_sizes",
@@ -196,24 +266,32 @@ RESPONSE_SIZES = HistogramMetric(
     "target model.",
     labels=_MODEL,
     buckets=_RESPONSE_SIZE_BUCKETS,
+    extra_labels=_FAIRNESS_PRIORITY,
+    aliases=_llmd("response_size_bytes", _REQUEST),
 )
 INPUT_TOKENS = HistogramMetric(
     name="inference_objective_input_tokens",
     help="Inference objective input token count distribution for requests in each model.",
     labels=_MODEL,
     buckets=_INPUT_TOKEN_BUCKETS,
+    extra_labels=_FAIRNESS_PRIORITY,
+    aliases=_llmd("request_input_tokens", _REQUEST),
 )
 OUTPUT_TOKENS = HistogramMetric(
     name="inference_objective_output_tokens",
     help="Inference objective output token count distribution for requests in each model.",
     labels=_MODEL,
     buckets=_OUTPUT_TOKEN_BUCKETS,
+    extra_labels=_FAIRNESS_PRIORITY,
+    aliases=_llmd("request_output_tokens", _REQUEST),
 )
 PROMPT_CACHED_TOKENS = HistogramMetric(
     name="inference_objective_prompt_cached_tokens",
     help="Inference objective prompt cached token count distribution for requests in each model.",
     labels=_MODEL,
     buckets=_INPUT_TOKEN_BUCKETS,
+    extra_labels=_FAIRNESS_PRIORITY,
+    aliases=_llmd("request_cached_tokens", _REQUEST),
 )
 NORMALIZED_TPOT = HistogramMetric(
     name="inference_objective_normalized_time_per_output_token_seconds",
@@ -221,11 +299,15 @@ NORMALIZED_TPOT = HistogramMetric(
     "each model and target model.",
     labels=_MODEL,
     buckets=_TPOT_BUCKETS,
+    extra_labels=_FAIRNESS_PRIORITY,
+    aliases=_llmd("request_ntpot_seconds", _REQUEST),
 )
 RUNNING_REQUESTS = GaugeMetric(
     name="inference_objective_running_requests",
     help="Inference objective number of running requests in each model.",
     labels=("model_name",),
+    extra_labels=("target_model_name", *_FAIRNESS_PRIORITY),
+    aliases=_llmd("request_running", _REQUEST),
 )
 
 # --- pool (every --refresh-prometheus-metrics-interval) ---
@@ -234,26 +316,35 @@ POOL_AVERAGE_KV_CACHE = GaugeMetric(
     name="inference_pool_average_kv_cache_utilization",
     help="The average kv cache utilization for an inference server pool.",
     labels=("name",),
+    aliases=_llmd("average_kv_cache_utilization", ("name",)),
 )
 POOL_AVERAGE_QUEUE_SIZE = GaugeMetric(
     name="inference_pool_average_queue_size",
     help="The average number of requests pending in the model server queue.",
     labels=("name",),
+    aliases=_llmd("average_queue_size", ("name",)),
 )
 POOL_AVERAGE_RUNNING_REQUESTS = GaugeMetric(
     name="inference_pool_average_running_requests",
     help="The average number of requests currently being processed by the model servers.",
     labels=("name",),
+    aliases=_llmd("average_running_requests", ("name",)),
 )
 POOL_READY_PODS = GaugeMetric(
     name="inference_pool_ready_pods",
     help="The number of ready pods in the inference server pool.",
     labels=("name",),
+    aliases=_llmd("ready_endpoints", ("name",)),
 )
 POOL_PER_POD_QUEUE_SIZE = GaugeMetric(
     name="inference_pool_per_pod_queue_size",
     help="The total number of requests pending in the model server queue for each underlying pod.",
     labels=("name", "model_server_pod"),
+    aliases=_llmd(
+        "per_endpoint_queue_size",
+        ("name", "model_server_endpoint"),
+        sources=("name", "model_server_pod"),
+    ),
 )
 
 # --- extension: scheduler, plugins, prefix indexer, build, model rewrites ---
@@ -262,11 +353,17 @@ SCHEDULER_E2E_DURATION = HistogramMetric(
     name="inference_extension_scheduler_e2e_duration_seconds",
     help="End-to-end scheduling latency distribution in seconds.",
     buckets=_SCHEDULER_BUCKETS,
+    aliases=_llmd("scheduler_e2e_duration_seconds"),
 )
 SCHEDULER_ATTEMPTS = CounterMetric(
     name="inference_extension_scheduler_attempts_total",
     help="Total number of scheduling attempts.",
     labels=("status", "target_model_name", "pod_name", "namespace", "port"),
+    aliases=_llmd(
+        "scheduler_attempts_total",
+        ("status", "target_model_name", "endpoint_name", "namespace", "port"),
+        sources=("status", "target_model_name", "pod_name", "namespace", "port"),
+    ),
 )
 PLUGIN_DURATION = HistogramMetric(
     name="inference_extension_plugin_duration_seconds",
@@ -274,30 +371,38 @@ PLUGIN_DURATION = HistogramMetric(
     "plugin type and plugin name.",
     labels=("extension_point", "plugin_type", "plugin_name"),
     buckets=_SCHEDULER_BUCKETS,
+    aliases=_llmd("plugin_duration_seconds", ("extension_point", "plugin_type", "plugin_name")),
 )
 PREFIX_INDEXER_SIZE = GaugeMetric(
     name="inference_extension_prefix_indexer_size",
     help="Size of the prefix indexer.",
+    aliases=_llmd("prefix_indexer_size"),
 )
 PREFIX_INDEXER_HIT_RATIO = HistogramMetric(
     name="inference_extension_prefix_indexer_hit_ratio",
     help="Ratio of prefix length matched to total prefix length in the cache lookup.",
     buckets=_RATIO_BUCKETS,
+    aliases=_llmd("prefix_indexer_hit_ratio"),
 )
 PREFIX_INDEXER_HIT_BYTES = HistogramMetric(
     name="inference_extension_prefix_indexer_hit_bytes",
     help="Length of the prefix match in number of bytes in the cache lookup.",
     buckets=_HIT_BYTES_BUCKETS,
+    aliases=_llmd("prefix_indexer_hit_bytes"),
 )
 EXTENSION_INFO = GaugeMetric(
     name="inference_extension_info",
     help="General information of the current build of Inference Extension.",
     labels=("commit", "build_ref"),
+    aliases=_llmd("info", ("commit", "build_ref")),
 )
 MODEL_REWRITE_DECISIONS = CounterMetric(
     name="inference_extension_model_rewrite_decisions_total",
     help="Total number of model rewrite decisions.",
     labels=("model_rewrite_name", "model_name", "target_model"),
+    aliases=_llmd(
+        "model_rewrite_decisions_total", ("model_rewrite_name", "model_name", "target_model")
+    ),
 )
 
 # --- flow control ---
@@ -322,12 +427,17 @@ FLOW_CONTROL_QUEUE_DURATION = HistogramMetric(
     "enqueue to final outcome.",
     labels=(*_FLOW, "outcome", "inference_pool", *_MODEL),
     buckets=_QUEUE_DURATION_BUCKETS,
+    aliases=_llmd(
+        "flow_control_request_queue_duration_seconds",
+        (*_FLOW, "outcome", "inference_pool", *_MODEL),
+    ),
 )
 #: Seconds per dispatch cycle.
 FLOW_CONTROL_DISPATCH_CYCLE_DURATION = HistogramMetric(
     name="inference_extension_flow_control_dispatch_cycle_duration_seconds",
     help="Distribution of the time taken for each dispatch cycle of the flow control layer.",
     buckets=_FAST_BUCKETS,
+    aliases=_llmd("flow_control_dispatch_cycle_duration_seconds"),
 )
 #: Seconds spent in the enqueue step (capacity checks, displacement, insertion);
 #: ``outcome`` is the state right after it (``NotYetFinalized`` when queued,
@@ -337,22 +447,29 @@ FLOW_CONTROL_ENQUEUE_DURATION = HistogramMetric(
     help="Distribution of the time taken to enqueue requests in the flow control layer.",
     labels=(*_FLOW, "outcome"),
     buckets=_FAST_BUCKETS,
+    aliases=_llmd("flow_control_request_enqueue_duration_seconds", (*_FLOW, "outcome")),
 )
 FLOW_CONTROL_QUEUE_SIZE = GaugeMetric(
     name="inference_extension_flow_control_queue_size",
     help="Current number of requests held in the flow control queues.",
     labels=_FLOW_QUEUE,
+    aliases=_llmd("flow_control_queue_size", _FLOW_QUEUE),
 )
 FLOW_CONTROL_QUEUE_BYTES = GaugeMetric(
     name="inference_extension_flow_control_queue_bytes",
     help="Current total size in bytes of the requests held in the flow control queues.",
     labels=_FLOW_QUEUE,
+    aliases=_llmd("flow_control_queue_bytes", _FLOW_QUEUE),
 )
 #: The saturation last read.
 FLOW_CONTROL_POOL_SATURATION = GaugeMetric(
     name="inference_extension_flow_control_pool_saturation",
     help="Current saturation of the inference pool as seen by the flow control layer.",
     labels=("inference_pool",),
+    # one stage here (no prefill/decode split of saturation): the gating value
+    aliases=_llmd(
+        "flow_control_pool_saturation", ("inference_pool",), constants=(("stage", "effective"),)
+    ),
 )
 
 # --- this product's own ---
@@ -361,6 +478,10 @@ SCRAPE_ERRORS = CounterMetric(
     name="inference_extension_scrape_errors_total",
     help="Failed polls of a model server's metrics, per endpoint.",
     labels=("endpoint",),
+    # every failed poll of the model servers' metrics, by source type (one here)
+    aliases=_llmd(
+        "datalayer_poll_errors_total", constants=(("source_type", "metrics-data-source"),)
+    ),
 )
 #: Queued requests displaced by higher-priority arrivals, by the displaced one's priority.
 FLOW_CONTROL_DISPLACED = CounterMetric(
@@ -470,6 +591,46 @@ KV_KEYS_UNKEYED = CounterMetric(
     labels=("reason",),
 )
 
+# --- the pool's spread, under the llm-d router's names ---
+
+POOL_STD_DEV_KV_CACHE = GaugeMetric(
+    name=LLMD_PREFIX + "std_dev_kv_cache_utilization",
+    help="Standard deviation of the KV-cache utilization of the pool's fresh endpoints.",
+    labels=("name",),
+)
+POOL_STD_DEV_QUEUE_SIZE = GaugeMetric(
+    name=LLMD_PREFIX + "std_dev_queue_size",
+    help="Standard deviation of the queue size of the pool's fresh endpoints.",
+    labels=("name",),
+)
+POOL_STD_DEV_RUNNING_REQUESTS = GaugeMetric(
+    name=LLMD_PREFIX + "std_dev_running_requests",
+    help="Standard deviation of the running requests of the pool's fresh endpoints.",
+    labels=("name",),
+)
+
+# --- ext_proc streams (--enable-grpc-stream-metrics), under the llm-d router's names ---
+
+EXTPROC_STREAMS_INFLIGHT = GaugeMetric(
+    name=LLMD_PREFIX + "extproc_streams_inflight",
+    help="Number of ext_proc gRPC streams currently open.",
+)
+EXTPROC_STREAM_DURATION = HistogramMetric(
+    name=LLMD_PREFIX + "extproc_stream_duration_seconds",
+    help="Duration an ext_proc gRPC stream stays open, in seconds.",
+    buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0),
+)
+EXTPROC_STREAMS = CounterMetric(
+    name=LLMD_PREFIX + "extproc_streams_total",
+    help="Total ext_proc gRPC streams completed, by gRPC status code.",
+    labels=("code",),
+)
+
+#: The metrics ``--enable-grpc-stream-metrics`` adds.
+EXTPROC_STREAM_METRICS = frozenset(
+    {EXTPROC_STREAMS_INFLIGHT, EXTPROC_STREAM_DURATION, EXTPROC_STREAMS}
+)
+
 #: Every metric the EPP exports, in exposition order.
 CATALOGUE: tuple[Metric, ...] = (
     REQUEST_TOTAL,
@@ -522,4 +683,10 @@ CATALOGUE: tuple[Metric, ...] = (
     KV_EVENTS_ERRORS,
     KV_EVENTS_TRUSTED,
     KV_KEYS_UNKEYED,
+    POOL_STD_DEV_KV_CACHE,
+    POOL_STD_DEV_QUEUE_SIZE,
+    POOL_STD_DEV_RUNNING_REQUESTS,
+    EXTPROC_STREAMS_INFLIGHT,
+    EXTPROC_STREAM_DURATION,
+    EXTPROC_STREAMS,
 )

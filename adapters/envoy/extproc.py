@@ -42,9 +42,11 @@ import asyncio
 import contextvars
 import logging
 import re
+import time
 import uuid
 from collections.abc import AsyncIterator, Coroutine, Generator, Iterable, Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any, cast
 
 import grpc
@@ -56,6 +58,11 @@ from envoy.type.v3 import http_status_pb2
 from adapters.envoy.h2grpc import RpcContext
 from adapters.envoy.loglimit import LogLimiter
 from ports.errors import ErrorCode, RequestError
+from ports.metric_catalogue import (
+    EXTPROC_STREAM_DURATION,
+    EXTPROC_STREAMS,
+    EXTPROC_STREAMS_INFLIGHT,
+)
 from ports.observer import REQUEST_ID, NoopObserver, Observer, Span
 from ports.requests import (
     SYSTEM_REQUEST_HEADERS,
@@ -96,6 +103,9 @@ HTTP_STATUS_BY_CODE: Mapping[ErrorCode, int] = {
 }
 
 _OVERWRITE = base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD
+
+
+_NO_LABELS: Mapping[str, str] = MappingProxyType({})
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -729,10 +739,17 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
         processor: RequestProcessor,
         observer: Observer | None = None,
         limits: StreamLimits | None = None,
+        *,
+        stream_metrics: bool = False,
     ) -> None:
         self._processor = processor
         self._observer: Observer = observer if observer is not None else NoopObserver()
         self._limits = limits if limits is not None else StreamLimits()
+        # --enable-grpc-stream-metrics: streams open, their duration, their ending code
+        self._stream_metrics = stream_metrics
+        self._open_streams = 0
+        #: the status each stream was ended with (absent: OK, or the client went away)
+        self._status: dict[_Stream, grpc.StatusCode] = {}
         # unrouted streams, oldest first: the task serving each (dicts keep insertion order)
         self._unrouted: dict[_Stream, asyncio.Task[Any]] = {}
         self._evicted: set[_Stream] = set()
@@ -764,10 +781,16 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
         # idle watch per stream replaces a timeout per message (docs/decisions/0013).
         stream = _Stream(self._processor, self._observer, self._limits, self._log)
         self._admit_unrouted(stream)
+        started = time.monotonic() if self._stream_metrics else 0.0
+        if self._stream_metrics:
+            self._open_streams += 1
+            self._observer.gauge(EXTPROC_STREAMS_INFLIGHT, _NO_LABELS, self._open_streams)
+        code = grpc.StatusCode.OK
         try:
             await self._serve(stream, context)
         except asyncio.CancelledError:
             if stream not in self._evicted:
+                code = grpc.StatusCode.CANCELLED
                 raise
             current = asyncio.current_task()
             if current is not None:
@@ -776,15 +799,40 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
             self._log.info(
                 "ext_proc stream closed: over %d streams without a routed request", limit
             )
-            await context.abort(
+            await self._abort(
+                stream,
+                context,
                 grpc.StatusCode.RESOURCE_EXHAUSTED,
                 f"more than {limit} streams without a routed request; the oldest is closed "
                 "(--max-unrouted-streams)",
             )
+        except BaseException:
+            code = grpc.StatusCode.UNKNOWN
+            raise
         finally:
             self._unrouted.pop(stream, None)
             self._evicted.discard(stream)
+            code = self._status.pop(stream, code)
+            if self._stream_metrics:
+                self._streamed(code, time.monotonic() - started)
             await stream.close()
+
+    def _streamed(self, code: grpc.StatusCode, seconds: float) -> None:
+        self._open_streams -= 1
+        observer = self._observer
+        observer.gauge(EXTPROC_STREAMS_INFLIGHT, _NO_LABELS, self._open_streams)
+        observer.histogram(EXTPROC_STREAM_DURATION, _NO_LABELS, seconds)
+        observer.counter(EXTPROC_STREAMS, {"code": code.name})
+
+    async def _abort(
+        self,
+        stream: _Stream,
+        context: grpc.aio.ServicerContext[Any, Any],
+        code: grpc.StatusCode,
+        details: str,
+    ) -> None:
+        self._status[stream] = code
+        await context.abort(code, details)
 
     async def _serve(self, stream: _Stream, context: grpc.aio.ServicerContext[Any, Any]) -> None:
         idle = self._limits.idle_timeout
@@ -809,7 +857,9 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
                         self._log.info(
                             "ext_proc stream closed: no message from Envoy for %gs", idle
                         )
-                        await context.abort(
+                        await self._abort(
+                            stream,
+                            context,
                             grpc.StatusCode.DEADLINE_EXCEEDED,
                             f"no message from Envoy for {idle:g}s (--stream-idle-timeout)",
                         )
@@ -823,13 +873,13 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
                     else:
                         replies = await stream.handle(request)
                 except StreamAbortedError as exc:
-                    await context.abort(grpc.StatusCode.UNKNOWN, str(exc))
+                    await self._abort(stream, context, grpc.StatusCode.UNKNOWN, str(exc))
                     return
                 except StreamProtocolError as exc:
                     self._log.info("ext_proc stream refused: %s", exc.message)
                     if isinstance(context, RpcContext):  # no gateway does this: slow it down
                         context.penalize_peer(self._limits.protocol_error_pause)
-                    await context.abort(exc.code, exc.message)
+                    await self._abort(stream, context, exc.code, exc.message)
                     return
                 if not stream.unrouted and stream in self._unrouted:
                     del self._unrouted[stream]

@@ -109,6 +109,7 @@ class GrpcServers:
         client_ca: bytes | None = None,
         transport: str = "native",
         cipher_suites: tuple[str, ...] = (),
+        stream_metrics: bool = False,
     ) -> None:
         self._ciphers = cipher_suites
         if transport not in TRANSPORTS:
@@ -132,7 +133,7 @@ class GrpcServers:
             ("grpc.max_send_message_length", max_send_message_length),
         ]
         self.health = HealthServicer(processor.ready, leader)
-        self._extproc = ExtProcServicer(processor, observer, limits)
+        self._extproc = ExtProcServicer(processor, observer, limits, stream_metrics=stream_metrics)
         self._max_concurrent_streams = max_concurrent_streams or None
         self._max_streams_per_connection = max_streams_per_connection
         self._health_on_extproc_port = health_on_extproc_port

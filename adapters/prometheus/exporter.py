@@ -66,6 +66,7 @@ _go_float = cast(Callable[[float], str], floatToGoString)
 __all__ = [
     "MAX_LABEL_LENGTH",
     "MAX_LABEL_VALUES",
+    "MAX_SERIES_PER_METRIC",
     "OTHER_LABEL",
     "REQUEST_DERIVED_LABELS",
     "MetricsServer",
@@ -88,6 +89,10 @@ REQUEST_DERIVED_LABELS = frozenset(
 OTHER_LABEL = "other"
 #: Distinct values kept per request-derived label name (the reference's cap).
 MAX_LABEL_VALUES = 1000
+#: Series kept per metric with request-derived labels before new ones are folded into
+#: ``OTHER_LABEL`` in every request-derived label (models x fairness ids could otherwise
+#: reach a million series per metric within the per-label caps).
+MAX_SERIES_PER_METRIC = 10_000
 #: Longest request-derived label value kept, in characters (Hugging Face repository ids are
 #: at most 96; a LoRA adapter name rarely more).
 MAX_LABEL_LENGTH = 256
@@ -154,57 +159,133 @@ def _escape_value(value: str) -> str:
     return value.replace("\\", r"\\").replace("\n", r"\n").replace('"', r"\"")
 
 
-class _Family:
+class _Exposition:
+    """One name a family is exported under: its own or an alias's. ``positions`` are the
+    places in a reported key of the labels it shows (``None``: all, in order: the key is
+    its own), ``names`` their exposition names, ``constants`` fixed labels added."""
+
     __slots__ = (
-        "bounded",
-        "bounds",
-        "children",
-        "folded",
+        "constants",
         "header",
-        "key",
-        "le",
-        "metric",
+        "help",
+        "label_names",
+        "name",
+        "positions",
         "sample_name",
         "sorted_labels",
-        "with_sum",
     )
 
-    def __init__(self, metric: Metric, bounders: Mapping[str, _BoundedValues]) -> None:
-        self.metric = metric
-        self.key = _key_function(metric.labels)
-        #: (position, bounder) of each request-derived label
-        self.bounded = tuple(
-            (i, bounders[name]) for i, name in enumerate(metric.labels) if name in bounders
-        )
-        self.bounds = metric.buckets if isinstance(metric, HistogramMetric) else ()
-        self.le = [_go_float(b) for b in self.bounds] + ["+Inf"]
-        #: label values -> ``[value]`` (counter, gauge) or ``_Histogram``
-        self.children: dict[LabelKey, Any] = {}
-        #: gauges only: the non-zero values of series folded into ``OTHER_LABEL``, by their
-        #: own label values, so that the folded series shows their sum
-        self.folded: dict[LabelKey, float] = {}
+    def __init__(
+        self,
+        metric: Metric,
+        name: str,
+        names: tuple[str, ...],
+        positions: tuple[int, ...] | None,
+        constants: tuple[tuple[str, str], ...] = (),
+    ) -> None:
+        self.name = name
+        self.positions = positions
+        self.constants = constants
+        self.help = metric.help
+        #: every label name shown, constants last (the order of ``collect``'s families)
+        self.label_names = (*names, *(label for label, _ in constants))
         # The text format as prometheus_client's ``generate_latest`` writes it: a counter's
         # samples and HELP/TYPE name end in _total, labels are sorted by name (``le`` too).
-        name = metric.name
         if metric.kind is MetricKind.COUNTER:
             name = (name[:-6] if name.endswith("_total") else name) + "_total"
         self.sample_name = name
         kind = metric.kind.value if metric.kind is not MetricKind.HISTOGRAM else "histogram"
         help_text = metric.help.replace("\\", r"\\").replace("\n", r"\n")
         self.header = f"# HELP {name} {help_text}\n# TYPE {name} {kind}\n"
-        #: (position of the value in a key, label name), sorted by label name
-        self.sorted_labels = sorted(enumerate(metric.labels), key=itemgetter(1))
+        #: (position of the value in a shown key, label name), sorted by label name
+        self.sorted_labels = sorted(enumerate(self.label_names), key=itemgetter(1))
+
+
+class _Family:
+    __slots__ = (
+        "bounded",
+        "bounds",
+        "children",
+        "expositions",
+        "folded",
+        "key",
+        "le",
+        "max_series",
+        "metric",
+        "with_sum",
+    )
+
+    def __init__(
+        self, metric: Metric, bounders: Mapping[str, _BoundedValues], max_series: int
+    ) -> None:
+        self.metric = metric
+        reported = metric.reported_labels
+        self.key = _key_function(reported)
+        #: (position, bounder) of each request-derived label
+        self.bounded = tuple(
+            (i, bounders[name]) for i, name in enumerate(reported) if name in bounders
+        )
+        self.max_series = max_series
+        self.bounds = metric.buckets if isinstance(metric, HistogramMetric) else ()
+        self.le = [_go_float(b) for b in self.bounds] + ["+Inf"]
+        #: reported label values -> ``[value]`` (counter, gauge) or ``_Histogram``
+        self.children: dict[LabelKey, Any] = {}
+        #: gauges only: the non-zero values of series folded into ``OTHER_LABEL``, by their
+        #: own label values, so that the folded series shows their sum
+        self.folded: dict[LabelKey, float] = {}
+        own = None if not metric.extra_labels else tuple(range(len(metric.labels)))
+        self.expositions = [_Exposition(metric, metric.name, metric.labels, own)]
+        for alias in metric.aliases:
+            positions = tuple(reported.index(label) for label in alias.source_labels())
+            identity = positions == tuple(range(len(reported)))
+            self.expositions.append(
+                _Exposition(
+                    metric,
+                    alias.name,
+                    alias.labels,
+                    None if identity else positions,
+                    alias.constants,
+                )
+            )
         self.with_sum = not self.bounds or self.bounds[0] >= 0
+
+    def _rows(self, exposition: _Exposition) -> list[tuple[LabelKey, Any]]:
+        """The series ``exposition`` shows: the children, or their sums over the labels it
+        does not show; then its constant labels' values."""
+        children = list(self.children.items())
+        if not children and not self.metric.reported_labels:
+            children = [((), self._zero())]
+        positions = exposition.positions
+        if positions is not None:
+            summed: dict[LabelKey, Any] = {}
+            histogram = self.metric.kind is MetricKind.HISTOGRAM
+            for key, child in children:
+                shown = tuple(key[i] for i in positions)
+                total = summed.get(shown)
+                if total is None:
+                    total = summed[shown] = self._zero()
+                if histogram:
+                    total.counts = [a + b for a, b in zip(total.counts, child.counts, strict=True)]
+                    total.sum += child.sum
+                else:
+                    total[0] += child[0]
+            children = list(summed.items())
+        if exposition.constants:
+            values = tuple(value for _, value in exposition.constants)
+            children = [(key + values, child) for key, child in children]
+        return children
 
     def render(self, out: list[str]) -> None:
         """Appends this family's exposition text to ``out`` (what ``generate_latest``
         writes for ``collect()``, without building its samples)."""
-        out.append(self.header)
-        children = list(self.children.items())
-        if not children and not self.metric.labels:
-            children = [((), self._zero())]
-        name = self.sample_name
-        labels = self.sorted_labels
+        for exposition in self.expositions:
+            self._render(exposition, out)
+
+    def _render(self, exposition: _Exposition, out: list[str]) -> None:
+        out.append(exposition.header)
+        children = self._rows(exposition)
+        name = exposition.sample_name
+        labels = exposition.sorted_labels
         if self.metric.kind is not MetricKind.HISTOGRAM:
             for key, child in children:
                 if labels:
@@ -229,31 +310,33 @@ class _Family:
                 out.append(f"{name}_count{plain} {_go_float(cumulative)}\n")
                 out.append(f"{name}_sum{plain} {_go_float(child.sum)}\n")
 
-    def collect(self) -> MetricFamily:
-        metric = self.metric
-        children = list(self.children.items())
-        if not children and not metric.labels:
-            children = [((), self._zero())]
-        family = _empty_family(metric)
-        if isinstance(family, HistogramMetricFamily):
-            for key, child in children:
-                cumulative = 0
-                buckets: list[tuple[str, float]] = []
-                for le, count in zip(self.le, child.counts, strict=True):
-                    cumulative += count
-                    buckets.append((le, cumulative))
-                family.add_metric(_values(key), buckets, child.sum)
-        else:
-            for key, child in children:
-                family.add_metric(_values(key), child[0])
-        return family
+    def collect(self) -> Iterator[MetricFamily]:
+        for exposition in self.expositions:
+            family = _empty_family(self.metric, exposition)
+            if isinstance(family, HistogramMetricFamily):
+                for key, child in self._rows(exposition):
+                    cumulative = 0
+                    buckets: list[tuple[str, float]] = []
+                    for le, count in zip(self.le, child.counts, strict=True):
+                        cumulative += count
+                        buckets.append((le, cumulative))
+                    family.add_metric(_values(key), buckets, child.sum)
+            else:
+                for key, child in self._rows(exposition):
+                    family.add_metric(_values(key), child[0])
+            yield family
 
     def child_key(self, key: LabelKey) -> LabelKey:
         """``key`` with its request-derived values bounded (only for a key not seen yet:
-        a key already in ``children`` went through this)."""
+        a key already in ``children`` went through this). Past ``max_series`` series, a
+        new key has every request-derived value folded into ``OTHER_LABEL``."""
         if not self.bounded or key in self.children:
             return key
         values = list(key)
+        if len(self.children) >= self.max_series:
+            for position, _ in self.bounded:
+                values[position] = OTHER_LABEL
+            return tuple(values)
         for position, bound in self.bounded:
             values[position] = bound(values[position])
         return tuple(values)
@@ -265,13 +348,14 @@ class _Family:
 
 
 def _empty_family(
-    metric: Metric,
+    metric: Metric, exposition: _Exposition
 ) -> CounterMetricFamily | GaugeMetricFamily | HistogramMetricFamily:
+    name, help_text, labels = exposition.name, exposition.help, exposition.label_names
     if metric.kind is MetricKind.HISTOGRAM:
-        return HistogramMetricFamily(metric.name, metric.help, labels=metric.labels)
+        return HistogramMetricFamily(name, help_text, labels=labels)
     if metric.kind is MetricKind.COUNTER:
-        return CounterMetricFamily(metric.name, metric.help, labels=metric.labels)
-    return GaugeMetricFamily(metric.name, metric.help, labels=metric.labels)
+        return CounterMetricFamily(name, help_text, labels=labels)
+    return GaugeMetricFamily(name, help_text, labels=labels)
 
 
 def _values(key: LabelKey) -> list[str]:
@@ -290,11 +374,12 @@ class _Collector:
 
     def collect(self) -> Iterator[MetricFamily]:
         for family in self._families:
-            yield family.collect()
+            yield from family.collect()
 
     def describe(self) -> Iterator[MetricFamily]:
         for family in self._families:
-            yield _empty_family(family.metric)
+            for exposition in family.expositions:
+                yield _empty_family(family.metric, exposition)
 
 
 class PrometheusObserver:
@@ -311,14 +396,16 @@ class PrometheusObserver:
         *,
         max_label_values: int = MAX_LABEL_VALUES,
         max_label_length: int = MAX_LABEL_LENGTH,
+        max_series: int = MAX_SERIES_PER_METRIC,
     ) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         bounders = {
             name: _BoundedValues(max_label_values, max_label_length)
             for name in REQUEST_DERIVED_LABELS
         }
-        families = [_Family(metric, bounders) for metric in catalogue]
-        if len({metric.name for metric in catalogue}) != len(families):
+        families = [_Family(metric, bounders, max_series) for metric in catalogue]
+        names = [name for metric in catalogue for name in metric.names()]
+        if len(set(names)) != len(names):
             raise ValueError("duplicate metric name in the catalogue")
         # Keyed by the entry itself: entries hash by identity, as cheaply as a name.
         self._families: dict[Metric, _Family] = {f.metric: f for f in families}
@@ -440,7 +527,7 @@ class PrometheusObserver:
         else:
             why = (
                 f"{kind.value} {name}: labels {sorted(labels)} are not the declared "
-                f"{list(metric.labels)}; dropped"
+                f"{list(metric.reported_labels)}; dropped"
             )
         self._warn(metric, why)
 

@@ -34,7 +34,9 @@ __all__ = ["SUMMED_GAUGES", "merge_expositions"]
 
 #: Gauges whose pod value is the sum of the workers' values.
 SUMMED_GAUGES = frozenset(
-    {RUNNING_REQUESTS.name, FLOW_CONTROL_QUEUE_SIZE.name, FLOW_CONTROL_QUEUE_BYTES.name}
+    name
+    for metric in (RUNNING_REQUESTS, FLOW_CONTROL_QUEUE_SIZE, FLOW_CONTROL_QUEUE_BYTES)
+    for name in metric.names()
 )
 
 _go_float = cast(Callable[[float], str], floatToGoString)

@@ -4,10 +4,12 @@
 endpoints whose metrics are fresher than ``--metrics-staleness-threshold`` (2 s), as the
 reference: ``POOL_AVERAGE_KV_CACHE``, ``POOL_AVERAGE_QUEUE_SIZE``,
 ``POOL_AVERAGE_RUNNING_REQUESTS`` and ``POOL_READY_PODS`` (the number of fresh endpoints),
-all labelled ``{name=<pool>}``; and ``POOL_PER_POD_QUEUE_SIZE{name, model_server_pod}`` for
-every endpoint with metrics (entries of ``ports.metric_catalogue``). When no endpoint is
-fresh, ``ready_pods`` is 0 and the averages keep their last values. The queue size of an
-endpoint that is gone is removed (reported as NaN, which the exporter takes as "gone").
+all labelled ``{name=<pool>}``, with the spread (population standard deviation) of the
+three averaged values over the same endpoints, under the llm-d router's names; and
+``POOL_PER_POD_QUEUE_SIZE{name, model_server_pod}`` for every endpoint with metrics
+(entries of ``ports.metric_catalogue``). When no endpoint is fresh, ``ready_pods`` is 0 and
+the averages keep their last values. The queue size of an endpoint that is gone is removed
+(reported as NaN, which the exporter takes as "gone").
 
 ``PrefixIndexSizeReporter`` reports ``PREFIX_INDEXER_SIZE`` every second (when the index
 knows its size).
@@ -28,6 +30,9 @@ from ports.metric_catalogue import (
     POOL_AVERAGE_RUNNING_REQUESTS,
     POOL_PER_POD_QUEUE_SIZE,
     POOL_READY_PODS,
+    POOL_STD_DEV_KV_CACHE,
+    POOL_STD_DEV_QUEUE_SIZE,
+    POOL_STD_DEV_RUNNING_REQUESTS,
     PREFIX_INDEXER_SIZE,
 )
 from ports.observer import Observer
@@ -62,10 +67,9 @@ class PoolMetricsReporter:
     def report(self) -> None:
         observer = self._observer
         now = self._clock()
-        fresh = 0
-        kv_cache = 0.0
-        queued = 0
-        running = 0
+        kv_cache: list[float] = []
+        queued: list[float] = []
+        running: list[float] = []
         pods: set[str] = set()
         pool_name = self._pool["name"]
         for endpoint in self._datastore.endpoints():
@@ -80,20 +84,25 @@ class PoolMetricsReporter:
             )
             if now - metrics.update_time > self._staleness:
                 continue
-            fresh += 1
-            kv_cache += metrics.kv_cache_usage_percent
-            queued += metrics.waiting_queue_size
-            running += metrics.running_requests_size
+            kv_cache.append(metrics.kv_cache_usage_percent)
+            queued.append(metrics.waiting_queue_size)
+            running.append(metrics.running_requests_size)
         for gone in self._pods - pods:
             observer.gauge(
                 POOL_PER_POD_QUEUE_SIZE, {"name": pool_name, "model_server_pod": gone}, math.nan
             )
         self._pods = pods
-        observer.gauge(POOL_READY_PODS, self._pool, fresh)
-        if fresh:
-            observer.gauge(POOL_AVERAGE_KV_CACHE, self._pool, kv_cache / fresh)
-            observer.gauge(POOL_AVERAGE_QUEUE_SIZE, self._pool, queued / fresh)
-            observer.gauge(POOL_AVERAGE_RUNNING_REQUESTS, self._pool, running / fresh)
+        observer.gauge(POOL_READY_PODS, self._pool, len(kv_cache))
+        if kv_cache:
+            for values, average, spread in (
+                (kv_cache, POOL_AVERAGE_KV_CACHE, POOL_STD_DEV_KV_CACHE),
+                (queued, POOL_AVERAGE_QUEUE_SIZE, POOL_STD_DEV_QUEUE_SIZE),
+                (running, POOL_AVERAGE_RUNNING_REQUESTS, POOL_STD_DEV_RUNNING_REQUESTS),
+            ):
+                mean = sum(values) / len(values)
+                observer.gauge(average, self._pool, mean)
+                variance = sum((v - mean) ** 2 for v in values) / len(values)
+                observer.gauge(spread, self._pool, math.sqrt(variance))
 
     async def run(self) -> None:
         while True:

@@ -94,7 +94,12 @@ LB_METADATA_NAMESPACE = "envoy.lb"
 ORCHESTRATION_SPAN = "gateway.request_orchestration"
 PREPARE_DATA_SPAN = "gateway.prepare_data"
 PRE_REQUEST_SPAN = "gateway.pre_request"
-_NO_MODEL = {"model_name": "", "target_model_name": ""}
+_NO_MODEL = {
+    "model_name": "",
+    "target_model_name": "",
+    "fairness_id": DEFAULT_FAIRNESS_ID,
+    "priority": "0",
+}
 
 
 @dataclass(slots=True, kw_only=True)
@@ -263,7 +268,12 @@ class RequestExchangeState:
                 d.metrics.rewritten(rewrite[0], incoming, target_model)
             if target_model != incoming:
                 body = rewrite_model(parsed, target_model, d.codec)
-        self._labels = {"model_name": incoming, "target_model_name": target_model}
+        self._labels = {
+            "model_name": incoming,
+            "target_model_name": target_model,
+            "fairness_id": headers.get(FAIRNESS_HEADER) or DEFAULT_FAIRNESS_ID,
+            "priority": "0",
+        }
         return parsed, body
 
     def _build_request(self, parsed: ParsedRequest, size: int, span: Span) -> InferenceRequest:
@@ -281,9 +291,10 @@ class RequestExchangeState:
             request_size_bytes=size,
             state=d.states.create(inbound.request_id),
             objective=objective,
-            fairness_id=headers.get(FAIRNESS_HEADER) or DEFAULT_FAIRNESS_ID,
+            fairness_id=self._labels["fairness_id"],
             received_at=self._received_at,
         )
+        self._labels["priority"] = str(request.priority)
         if self._control.explain_decisions:
             request.explanations = {}
         if d.control.emit_endpoint_scores:
@@ -377,7 +388,7 @@ class RequestExchangeState:
         span.inject(carrier)
         if carrier:
             extra_headers.extend(carrier.items())
-        d.metrics.routed(self._labels, request.priority, request.request_size_bytes)
+        d.metrics.routed(self._labels, request.request_size_bytes)
         self._running = True
         logger.debug(
             "request %s model %s -> %s", request.request_id, request.target_model, self.target.name

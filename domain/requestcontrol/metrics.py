@@ -35,19 +35,20 @@ __all__ = ["RequestMetrics"]
 class RequestMetrics:
     """Records what one request's way through the Director shows in metrics.
 
-    ``labels`` are the request's ``model_name`` and ``target_model_name``. The running count
-    per model (as the client named it) is kept here: ``routed`` adds the request, ``closed``
-    removes it; a model with nothing running is forgotten (its gauge keeps the 0).
+    ``labels`` are the request's ``model_name``, ``target_model_name``, ``fairness_id`` and
+    ``priority`` (the reference's series show the first two, the llm-d router's all four).
+    The running count per label set is kept here: ``routed`` adds the request, ``closed``
+    removes it; a label set with nothing running is forgotten (its gauge keeps the 0).
     """
 
     def __init__(self, observer: Observer) -> None:
         self._observer = observer
-        self._running: dict[str, int] = {}
-        self._running_labels: dict[str, dict[str, str]] = {}
+        self._running: dict[tuple[str, ...], int] = {}
+        self._running_labels: dict[tuple[str, ...], dict[str, str]] = {}
 
     def running(self, model: str) -> int:
         """Requests for ``model`` routed and not yet closed."""
-        return self._running.get(model, 0)
+        return sum(count for key, count in self._running.items() if key[0] == model)
 
     def rewritten(self, rule: str, model: str, target_model: str) -> None:
         self._observer.counter(
@@ -55,22 +56,14 @@ class RequestMetrics:
             {"model_rewrite_name": rule, "model_name": model, "target_model": target_model},
         )
 
-    def routed(self, labels: Mapping[str, str], priority: int, size_bytes: int) -> None:
-        model = labels["model_name"]
-        self._observer.counter(
-            REQUEST_TOTAL,
-            {
-                "model_name": model,
-                "target_model_name": labels["target_model_name"],
-                "priority": str(priority),
-            },
-        )
+    def routed(self, labels: Mapping[str, str], size_bytes: int) -> None:
+        self._observer.counter(REQUEST_TOTAL, labels)
         self._observer.histogram(REQUEST_SIZES, labels, size_bytes)
-        self._add_running(model, 1)
+        self._add_running(labels, 1)
 
     def closed(self, labels: Mapping[str, str]) -> None:
         """A routed request's exchange ended."""
-        self._add_running(labels["model_name"], -1)
+        self._add_running(labels, -1)
 
     def failed(self, labels: Mapping[str, str], code: ErrorCode) -> None:
         self._observer.counter(REQUEST_ERROR_TOTAL, {**labels, "error_code": code.value})
@@ -93,14 +86,20 @@ class RequestMetrics:
         if usage.completion_tokens > 0:
             observer.histogram(NORMALIZED_TPOT, labels, seconds / usage.completion_tokens)
 
-    def _add_running(self, model: str, delta: int) -> None:
-        count = self._running.get(model, 0) + delta
-        labels = self._running_labels.get(model)
-        if labels is None:
-            labels = self._running_labels[model] = {"model_name": model}
+    def _add_running(self, labels: Mapping[str, str], delta: int) -> None:
+        key = (
+            labels["model_name"],
+            labels["target_model_name"],
+            labels["fairness_id"],
+            labels["priority"],
+        )
+        count = self._running.get(key, 0) + delta
+        running_labels = self._running_labels.get(key)
+        if running_labels is None:
+            running_labels = self._running_labels[key] = dict(labels)
         if count:
-            self._running[model] = count
+            self._running[key] = count
         else:
-            self._running.pop(model, None)
-            self._running_labels.pop(model, None)
-        self._observer.gauge(RUNNING_REQUESTS, labels, count)
+            self._running.pop(key, None)
+            self._running_labels.pop(key, None)
+        self._observer.gauge(RUNNING_REQUESTS, running_labels, count)

@@ -97,11 +97,20 @@ async def test_a_1mb_model_name_does_not_reach_metrics() -> None:
     ), text.decode()[:2000]
 
 
+def _labels(model: str) -> dict[str, str]:
+    return {
+        "model_name": model,
+        "target_model_name": model,
+        "fairness_id": "default-flow",
+        "priority": "0",
+    }
+
+
 def _requests(metrics: RequestMetrics, models: Iterator[str]) -> None:
     """What the Director records for each request: routed, completed, closed, and an error."""
     for model in models:
-        labels = {"model_name": model, "target_model_name": model}
-        metrics.routed(labels, 0, 100)
+        labels = _labels(model)
+        metrics.routed(labels, 100)
         metrics.completed(labels, 0.1, 200, None)
         metrics.failed(labels, ErrorCode.BAD_REQUEST)
         metrics.closed(labels)
@@ -133,13 +142,13 @@ async def test_a_gauge_beyond_the_cap_shows_the_sum_of_the_folded_series() -> No
     observer = PrometheusObserver(max_label_values=1)
     metrics = RequestMetrics(observer)
     for model in ("a", "b", "c", "c"):
-        metrics.routed({"model_name": model, "target_model_name": model}, 0, 10)
+        metrics.routed(_labels(model), 10)
     async with _metrics_server(observer) as url:
         text = await _scrape(url)
         assert b'inference_objective_running_requests{model_name="a"} 1.0' in text
         assert b'inference_objective_running_requests{model_name="other"} 3.0' in text
         for model in ("b", "c", "c"):
-            metrics.closed({"model_name": model, "target_model_name": model})
+            metrics.closed(_labels(model))
         text = await _scrape(url)
         assert b'inference_objective_running_requests{model_name="other"} 0.0' in text
 

@@ -146,5 +146,6 @@ async def test_header_values_that_are_not_utf8_are_forwarded_byte_for_byte() -> 
         o.header.key: o.header.raw_value
         for o in response_reply.response_headers.response.header_mutation.set_headers
     }
-    assert raw["x-upstream-latin"] == b"na\xefve"
-    assert raw["content-type"] == b"application/json"  # UTF-8 values are unchanged too
+    # the response's headers are not set again: Envoy keeps them as the server sent them
+    assert "x-upstream-latin" not in raw
+    assert "content-type" not in raw

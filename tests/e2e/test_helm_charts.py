@@ -40,7 +40,7 @@ from tests.support.kube_api import (
     pod,
     write_kubeconfig,
 )
-from tests.support.stack import Stack, StackOptions, free_port, wait_for
+from tests.support.stack import Stack, StackOptions, free_port, metric_sum, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -147,3 +147,26 @@ def test_the_llm_d_charts_default_values(tmp_path: Path) -> None:
             what="the readiness probe of the llm-d router's chart",
         )
         assert sum(served_by(stack, 12).values()) == 12
+
+
+def test_the_llm_d_chart_with_its_flags_exports_the_llm_d_metric_names(tmp_path: Path) -> None:
+    args = llmd_args(flags=[("enable-grpc-stream-metrics", "true"), ("v", "2")], metrics_auth=False)
+    with chart_stack(tmp_path, args, {"default-plugins.yaml": LLMD_DEFAULT_PLUGINS}) as stack:
+        wait_for(
+            lambda: health(stack.epp_health_port, "inference-extension") == SERVING,
+            timeout=30,
+            what="the readiness probe of the llm-d router's chart",
+        )
+        assert sum(served_by(stack, 12).values()) == 12
+
+        def streams_ended() -> float:
+            return metric_sum(stack.epp_metrics_url, "llm_d_epp_extproc_streams_total")
+
+        # a stream ends when its response has (Envoy's last message can trail the reply)
+        wait_for(lambda: streams_ended() == 12, timeout=10, what="12 ext_proc streams ended")
+        with urllib.request.urlopen(stack.epp_metrics_url, timeout=10) as response:
+            text = response.read().decode()
+        assert 'llm_d_epp_extproc_streams_total{code="OK"} 12.0' in text
+        assert metric_sum(stack.epp_metrics_url, "llm_d_epp_request_total") == 12
+        assert metric_sum(stack.epp_metrics_url, "inference_objective_request_total") == 12
+        assert 'fairness_id="default-flow"' in text

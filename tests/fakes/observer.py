@@ -133,9 +133,10 @@ class RecordingObserver:
 
 
 def _report(metric: Metric, labels: Mapping[str, str], value: float) -> Report:
-    if sorted(labels) != sorted(metric.labels):
+    if sorted(labels) != sorted(metric.reported_labels):
         raise AssertionError(
-            f"{metric.name} reported with labels {sorted(labels)}, declared {sorted(metric.labels)}"
+            f"{metric.name} reported with labels {sorted(labels)}, "
+            f"declared {sorted(metric.reported_labels)}"
         )
     return Report(metric, dict(labels), value)
 

@@ -15,6 +15,7 @@ from ports.metric_catalogue import (
 )
 
 MODEL = {"model_name": "m", "target_model_name": "m"}
+REQUEST = {**MODEL, "fairness_id": "default-flow", "priority": "0"}
 
 
 def _samples(text: bytes) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -28,9 +29,9 @@ def _samples(text: bytes) -> dict[tuple[str, tuple[tuple[str, str], ...]], float
 def _worker(requests: int, running: int, duration: float) -> PrometheusObserver:
     observer = PrometheusObserver()
     for _ in range(requests):
-        observer.counter(REQUEST_TOTAL, {**MODEL, "priority": "0"})
-        observer.histogram(REQUEST_DURATION, MODEL, duration)
-    observer.gauge(RUNNING_REQUESTS, {"model_name": "m"}, running)
+        observer.counter(REQUEST_TOTAL, REQUEST)
+        observer.histogram(REQUEST_DURATION, REQUEST, duration)
+    observer.gauge(RUNNING_REQUESTS, REQUEST, running)
     observer.gauge(POOL_READY_PODS, {"name": "pool"}, 3)
     return observer
 
@@ -41,6 +42,8 @@ def test_counters_histograms_and_work_gauges_are_summed_pool_gauges_taken_once()
     total = ("inference_objective_request_total", tuple(sorted({**MODEL, "priority": "0"}.items())))
     assert merged[total] == 8
     assert merged[("inference_objective_running_requests", (("model_name", "m"),))] == 3
+    # the llm-d router's names of the same work gauge are summed too
+    assert merged[("llm_d_epp_request_running", tuple(sorted(REQUEST.items())))] == 3
     assert merged[("inference_pool_ready_pods", (("name", "pool"),))] == 3
     labels = tuple(sorted(MODEL.items()))
     assert merged[("inference_objective_request_duration_seconds_count", labels)] == 8

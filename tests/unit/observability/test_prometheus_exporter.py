@@ -93,6 +93,62 @@ EXPECTED: dict[str, tuple[str, set[str]]] = {
 }
 
 
+REQUEST = MODEL | FLOW
+#: The llm-d router's names of the same values (its docs/metrics.md and
+#: pkg/epp/metrics/llm_d_router_metrics.go): name -> (type, label names).
+LLMD_EXPECTED: dict[str, tuple[str, set[str]]] = {
+    "llm_d_epp_request_total": ("counter", REQUEST),
+    "llm_d_epp_request_error_total": ("counter", REQUEST | {"error_code"}),
+    "llm_d_epp_request_duration_seconds": ("histogram", REQUEST),
+    "llm_d_epp_request_size_bytes": ("histogram", REQUEST),
+    "llm_d_epp_response_size_bytes": ("histogram", REQUEST),
+    "llm_d_epp_request_input_tokens": ("histogram", REQUEST),
+    "llm_d_epp_request_output_tokens": ("histogram", REQUEST),
+    "llm_d_epp_request_cached_tokens": ("histogram", REQUEST),
+    "llm_d_epp_request_ntpot_seconds": ("histogram", REQUEST),
+    "llm_d_epp_request_running": ("gauge", REQUEST),
+    "llm_d_epp_average_kv_cache_utilization": ("gauge", {"name"}),
+    "llm_d_epp_average_queue_size": ("gauge", {"name"}),
+    "llm_d_epp_average_running_requests": ("gauge", {"name"}),
+    "llm_d_epp_ready_endpoints": ("gauge", {"name"}),
+    "llm_d_epp_per_endpoint_queue_size": ("gauge", {"name", "model_server_endpoint"}),
+    "llm_d_epp_scheduler_e2e_duration_seconds": ("histogram", set()),
+    "llm_d_epp_scheduler_attempts_total": (
+        "counter",
+        {"status", "target_model_name", "endpoint_name", "namespace", "port"},
+    ),
+    "llm_d_epp_plugin_duration_seconds": (
+        "histogram",
+        {"extension_point", "plugin_type", "plugin_name"},
+    ),
+    "llm_d_epp_prefix_indexer_size": ("gauge", set()),
+    "llm_d_epp_prefix_indexer_hit_ratio": ("histogram", set()),
+    "llm_d_epp_prefix_indexer_hit_bytes": ("histogram", set()),
+    "llm_d_epp_info": ("gauge", {"commit", "build_ref"}),
+    "llm_d_epp_model_rewrite_decisions_total": (
+        "counter",
+        {"model_rewrite_name", "model_name", "target_model"},
+    ),
+    "llm_d_epp_flow_control_request_queue_duration_seconds": (
+        "histogram",
+        FLOW | {"outcome", "inference_pool"} | MODEL,
+    ),
+    "llm_d_epp_flow_control_dispatch_cycle_duration_seconds": ("histogram", set()),
+    "llm_d_epp_flow_control_request_enqueue_duration_seconds": ("histogram", FLOW | {"outcome"}),
+    "llm_d_epp_flow_control_queue_size": ("gauge", FLOW_QUEUE),
+    "llm_d_epp_flow_control_queue_bytes": ("gauge", FLOW_QUEUE),
+    "llm_d_epp_flow_control_pool_saturation": ("gauge", {"inference_pool", "stage"}),
+    "llm_d_epp_datalayer_poll_errors_total": ("counter", {"source_type"}),
+}
+#: The llm-d router's metrics of values the reference has no metric for, under its names.
+LLMD_ONLY: dict[str, tuple[str, set[str]]] = {
+    "llm_d_epp_extproc_streams_inflight": ("gauge", set()),
+    "llm_d_epp_extproc_stream_duration_seconds": ("histogram", set()),
+    "llm_d_epp_extproc_streams_total": ("counter", {"code"}),
+    "llm_d_epp_std_dev_kv_cache_utilization": ("gauge", {"name"}),
+    "llm_d_epp_std_dev_queue_size": ("gauge", {"name"}),
+    "llm_d_epp_std_dev_running_requests": ("gauge", {"name"}),
+}
 #: histogram name -> its bucket upper bounds (without +Inf), byte for byte on /metrics.
 BUCKETS: dict[str, tuple[float, ...]] = {
     "inference_objective_request_duration_seconds": (
@@ -138,18 +194,21 @@ BUCKETS: dict[str, tuple[float, ...]] = {
     "inference_extension_kv_events_lag_seconds": (
         0.00001, 0.00005, 0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0,
     ),
+    "llm_d_epp_extproc_stream_duration_seconds": (
+        0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0,
+    ),
 }  # fmt: skip
 
 
 def _buckets(name: str) -> tuple[float, ...]:
-    (metric,) = [m for m in CATALOGUE if m.name == name]
+    (metric,) = [m for m in CATALOGUE if name in m.names()]
     assert isinstance(metric, HistogramMetric), name
     return metric.buckets
 
 
 def _one_of_each(observer: PrometheusObserver) -> None:
     for metric in CATALOGUE:
-        labels = {label: f"{label}-value" for label in metric.labels}
+        labels = {label: f"{label}-value" for label in metric.reported_labels}
         if isinstance(metric, CounterMetric):
             observer.counter(metric, labels, 2)
         elif isinstance(metric, HistogramMetric):
@@ -169,7 +228,7 @@ def _families(text: str) -> dict[str, prometheus_client.Metric]:
 
 def test_every_metric_is_declared_with_the_reference_name_type_and_labels() -> None:
     declared = {m.name: (m.kind.value, set(m.labels)) for m in CATALOGUE}
-    assert declared == EXPECTED
+    assert declared == EXPECTED | LLMD_ONLY
 
 
 def test_buckets_are_the_references() -> None:
@@ -197,8 +256,8 @@ def test_the_exposition_has_every_metric_with_its_type_labels_and_buckets() -> N
     observer = PrometheusObserver()
     _one_of_each(observer)
     families = _families(observer.exposition().decode())
-    assert set(families) == set(EXPECTED)
-    for name, (kind, labels) in EXPECTED.items():
+    assert set(families) == set(EXPECTED) | set(LLMD_EXPECTED) | set(LLMD_ONLY)
+    for name, (kind, labels) in {**EXPECTED, **LLMD_EXPECTED, **LLMD_ONLY}.items():
         family = families[name]
         assert family.type == kind, name
         for sample in family.samples:
@@ -220,16 +279,20 @@ def test_the_registry_is_its_own_not_the_global_one() -> None:
 def test_counters_add_gauges_set_and_histograms_bucket_cumulatively() -> None:
     observer = PrometheusObserver()
     labels = {"model_name": "m", "target_model_name": "t", "priority": "0"}
-    observer.counter(catalogue.REQUEST_TOTAL, labels)
-    observer.counter(catalogue.REQUEST_TOTAL, labels, 2)
+    for tenant, count in (("a", 1), ("b", 2)):
+        observer.counter(catalogue.REQUEST_TOTAL, {**labels, "fairness_id": tenant}, count)
     observer.gauge(catalogue.POOL_READY_PODS, {"name": "p"}, 3)
     observer.gauge(catalogue.POOL_READY_PODS, {"name": "p"}, 2)
     for value in (0.05, 0.25, 0.3, 1.0):
         observer.histogram(catalogue.PREFIX_INDEXER_HIT_RATIO, {}, value)
     families = _families(observer.exposition().decode())
     (total,) = families["inference_objective_request_total"].samples
-    assert total.value == 3
+    assert total.value == 3  # the reference's series: summed over the fairness ids
     assert total.labels == labels
+    by_tenant = {
+        s.labels["fairness_id"]: s.value for s in families["llm_d_epp_request_total"].samples
+    }
+    assert by_tenant == {"a": 1, "b": 2}
     assert families["inference_pool_ready_pods"].samples[0].value == 2
     ratio = {
         s.labels.get("le", s.name): s.value
