@@ -10,21 +10,26 @@ from typing import Literal
 from adapters.prometheus.http_client import MAX_BODY_BYTES, HttpGetConnection
 from ports.datalayer import MetricsText
 from ports.endpoints import EndpointInfo
-from ports.plugins import TypedName
+from ports.plugins import Duration, TypedName
 
 __all__ = ["MetricsDataSource", "MetricsSourceParameters"]
+
+
+_EVERY_TICK = Duration(0.0)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class MetricsSourceParameters:
     """``scheme`` (http|https), ``path`` (/metrics), ``insecureSkipVerify`` (true), ``port``
     (0: each endpoint's metrics port, else its serving port; otherwise this port on the
-    endpoint's host)."""
+    endpoint's host), ``interval`` (how often each endpoint is polled, a Go duration; 0: every
+    ``--refresh-metrics-interval``)."""
 
     scheme: Literal["http", "https"] = "http"
     path: str = "/metrics"
     insecure_skip_verify: bool = True
     port: int = 0
+    interval: Duration = _EVERY_TICK
 
     def __post_init__(self) -> None:
         if self.scheme not in ("http", "https"):
@@ -72,6 +77,10 @@ class MetricsDataSource:
 
     def output_type(self) -> type:
         return MetricsText
+
+    def poll_interval(self) -> float | None:
+        """The ``interval`` parameter (seconds), ``None`` when unset."""
+        return self._parameters.interval or None
 
     async def poll(self, endpoint: EndpointInfo) -> MetricsText:
         host = endpoint.metrics_host or endpoint.address.host_port()
