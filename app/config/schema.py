@@ -117,10 +117,10 @@ class DataLayerSection(_Strict):
     """``dataLayer``: the sources to poll and, per source, the extractors it feeds.
 
     ``injectDefaults`` (unset: see ``app.config.datalayer``) adds the default metrics source
-    beside the listed ones. ``discovery``, ``peerDiscovery`` and
-    ``crossReplicaSyncerPluginRef`` name llm-d router plugin kinds this EPP does not have
-    (the loader refuses them, saying why); ``crossReplicaSyncInterval`` is accepted and has
-    no effect.
+    beside the listed ones; with no source at all, metric collection is off. ``discovery``,
+    ``peerDiscovery`` and ``crossReplicaSyncerPluginRef`` name llm-d router plugin kinds
+    this EPP does not have (the loader refuses them, saying why);
+    ``crossReplicaSyncInterval`` is accepted and has no effect.
     """
 
     inject_defaults: bool | None = Field(default=None, alias="injectDefaults")
