@@ -348,7 +348,7 @@ def _collectors(
         for spec in loaded.data_layer.sources:
             if isinstance(spec.source, PollingDataSource):
                 extractors = tuple(e for e in spec.extractors if isinstance(e, Extractor))
-                bindings.append(polling(SourceBinding(spec.source, extractors)))
+                bindings.append(polling(SourceBinding(spec.source, extractors, spec.interval)))
             elif isinstance(spec.source, NotificationSource):
                 notified = tuple(e for e in spec.extractors if isinstance(e, NotificationExtractor))
                 notifications.append(NotificationBinding(notifying(spec.source), notified))

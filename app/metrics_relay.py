@@ -107,8 +107,9 @@ def supervisor_binding(binding: SourceBinding, hub: SupervisorHub) -> SourceBind
     teed and its extractors relaying what they made."""
     if relays_snapshots(binding):
         name = str(binding.source.typed_name)
-        return SourceBinding(binding.source, (SnapshotRelay(hub, name, binding.extractors),))
-    return SourceBinding(hub.polling(binding.source), binding.extractors)
+        relay = SnapshotRelay(hub, name, binding.extractors)
+        return SourceBinding(binding.source, (relay,), binding.interval)
+    return SourceBinding(hub.polling(binding.source), binding.extractors, binding.interval)
 
 
 def worker_binding(binding: SourceBinding, link: WorkerLink) -> SourceBinding:

@@ -1,10 +1,16 @@
-"""The identity of a plugin, shared by domain plugins and adapter-backed ones."""
+"""The identity of a plugin, shared by domain plugins and adapter-backed ones, and the
+parameter types their parameters dataclasses may use."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NewType
 
-__all__ = ["TypedName"]
+__all__ = ["Duration", "TypedName"]
+
+#: A parameter given as a Go duration string (``200ms``) or a number of seconds; the value
+#: is seconds. Re-exported by ``domain.plugins.base``.
+Duration = NewType("Duration", float)
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,23 +10,36 @@ from typing import Literal
 from adapters.prometheus.http_client import MAX_BODY_BYTES, HttpGetConnection
 from ports.datalayer import MetricsText
 from ports.endpoints import EndpointInfo
-from ports.plugins import TypedName
+from ports.plugins import Duration, TypedName
 
 __all__ = ["MetricsDataSource", "MetricsSourceParameters"]
+
+
+_EVERY_TICK = Duration(0.0)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class MetricsSourceParameters:
     """``scheme`` (http|https), ``path`` (/metrics), ``insecureSkipVerify`` (true), ``port``
     (0: each endpoint's metrics port, else its serving port; otherwise this port on the
-    endpoint's host)."""
+    endpoint's host), ``interval`` (how often each endpoint is polled, a Go duration; 0: every
+    ``--refresh-metrics-interval``). Over https: ``caCertPath`` (a PEM bundle the servers'
+    certificates are verified against when ``insecureSkipVerify`` is false; "": the system's),
+    ``clientCertPath`` and ``clientKeyPath`` (a PEM certificate and key presented to the
+    servers, for mTLS; both or neither)."""
 
     scheme: Literal["http", "https"] = "http"
     path: str = "/metrics"
     insecure_skip_verify: bool = True
     port: int = 0
+    interval: Duration = _EVERY_TICK
+    ca_cert_path: str = ""
+    client_cert_path: str = ""
+    client_key_path: str = ""
 
     def __post_init__(self) -> None:
+        if bool(self.client_cert_path) != bool(self.client_key_path):
+            raise ValueError("clientCertPath: give clientCertPath and clientKeyPath together")
         if self.scheme not in ("http", "https"):
             raise ValueError("scheme: must be http or https")
         if not self.path.startswith("/") or any(c in self.path for c in " \r\n"):
@@ -59,12 +72,7 @@ class MetricsDataSource:
         # per endpoint name: its metrics host, the connection to it and the request bytes
         self._connections: dict[str, tuple[str, HttpGetConnection]] = {}
         self._requests: dict[str, tuple[str, bytes]] = {}
-        self._tls: ssl.SSLContext | None = None
-        if parameters.scheme == "https":
-            self._tls = ssl.create_default_context()
-            if parameters.insecure_skip_verify:
-                self._tls.check_hostname = False
-                self._tls.verify_mode = ssl.CERT_NONE
+        self._tls = _tls_context(parameters) if parameters.scheme == "https" else None
 
     @property
     def typed_name(self) -> TypedName:
@@ -72,6 +80,21 @@ class MetricsDataSource:
 
     def output_type(self) -> type:
         return MetricsText
+
+    def poll_interval(self) -> float | None:
+        """The ``interval`` parameter (seconds), ``None`` when unset."""
+        return self._parameters.interval or None
+
+    def config_notices(self) -> tuple[str, ...]:
+        """The TLS parameters that have no effect as configured (said once at start-up)."""
+        parameters = self._parameters
+        tls = ("caCertPath", "clientCertPath", "clientKeyPath")
+        given = [key for key, value in zip(tls, _tls_paths(parameters), strict=True) if value]
+        if parameters.scheme != "https" and given:
+            return (f"{given[0]}: accepted and ignored: the scheme is http",)
+        if parameters.ca_cert_path and parameters.insecure_skip_verify:
+            return ("caCertPath: accepted and ignored: insecureSkipVerify is true",)
+        return ()
 
     async def poll(self, endpoint: EndpointInfo) -> MetricsText:
         host = endpoint.metrics_host or endpoint.address.host_port()
@@ -125,3 +148,32 @@ class MetricsDataSource:
             connection.close()
         self._connections.clear()
         self._requests.clear()
+
+
+def _tls_paths(parameters: MetricsSourceParameters) -> tuple[str, str, str]:
+    return (parameters.ca_cert_path, parameters.client_cert_path, parameters.client_key_path)
+
+
+def _tls_context(parameters: MetricsSourceParameters) -> ssl.SSLContext:
+    """The client TLS context of an https source; a file that cannot be loaded raises
+    ``ValueError`` naming its parameter."""
+    context = ssl.create_default_context()
+    if parameters.insecure_skip_verify:
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+    elif parameters.ca_cert_path:
+        try:
+            context.load_verify_locations(cafile=parameters.ca_cert_path)
+        except (OSError, ssl.SSLError) as exc:
+            raise ValueError(
+                f"caCertPath: cannot load {parameters.ca_cert_path}: {exc.strerror or exc}"
+            ) from None
+    if parameters.client_cert_path:
+        try:
+            context.load_cert_chain(parameters.client_cert_path, parameters.client_key_path)
+        except (OSError, ssl.SSLError) as exc:
+            raise ValueError(
+                f"clientCertPath: cannot load {parameters.client_cert_path} with "
+                f"{parameters.client_key_path}: {exc.strerror or exc}"
+            ) from None
+    return context

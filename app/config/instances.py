@@ -11,10 +11,12 @@ from __future__ import annotations
 from dataclasses import is_dataclass
 from typing import Any
 
+from app.config.compatibility import unavailable_reason
 from app.config.errors import ConfigError
+from app.config.notices import ConfigNotices
 from app.config.overrides import ConfigOverrides
 from app.config.parameters import ParameterError, validate_parameters
-from app.config.schema import PluginEntry, PluginRefSpec
+from app.config.schema import PluginEntry
 from domain.plugins.base import Plugin, PluginConfigError, PluginRegistry, parameter_names
 from domain.plugins.handle import Handle
 from domain.plugins.hooks import NamingParameters
@@ -28,7 +30,8 @@ def describe(plugin: Plugin) -> str:
 
 
 class PluginInstances:
-    """The plugins built so far (``plugins``, in build order) and their config paths."""
+    """The plugins built so far (``plugins``, in build order), their config paths, and the
+    notices of this load."""
 
     def __init__(
         self, registry: PluginRegistry, handle: Handle, overrides: ConfigOverrides | None = None
@@ -38,11 +41,15 @@ class PluginInstances:
         self.overrides = overrides or ConfigOverrides()
         self.plugins: dict[str, Plugin] = {}
         self.origin: dict[str, str] = {}
+        self.notices = ConfigNotices()
 
     def configure(self, index: int, entry: PluginEntry) -> None:
         """Builds ``plugins[index]``: its parameters validated, its name defaulted."""
         path = f"plugins[{index}]"
         if entry.type not in self.registry:
+            reason = unavailable_reason(entry.type)
+            if reason is not None:
+                raise ConfigError(f'{path}.type: plugin type "{entry.type}" is {reason}')
             raise ConfigError(f'{path}.type: unknown plugin type "{entry.type}"')
         parameters = self._validated(entry.type, entry.parameters, f"{path}.parameters")
         # A type may name its unnamed instances after their parameters (e.g. a GVK).
@@ -107,9 +114,9 @@ class PluginInstances:
             raise ConfigError(f'{path}: no plugin named "{name}"')
         return plugin
 
-    def section_ref(self, ref: PluginRefSpec, path: str, kind: type[Any], what: str) -> Any:
-        """The plugin ``ref`` names, which must implement ``kind`` (called ``what``)."""
-        plugin = self.ref(ref.plugin_ref, path)
+    def section_ref(self, name: str, path: str, kind: type[Any], what: str) -> Any:
+        """The plugin named ``name``, which must implement ``kind`` (called ``what``)."""
+        plugin = self.ref(name, path)
         if not isinstance(plugin, kind):
             raise ConfigError(f"{path}: plugin {describe(plugin)} is not a {what}")
         return plugin

@@ -19,6 +19,11 @@ producer's parameters type).
 Each concern has its module: ``decoding`` (YAML and schema), ``instances`` (building
 plugins), ``profiles``, ``datalayer``, ``flowcontrol`` and ``producers``. The optional
 plugin hooks they call are declared in ``domain.plugins.hooks``.
+
+The reference's and the llm-d router's keys and plugin types this EPP does not act on are
+in ``compatibility``: a type or key it refuses stops the load saying why; one it accepts
+without an effect becomes a notice (``notices``), which ``load_config`` logs once per
+process, so a config reload does not repeat it.
 """
 
 from __future__ import annotations
@@ -27,17 +32,20 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
+from app.config.compatibility import NOOP_TYPES, gate_reason
 from app.config.datalayer import DataLayerSpec, SourceSpec, build_data_layer
 from app.config.decoding import decode, parse_yaml
 from app.config.errors import ConfigError
 from app.config.flowcontrol import add_policy_plugins, check_flow_control
 from app.config.instances import PluginInstances
+from app.config.notices import PROCESS_NOTICES, ConfigNotices, NoticeLog
 from app.config.overrides import ConfigOverrides
-from app.config.producers import add_missing_producers, sorted_producers
+from app.config.producers import add_missing_producers, check_producers, sorted_producers
 from app.config.profiles import add_default_picker, build_profiles, choose_profile_handler
 from app.config.schema import EndpointPickerConfigSpec, FlowControlSpec
 from domain.plugins.base import Plugin, PluginRegistry, plugins_with
 from domain.plugins.handle import Handle
+from domain.plugins.hooks import ConfigNoticePlugin
 from domain.requestcontrol.interfaces import (
     Admitter,
     DataProducer,
@@ -67,6 +75,8 @@ logger = logging.getLogger(__name__)
 
 #: The feature gates the reference registers. ``dataLayer`` is accepted and has no effect.
 FEATURE_GATES = ("dataLayer", "enableLegacyMetrics", "flowControl")
+#: The llm-d router's gates that only name what this EPP always does (said when turned off).
+NOOP_FEATURE_GATES = ("haPopulateNonLeaderDatastore",)
 
 #: What runs without any config: "sticky until saturated", chosen from
 #: ``tests.bench.routing_quality`` (README "Routing quality"): a request stays on the
@@ -138,6 +148,8 @@ class LoadedConfig:
     ``plugins`` holds every plugin by name: configured ones in config order, then the
     defaulted and auto-created ones. Hook lists follow that order; ``data_producers`` is
     in dependency order. ``flow_control`` is set only when the ``flowControl`` gate is on.
+    ``notices`` are the lines (log level, text) the load said about keys and plugins that
+    have no effect here.
     """
 
     feature_gates: frozenset[str]
@@ -154,6 +166,7 @@ class LoadedConfig:
     response_body: list[ResponseBodyProcessor]
     data_layer: DataLayerSpec | None
     flow_control: FlowControlSpec | None
+    notices: tuple[tuple[int, str], ...] = ()
 
 
 def load_config(
@@ -162,17 +175,21 @@ def load_config(
     registry: PluginRegistry,
     handle: Handle,
     overrides: ConfigOverrides | None = None,
+    notice_log: NoticeLog = PROCESS_NOTICES,
 ) -> LoadedConfig:
     """Builds the configuration described by ``text`` (YAML); ``None`` or blank text (or a
     document with nothing but comments) gives the no-config defaults.
 
     Plugins are created with ``registry.create`` and added to ``handle`` as they are built,
     so a factory finds the plugins configured before it. ``overrides`` are the flags'
-    changes (``app.config.overrides``). Raises ``ConfigError``.
+    changes (``app.config.overrides``). The notices of a config that loads are logged
+    through ``notice_log``, each line once (the process's log unless one is given). Raises
+    ``ConfigError``.
     """
     raw = parse_yaml(text)
     spec = decode(DEFAULT_CONFIG if raw is None else raw)
     loaded = _build(PluginInstances(registry, handle, overrides), spec)
+    notice_log.say(loaded.notices)
     logger.info(
         "config loaded: %d plugin(s), profiles %s, handler %s, parser %s, saturation %s",
         len(loaded.plugins),
@@ -186,7 +203,7 @@ def load_config(
 
 def _build(instances: PluginInstances, spec: EndpointPickerConfigSpec) -> LoadedConfig:
     """One load, in the order the module docstring gives."""
-    gates = instances.overrides.apply_gates(_feature_gates(spec), FEATURE_GATES)
+    gates = instances.overrides.apply_gates(_feature_gates(spec, instances.notices), FEATURE_GATES)
     for index, entry in enumerate(spec.plugins):
         instances.configure(index, entry)
     configured = list(instances.plugins)
@@ -197,10 +214,14 @@ def _build(instances: PluginInstances, spec: EndpointPickerConfigSpec) -> Loaded
     saturation_detector = _saturation_detector(instances, spec)
     profiles = build_profiles(instances, spec.scheduling_profiles, scheduling_plugins, configured)
     handler = choose_profile_handler(instances, profiles)
-    data_layer = build_data_layer(instances, spec.data_layer, gates)
+    data_layer = build_data_layer(
+        instances, spec.data_layer, gates, llm_d=_llm_d_dialect(spec.api_version)
+    )
     flow_control = check_flow_control(instances, spec.flow_control, gates)
     add_missing_producers(instances)
+    check_producers(instances)
     plugins = list(instances.plugins.values())
+    _plugin_notices(instances)
     return LoadedConfig(
         feature_gates=gates,
         plugins=dict(instances.plugins),
@@ -216,17 +237,64 @@ def _build(instances: PluginInstances, spec: EndpointPickerConfigSpec) -> Loaded
         response_body=plugins_with(plugins, ResponseBodyProcessor),
         data_layer=data_layer,
         flow_control=flow_control,
+        notices=instances.notices.lines(),
     )
 
 
-def _feature_gates(spec: EndpointPickerConfigSpec) -> frozenset[str]:
-    for index, gate in enumerate(spec.feature_gates):
-        if gate not in FEATURE_GATES:
+def _llm_d_dialect(api_version: str | None) -> bool:
+    """Whether the document is written for the llm-d router (its ``apiVersion`` group),
+    where a listed data source does not replace the default metrics source."""
+    return api_version is not None and api_version.startswith("llm-d.ai/")
+
+
+_TRUE = frozenset({"1", "t", "true"})
+_FALSE = frozenset({"0", "f", "false"})
+
+
+def _feature_gates(spec: EndpointPickerConfigSpec, notices: ConfigNotices) -> frozenset[str]:
+    """The gates turned on: each entry is ``name``, ``name=true`` or ``name=false`` (a later
+    entry wins). Gates known but without an effect here are accepted and said once."""
+    known = (*FEATURE_GATES, *NOOP_FEATURE_GATES)
+    values: dict[str, bool] = {}
+    for index, entry in enumerate(spec.feature_gates):
+        name, sep, text = entry.partition("=")
+        name = name.strip()
+        if name not in known:
             raise ConfigError(
-                f'featureGates[{index}]: unknown feature gate "{gate}" '
-                f"(known: {', '.join(FEATURE_GATES)})"
+                f'featureGates[{index}]: unknown feature gate "{name}" (known: {", ".join(known)})'
             )
-    return frozenset(spec.feature_gates)
+        value = True
+        if sep:
+            word = text.strip().lower()
+            if word not in _TRUE | _FALSE:
+                raise ConfigError(
+                    f'featureGates[{index}]: "{entry}": the value must be true or false'
+                )
+            value = word in _TRUE
+        values[name] = value
+    for name, value in values.items():
+        if name == "dataLayer" and value:
+            notices.ignored("featureGates: dataLayer", gate_reason("dataLayer"))
+        elif name == "haPopulateNonLeaderDatastore" and not value:
+            notices.ignored(
+                "featureGates: haPopulateNonLeaderDatastore=false",
+                "a standby replica here always discovers endpoints and collects metrics",
+            )
+    return frozenset(name for name, value in values.items() if value and name in FEATURE_GATES)
+
+
+def _plugin_notices(instances: PluginInstances) -> None:
+    """What the plugins say has no effect here (``ConfigNoticePlugin``), and plugin types
+    accepted without an effect."""
+    for plugin in instances.plugins.values():
+        path = instances.path_of(plugin)
+        kind = plugin.typed_name.type
+        if kind in NOOP_TYPES:
+            instances.notices.ignored(f"{path} ({kind})", NOOP_TYPES[kind])
+        if isinstance(plugin, ConfigNoticePlugin):
+            instances.notices.extend(
+                (logging.INFO, f"{path}.parameters.{line}") for line in plugin.config_notices()
+            )
 
 
 def _parser(instances: PluginInstances, spec: EndpointPickerConfigSpec) -> Parser:
@@ -237,7 +305,9 @@ def _parser(instances: PluginInstances, spec: EndpointPickerConfigSpec) -> Parse
         if spec.parser is not None:
             raise ConfigError("parser: give either parser or requestHandler.parsers, not both")
         parsers: list[Parser] = [
-            instances.section_ref(ref, f"requestHandler.parsers[{i}].pluginRef", Parser, "parser")
+            instances.section_ref(
+                ref.plugin_ref, f"requestHandler.parsers[{i}].pluginRef", Parser, "parser"
+            )
             for i, ref in enumerate(handler.parsers)
         ]
         names = [p.typed_name.name for p in parsers]
@@ -247,7 +317,7 @@ def _parser(instances: PluginInstances, spec: EndpointPickerConfigSpec) -> Parse
         return parsers[0] if len(parsers) == 1 else ParserRouter(parsers)
     ref = spec.parser
     if ref is not None:
-        found: Parser = instances.section_ref(ref, "parser.pluginRef", Parser, "parser")
+        found: Parser = instances.section_ref(ref.plugin_ref, "parser.pluginRef", Parser, "parser")
         return found
     parser: Parser = instances.required_default(DEFAULT_PARSER, "parser", Parser, "parser")
     if ANTHROPIC_PARSER not in instances.registry:
@@ -259,11 +329,24 @@ def _parser(instances: PluginInstances, spec: EndpointPickerConfigSpec) -> Parse
 def _saturation_detector(
     instances: PluginInstances, spec: EndpointPickerConfigSpec
 ) -> SaturationDetector:
-    ref = spec.saturation_detector
+    """``flowControl.saturationDetector`` (whether or not flow control is on), else the
+    top-level ``saturationDetector``, else ``utilization-detector``; a section without a
+    ``pluginRef`` means the default."""
+    top = spec.saturation_detector
+    nested = spec.flow_control.saturation_detector if spec.flow_control is not None else None
     path = "saturationDetector"
-    if ref is not None:
+    ref = top
+    if nested is not None:
+        path, ref = "flowControl.saturationDetector", nested
+        if top is not None and top.plugin_ref != nested.plugin_ref:
+            instances.notices.note(
+                "saturationDetector",
+                "not used: flowControl.saturationDetector is set and wins",
+                logging.WARNING,
+            )
+    if ref is not None and ref.plugin_ref is not None:
         found: SaturationDetector = instances.section_ref(
-            ref, f"{path}.pluginRef", SaturationDetector, "saturation detector"
+            ref.plugin_ref, f"{path}.pluginRef", SaturationDetector, "saturation detector"
         )
         return found
     detector: SaturationDetector = instances.required_default(

@@ -4,6 +4,11 @@ A key some plugin consumes (``ConsumerPlugin``) and none produces (``ProducerPlu
 the plugin type registered as its default producer, built with the parameters the consumer
 hands over (its ``producer_parameters()``, else its own ``parameters`` when they are of the
 producer's parameters type). ``DataProducer`` plugins then run in dependency order.
+
+A key has one producer: each endpoint holds one value of it per request, so a second
+producer of a key (the llm-d guides' tiered prefix caches, two producers each read by its
+own scorer) is refused rather than left to overwrite the first. A consumer naming the
+producer it reads (``NamedProducerConsumer``) must name one that produces the key.
 """
 
 from __future__ import annotations
@@ -17,13 +22,14 @@ from app.config.instances import PluginInstances
 from domain.plugins.base import plugins_with
 from domain.plugins.hooks import (
     ConsumerPlugin,
+    NamedProducerConsumer,
     ParameterizedPlugin,
     ProducerParametersProvider,
     ProducerPlugin,
 )
 from domain.requestcontrol.interfaces import DataProducer
 
-__all__ = ["add_missing_producers", "sorted_producers"]
+__all__ = ["add_missing_producers", "check_producers", "sorted_producers"]
 
 logger = logging.getLogger(__name__)
 
@@ -86,6 +92,38 @@ def add_missing_producers(instances: PluginInstances) -> None:
             key,
             consumer.typed_name,
         )
+
+
+def check_producers(instances: PluginInstances) -> None:
+    """One producer per key, and every producer a consumer names produces its key."""
+    producer_of: dict[str, str] = {}
+    for name, plugin in instances.plugins.items():
+        for key in _produced(plugin):
+            first = producer_of.setdefault(key, name)
+            if first != name:
+                raise ConfigError(
+                    f'{instances.path_of(plugin)}: plugin "{name}" produces "{key}", which '
+                    f'"{first}" produces already; this EPP keeps one "{key}" per endpoint, '
+                    "so a second producer of it (such as a second prefix-cache tier) is not "
+                    "available"
+                )
+    for plugin in instances.plugins.values():
+        if not isinstance(plugin, NamedProducerConsumer):
+            continue
+        for key, wanted in plugin.producer_names().items():
+            if not wanted:
+                continue
+            path = instances.path_of(plugin)
+            producer = instances.plugins.get(wanted)
+            if producer is None:
+                raise ConfigError(
+                    f'{path}: the producer of "{key}" it names, "{wanted}", is not a plugin'
+                )
+            if key not in _produced(producer):
+                raise ConfigError(
+                    f'{path}: the plugin it names as the producer of "{key}", "{wanted}" '
+                    f"(type {producer.typed_name.type}), does not produce it"
+                )
 
 
 def _producer_parameters(instances: PluginInstances, consumer: object, type_name: str) -> Any:

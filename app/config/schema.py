@@ -19,6 +19,7 @@ __all__ = [
     "API_VERSIONS",
     "KIND",
     "LLMD_API_VERSION",
+    "LLMD_API_VERSION_V1",
     "DataLayerSection",
     "DataSourceSpec",
     "DefaultPriorityBandSpec",
@@ -30,13 +31,16 @@ __all__ = [
     "PriorityBandSpec",
     "ProfilePluginRef",
     "RequestHandlerSection",
+    "SaturationDetectorSpec",
     "SchedulingProfileSpec",
 ]
 
 API_VERSION = "inference.networking.x-k8s.io/v1alpha1"
-#: The group the reference moved EndpointPickerConfig to in 2026 (accepted as well).
+#: The group the llm-d router moved EndpointPickerConfig to in 2026 (accepted as well).
 LLMD_API_VERSION = "llm-d.ai/v1alpha1"
-API_VERSIONS = (LLMD_API_VERSION, API_VERSION)
+#: The version the llm-d guides write since the configuration API graduated (same schema).
+LLMD_API_VERSION_V1 = "llm-d.ai/v1"
+API_VERSIONS = (LLMD_API_VERSION_V1, LLMD_API_VERSION, API_VERSION)
 KIND = "EndpointPickerConfig"
 
 #: A non-negative whole Kubernetes quantity (``10Gi``, ``5000``).
@@ -78,9 +82,16 @@ class SchedulingProfileSpec(_Strict):
 
 
 class PluginRefSpec(_Strict):
-    """A section that names one plugin (``parser``, ``saturationDetector``)."""
+    """A section that names one plugin (``parser``, ``requestHandler.parsers[]``)."""
 
     plugin_ref: str = Field(alias="pluginRef")
+
+
+class SaturationDetectorSpec(_Strict):
+    """``saturationDetector`` (top level or in ``flowControl``): the detector plugin; no
+    ``pluginRef`` means the default, ``utilization-detector``."""
+
+    plugin_ref: str | None = Field(default=None, alias="pluginRef")
 
 
 class RequestHandlerSection(_Strict):
@@ -94,27 +105,48 @@ class ExtractorSpec(_Strict):
 
 
 class DataSourceSpec(_Strict):
+    """One source. ``interval``: how often a polling source is polled (seconds; unset: the
+    source's own ``interval`` parameter, else every ``--refresh-metrics-interval``)."""
+
     plugin_ref: str = Field(alias="pluginRef")
     extractors: Annotated[list[ExtractorSpec], _OrEmpty] = Field(default_factory=list)
+    interval: DurationValue | None = None
 
 
 class DataLayerSection(_Strict):
     """``dataLayer``: the sources to poll and, per source, the extractors it feeds.
 
-    An empty ``sources`` list disables collection.
+    ``injectDefaults`` (unset: see ``app.config.datalayer``) adds the default metrics source
+    beside the listed ones; with no source at all, metric collection is off. ``discovery``,
+    ``peerDiscovery`` and ``crossReplicaSyncerPluginRef`` name llm-d router plugin kinds
+    this EPP does not have (the loader refuses them, saying why);
+    ``crossReplicaSyncInterval`` is accepted and has no effect.
     """
 
+    inject_defaults: bool | None = Field(default=None, alias="injectDefaults")
     sources: Annotated[list[DataSourceSpec], _OrEmpty] = Field(default_factory=list)
+    discovery: dict[str, Any] | None = None
+    peer_discovery: dict[str, Any] | None = Field(default=None, alias="peerDiscovery")
+    cross_replica_syncer_plugin_ref: str | None = Field(
+        default=None, alias="crossReplicaSyncerPluginRef"
+    )
+    cross_replica_sync_interval: DurationValue | None = Field(
+        default=None, alias="crossReplicaSyncInterval"
+    )
 
 
 class DefaultPriorityBandSpec(_Strict):
     """The template for priority bands created on demand. Unset values: the flow-control
-    defaults (1 GB per band, unlimited requests, the default policies)."""
+    defaults (1 GB per band, unlimited requests, the default policies, the section's
+    ``defaultRequestTTL``). ``priority`` is accepted (the schema shares it with a
+    configured band) and has no effect on a template."""
 
+    priority: int | None = None
     max_bytes: QuantityValue | None = Field(default=None, alias="maxBytes")
     max_requests: QuantityValue | None = Field(default=None, alias="maxRequests")
     fairness_policy_ref: str | None = Field(default=None, alias="fairnessPolicyRef")
     ordering_policy_ref: str | None = Field(default=None, alias="orderingPolicyRef")
+    default_request_ttl: DurationValue | None = Field(default=None, alias="defaultRequestTTL")
 
 
 class PriorityBandSpec(DefaultPriorityBandSpec):
@@ -124,17 +156,28 @@ class PriorityBandSpec(DefaultPriorityBandSpec):
 
 
 class FlowControlSpec(_Strict):
-    """``flowControl``: global capacity, request TTL and priority bands.
+    """``flowControl``: global capacity, request TTL, priority bands and the saturation
+    detector.
 
     ``max_bytes``/``max_requests`` 0 or unset mean unlimited; ``default_request_ttl`` 0 or
-    unset means a request waits until its client gives up.
+    unset means a request waits until its client gives up. ``default_negative_priority_band``
+    is the template for bands below priority 0 (unset: ``default_priority_band``).
+    ``saturation_detector`` applies whether or not the ``flowControl`` gate is on, and wins
+    over the top-level one. ``no_endpoint_request_ttl`` and ``enable_eviction`` are accepted
+    and have no effect here (the loader says so at start-up).
     """
 
     max_bytes: QuantityValue | None = Field(default=None, alias="maxBytes")
     max_requests: QuantityValue | None = Field(default=None, alias="maxRequests")
     default_request_ttl: DurationValue | None = Field(default=None, alias="defaultRequestTTL")
+    no_endpoint_request_ttl: DurationValue | None = Field(
+        default=None, alias="noEndpointRequestTTL"
+    )
     default_priority_band: DefaultPriorityBandSpec | None = Field(
         default=None, alias="defaultPriorityBand"
+    )
+    default_negative_priority_band: DefaultPriorityBandSpec | None = Field(
+        default=None, alias="defaultNegativePriorityBand"
     )
     priority_bands: Annotated[list[PriorityBandSpec], _OrEmpty] = Field(
         default_factory=list, alias="priorityBands"
@@ -142,12 +185,17 @@ class FlowControlSpec(_Strict):
     usage_limit_policy_plugin_ref: str | None = Field(
         default=None, alias="usageLimitPolicyPluginRef"
     )
+    saturation_detector: SaturationDetectorSpec | None = Field(
+        default=None, alias="saturationDetector"
+    )
+    enable_eviction: bool | None = Field(default=None, alias="enableEviction")
 
 
 class EndpointPickerConfigSpec(_Strict):
     """The whole document. ``apiVersion``/``kind`` may be left out; when given they must be
-    the reference's (``apiVersion`` ``llm-d.ai/v1alpha1`` or the older
-    ``inference.networking.x-k8s.io/v1alpha1``)."""
+    the reference's or the llm-d router's (``apiVersion`` ``llm-d.ai/v1``,
+    ``llm-d.ai/v1alpha1`` or the older ``inference.networking.x-k8s.io/v1alpha1``: one
+    schema). ``featureGates`` entries are ``name``, ``name=true`` or ``name=false``."""
 
     api_version: str | None = Field(default=None, alias="apiVersion")
     kind: str | None = None
@@ -158,7 +206,9 @@ class EndpointPickerConfigSpec(_Strict):
     scheduling_profiles: Annotated[list[SchedulingProfileSpec], _OrEmpty] = Field(
         default_factory=list, alias="schedulingProfiles"
     )
-    saturation_detector: PluginRefSpec | None = Field(default=None, alias="saturationDetector")
+    saturation_detector: SaturationDetectorSpec | None = Field(
+        default=None, alias="saturationDetector"
+    )
     data_layer: DataLayerSection | None = Field(default=None, alias="dataLayer")
     flow_control: FlowControlSpec | None = Field(default=None, alias="flowControl")
     parser: PluginRefSpec | None = None

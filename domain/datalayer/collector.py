@@ -1,13 +1,14 @@
 """The collectors: one task per endpoint polls every data source in turn.
 
-Each tick (``interval``) a collector polls its endpoint's sources one after another, each
-poll bounded by ``poll_timeout``, and hands each result to that source's extractors. A
-source whose poll keeps failing is retried with exponential backoff and jitter (the
-time from one attempt's start to the next doubles from ``interval`` after each failure,
-up to ``max_backoff``, default 1 s: each delay is drawn between half and all of that), and
-is polled every tick again once a poll succeeds; an extractor's error does not slow the
-polls down, except ``OversizedDataError`` (data too large to read), which counts as a
-failed poll. An
+A collector polls its endpoint's sources one after another, each poll bounded by
+``poll_timeout``, and hands each result to that source's extractors. Each source is polled
+every ``interval`` seconds, or every ``SourceBinding.interval`` when the binding has its
+own. A source whose poll keeps failing is retried with exponential backoff and jitter (the
+time from one attempt's start to the next doubles from the source's interval after each
+failure, up to ``max_backoff``, default 1 s, or twice the source's interval if that is
+longer: each delay is drawn between half and all of that), and is polled at its interval
+again once a poll succeeds; an extractor's error does not slow the polls down, except
+``OversizedDataError`` (data too large to read), which counts as a failed poll. An
 endpoint's error state is logged when it changes (first failure, a different failure,
 recovery), never on every poll, and every failed poll of a source is counted in
 ``SCRAPE_ERRORS{endpoint}``. Endpoint add/delete events start and stop collectors and reach
@@ -57,10 +58,12 @@ logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True, slots=True)
 class SourceBinding:
-    """A polling source and the extractors fed with its results, in order."""
+    """A polling source and the extractors fed with its results, in order. ``interval``:
+    seconds between two polls of the source (``None`` or 0: the collectors' interval)."""
 
     source: PollingDataSource
     extractors: tuple[Extractor, ...]
+    interval: float | None = None
 
 
 @dataclass(slots=True)
@@ -71,6 +74,7 @@ class _Backoff:
     retry_at: float = 0.0
     error: str | None = None
     incomplete: bool = False  # the error is what an extractor could not read
+    due: float = 0.0  # when the source is next polled (its interval after the last poll)
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,6 +110,10 @@ class Collectors:
         self._observer: Observer = observer if observer is not None else NoopObserver()
         self._bindings = tuple(bindings)
         self._interval = interval
+        self._periods = tuple(b.interval or interval for b in self._bindings)
+        for binding, period in zip(self._bindings, self._periods, strict=True):
+            if period != interval:
+                logger.info("data source %s: polled every %gs", binding.source.typed_name, period)
         self._poll_timeout = poll_timeout
         self._endpoint_extractors = tuple(endpoint_extractors)
         self._notifications = tuple(notifications)
@@ -227,28 +235,32 @@ class Collectors:
 
     async def _collect(self, endpoint: Endpoint) -> None:
         states = [_Backoff() for _ in self._bindings]
-        next_tick = self._clock()
+        start = self._clock()
+        for state in states:
+            state.due = start
         while True:
             await self._poll_once(endpoint, states)
-            next_tick += self._interval
-            now = self._clock()
-            if next_tick < now:  # fell behind: skip missed ticks instead of bursting
-                next_tick = now
-            wake = next_tick
-            if all(state.failures for state in states):  # nothing to poll before a retry
-                wake = max(wake, min(state.retry_at for state in states))
-            await asyncio.sleep(max(0.0, wake - now))
+            # each source's next poll: its due time, or its retry time while it fails
+            wake = min(max(s.due, s.retry_at) if s.failures else s.due for s in states)
+            await asyncio.sleep(max(0.0, wake - self._clock()))
 
-    def backoff_delay(self, failures: int) -> float:
+    def backoff_delay(self, failures: int, interval: float | None = None) -> float:
         """The wait before the next poll of a source that failed ``failures`` times in a
-        row: between half and all of ``min(max_backoff, interval * 2**failures)``."""
-        ceiling = min(self._max_backoff, self._interval * 2.0 ** min(failures, 32))
+        row: between half and all of ``min(max_backoff, interval * 2**failures)``, where
+        ``interval`` is the source's (default: the collectors'); a source polled less often
+        than ``max_backoff / 2`` is retried at most twice its interval apart."""
+        base = self._interval if interval is None else interval
+        ceiling = min(max(self._max_backoff, 2.0 * base), base * 2.0 ** min(failures, 32))
         return ceiling * (0.5 + 0.5 * self._rng.random())
 
     async def _poll_once(self, endpoint: Endpoint, states: Sequence[_Backoff]) -> None:
-        for binding, state in zip(self._bindings, states, strict=True):
-            if state.failures and self._clock() < state.retry_at:
+        for binding, state, period in zip(self._bindings, states, self._periods, strict=True):
+            now = self._clock()
+            if now < state.due:
+                continue  # not its turn (a source with a longer interval)
+            if state.failures and now < state.retry_at:
                 continue  # backing off: its last error stands
+            state.due += period
             error: str | None = None
             incomplete = False
             polled = False
@@ -284,7 +296,10 @@ class Collectors:
                 state.failures = 0
             else:
                 state.failures += 1
-                state.retry_at = started + self.backoff_delay(state.failures)
+                state.retry_at = started + self.backoff_delay(state.failures, period)
+            finished = self._clock()
+            if state.due < finished:  # fell behind: skip missed polls instead of bursting
+                state.due = finished
             if error is not None and not incomplete:
                 self._observer.counter(SCRAPE_ERRORS, {"endpoint": endpoint.name})
         failing = next((s for s in states if s.error is not None), None)

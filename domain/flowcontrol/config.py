@@ -36,15 +36,24 @@ class BandConfig:
 
     ``max_bytes``/``max_requests`` 0 mean unlimited. (The reference turns an unset *or 0*
     band ``maxBytes`` into 1 GB; the app should map both to ``DEFAULT_BAND_MAX_BYTES``.)
-    ``fairness_policy_ref``/``ordering_policy_ref`` name plugins.
+    ``fairness_policy_ref``/``ordering_policy_ref`` name plugins. ``request_ttl``: seconds
+    a request of the band may wait when it brings no TTL of its own (``None``: the
+    controller's ``default_request_ttl``; 0: until dispatched or cancelled).
     """
 
     max_bytes: int = DEFAULT_BAND_MAX_BYTES
     max_requests: int = 0
     fairness_policy_ref: str = DEFAULT_FAIRNESS_POLICY
     ordering_policy_ref: str = DEFAULT_ORDERING_POLICY
+    request_ttl: float | None = None
 
     def __post_init__(self) -> None:
+        if self.request_ttl is not None and not (
+            self.request_ttl >= 0 and math.isfinite(self.request_ttl)
+        ):
+            raise ValueError(
+                f"defaultRequestTTL: must be a finite duration >= 0, got {self.request_ttl}"
+            )
         if self.max_bytes < 0:
             raise ValueError(f"maxBytes: must be >= 0, got {self.max_bytes}")
         if self.max_requests < 0:
@@ -74,6 +83,8 @@ class FlowControlConfig:
     - ``default_request_ttl``: seconds a request may wait when it brings no TTL of its
       own; 0 means it waits until dispatched or cancelled;
     - ``default_priority_band``: the template for bands created for unseen priorities;
+    - ``default_negative_priority_band``: the template for those below 0 (``None``:
+      ``default_priority_band``);
     - ``priority_bands``: explicitly configured bands (distinct priorities);
     - ``usage_limit_policy_plugin_ref``: the usage-limit policy plugin.
 
@@ -100,6 +111,7 @@ class FlowControlConfig:
     max_requests: int = 0
     default_request_ttl: float = 0.0
     default_priority_band: BandConfig = field(default_factory=BandConfig)
+    default_negative_priority_band: BandConfig | None = None
     priority_bands: tuple[PriorityBandConfig, ...] = ()
     usage_limit_policy_plugin_ref: str = DEFAULT_USAGE_LIMIT_POLICY
     displacement: bool = True

@@ -187,6 +187,7 @@ class _Band:
         "ordering",
         "priority",
         "queues",
+        "request_ttl",
     )
 
     def __init__(
@@ -203,6 +204,7 @@ class _Band:
         self.label = str(priority)
         self.max_bytes = config.max_bytes
         self.max_requests = config.max_requests
+        self.request_ttl = config.request_ttl
         self.ordering = ordering
         self.heap_queues = bool(ordering.requires_priority_queue)
         self.arrival_ordered = not self.heap_queues
@@ -262,8 +264,12 @@ class FlowController:
             "usage-limit policy",
             "usageLimitPolicyPluginRef",
         )
-        # Fail fast on the template's policies: bands made on demand must not fail later.
+        # Fail fast on the templates' policies: bands made on demand must not fail later.
         self._band_policies(config.default_priority_band, "defaultPriorityBand")
+        if config.default_negative_priority_band is not None:
+            self._band_policies(
+                config.default_negative_priority_band, "defaultNegativePriorityBand"
+            )
 
         self._bands: dict[int, _Band] = {}
         self._order: list[_Band] = []  # highest priority first
@@ -416,9 +422,10 @@ class FlowController:
             priority = request.flow_key.priority
             band = self._bands.get(priority)
             if band is None:
-                band = self._add_band(
-                    priority, self._config.default_priority_band, configured=False, now=start
-                )
+                template = self._config.default_priority_band
+                if priority < 0 and self._config.default_negative_priority_band is not None:
+                    template = self._config.default_negative_priority_band
+                band = self._add_band(priority, template, configured=False, now=start)
             size = request.byte_size if request.byte_size > 0 else 0
             blocked = False
             if not self._queued:
@@ -435,7 +442,10 @@ class FlowController:
                     return self._dispatch_now(request, band, start)
                 blocked = True  # the pool has no room for the only request: no cycle
 
-            ttl = request.ttl if request.ttl > 0 else self._default_ttl
+            if request.ttl > 0:
+                ttl = request.ttl
+            else:
+                ttl = self._default_ttl if band.request_ttl is None else band.request_ttl
             self._seq = seq = self._seq + 1
             item = QueueItem(
                 request,

@@ -16,7 +16,7 @@ from typing import Any, NewType, Protocol
 
 from domain.plugins.handle import Handle
 from domain.plugins.plugin import Plugin, PluginConfigError
-from ports.plugins import TypedName
+from ports.plugins import Duration, TypedName
 
 __all__ = [
     "Duration",
@@ -33,8 +33,6 @@ __all__ = [
     "plugins_with",
 ]
 
-#: A parameter given as a Go duration string (``200ms``); the value is seconds.
-Duration = NewType("Duration", float)
 #: A parameter given as a Kubernetes quantity (``10Gi``, ``500M``); the value is a number.
 Quantity = NewType("Quantity", int)
 

@@ -19,16 +19,19 @@ exception from a hook is a bug in the plugin: it stops start-up with a traceback
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Protocol, runtime_checkable
 
 from domain.plugins.base import Plugin
 
 __all__ = [
     "BackgroundPlugin",
+    "ConfigNoticePlugin",
     "ConsumerPlugin",
+    "NamedProducerConsumer",
     "NamingParameters",
     "ParameterizedPlugin",
+    "PollIntervalSource",
     "ProducerParametersProvider",
     "ProducerPlugin",
     "TypedExtractor",
@@ -86,6 +89,25 @@ class ConsumerPlugin(Protocol):
 
 
 @runtime_checkable
+class NamedProducerConsumer(Protocol):
+    """A consumer whose parameters name the plugin whose data it reads, per data key (the
+    llm-d router's ``prefixMatchInfoProducerName``, ``inFlightLoadProducerName``).
+
+    ``producer_names()`` maps a consumed key to a plugin name ("" or absent: any producer).
+    The loader checks, once every plugin is built, that each named plugin exists and
+    produces that key (``ProducerPlugin``). This EPP keeps one value per key and endpoint,
+    so the name selects nothing more. It must not raise.
+
+    Reported as configuration errors: a name no plugin has, and a plugin that does not
+    produce the key it is named for.
+    """
+
+    __slots__ = ()
+
+    def producer_names(self) -> Mapping[str, str]: ...
+
+
+@runtime_checkable
 class ProducerParametersProvider(Protocol):
     """A consumer that chooses the parameters of the producer the loader creates for it.
 
@@ -117,6 +139,22 @@ class ParameterizedPlugin(Protocol):
 
     @property
     def parameters(self) -> object: ...
+
+
+@runtime_checkable
+class ConfigNoticePlugin(Protocol):
+    """A plugin some of whose configuration has no effect here (a parameter accepted for
+    compatibility, a deprecated one).
+
+    ``config_notices()`` returns one line per such item, each starting with the camelCase
+    parameter (``requestTimeout: accepted and ignored: ...``). The loader calls it once the
+    plugin is built, prefixes each line with the plugin's config path and logs it at
+    start-up, once per process (a config reload does not repeat a line). It must not raise.
+    """
+
+    __slots__ = ()
+
+    def config_notices(self) -> Sequence[str]: ...
 
 
 @runtime_checkable
@@ -168,6 +206,22 @@ class ValidatingDataSource(Protocol):
     __slots__ = ()
 
     def validate_extractor(self, extractor: Plugin) -> None: ...
+
+
+@runtime_checkable
+class PollIntervalSource(Protocol):
+    """A polling data source whose parameters say how often it is polled (the llm-d
+    router's ``interval`` source parameter).
+
+    ``poll_interval()`` returns seconds, or ``None`` for the collectors' interval
+    (``--refresh-metrics-interval``). The loader reads it once, when it wires the data
+    layer; ``dataLayer.sources[].interval`` may say the same, and a different value there
+    is a configuration error. It must not raise.
+    """
+
+    __slots__ = ()
+
+    def poll_interval(self) -> float | None: ...
 
 
 @runtime_checkable

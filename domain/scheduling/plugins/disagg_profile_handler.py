@@ -1,10 +1,17 @@
 """``disagg-profile-handler`` (alias ``pd-profile-handler``): prefill/decode disaggregation.
 
-The decode profile always runs first and its result is primary. When the prompt part the
-chosen decode endpoint does not already hold in its prefix cache is longer than
-``threshold`` tokens, the prefill profile runs next, and its endpoint does the prefill
-(the Director passes it on in the ``x-prefiller-host-port`` header; see
-``prefill_endpoint``).
+The decode profile always runs first and its result is primary. Then, when the handler's
+decider says so, the prefill profile runs next, and its endpoint does the prefill (the
+Director passes it on in the ``x-prefiller-host-port`` header; see ``prefill_endpoint``).
+The decider is the plugin ``deciders.prefill`` names (the llm-d router's
+``always-disagg-pd-decider`` or ``prefix-based-pd-decider``); without one, the prefill runs
+apart when the prompt part the chosen decode endpoint does not already hold in its prefix
+cache is longer than ``threshold`` tokens.
+
+The llm-d router's parameters are accepted in both its forms: nested (``profiles``,
+``deciders``, ``stageOrder``) or its deprecated flat one (``decodeProfile``,
+``prefillProfile``, ``deciderPluginName``, ``prefillDeciderPluginName``, ...), not mixed.
+Only the decode-first stage order is available, and no encode stage.
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ from domain.plugins.base import Plugin, PluginConfigError, PluginRegistry, Typed
 from domain.plugins.handle import Handle
 from domain.plugins.hooks import ValidatingProfileHandler
 from domain.scheduling.interfaces import ProfileT
+from domain.scheduling.plugins.pd_decider import PDDecider
 from domain.scheduling.scheduler import SchedulingFailedError
 from domain.scheduling.types import Candidate, InferenceRequest, ProfileRunResult, SchedulingResult
 from ports.codec import JsonCodec
@@ -27,8 +35,10 @@ __all__ = [
     "ALIAS",
     "CHARS_PER_TOKEN",
     "TYPE",
+    "DisaggDeciders",
     "DisaggProfileHandler",
     "DisaggProfileHandlerParameters",
+    "DisaggProfiles",
     "prefill_endpoint",
     "register",
 ]
@@ -41,36 +51,113 @@ ALIAS = "pd-profile-handler"
 CHARS_PER_TOKEN = 4
 
 _NO_PROFILES: Mapping[str, Any] = {}
+_DECODE_FIRST = frozenset({"", "decodefirst", "decode"})
+_PREFILL_FIRST = frozenset({"prefillfirst", "prefill"})
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DisaggProfiles:
+    """``profiles``: the profile names per stage (empty: ``decode``, ``prefill``,
+    ``encode``)."""
+
+    decode: str = ""
+    prefill: str = ""
+    encode: str = ""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DisaggDeciders:
+    """``deciders``: the decider plugin of each stage (``encode`` is not available)."""
+
+    prefill: str = ""
+    encode: str = ""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class DisaggProfileHandlerParameters:
-    """``decodeProfile`` / ``prefillProfile``: the profile names (``decode``, ``prefill``).
+    """``decodeProfile`` / ``prefillProfile``: the profile names (``decode``, ``prefill``);
+    ``profiles.decode`` / ``profiles.prefill`` say the same (the llm-d router's nested form).
 
-    ``threshold``: prefill runs on its own endpoint only when the request's uncached prompt
-    tokens exceed it (default 0: whenever anything is uncached). Must be >= 0.
+    ``deciders.prefill`` (or the flat ``prefillDeciderPluginName``, or the older
+    ``deciderPluginName``): the decider plugin, which must be listed before the handler.
+    ``threshold``: without a decider, prefill runs on its own endpoint only when the
+    request's uncached prompt tokens exceed it (default 0: whenever anything is uncached).
+    Must be >= 0.
+
+    ``stageOrder``: ``decode-first`` (the default) only. ``encodeProfile`` /
+    ``profiles.encode``: accepted, unused (no encode stage here); an encode decider is
+    refused.
     """
 
-    decode_profile: str = "decode"
-    prefill_profile: str = "prefill"
+    decode_profile: str = ""
+    prefill_profile: str = ""
     threshold: int = 0
+    profiles: DisaggProfiles | None = None
+    deciders: DisaggDeciders | None = None
+    stage_order: str = ""
+    encode_profile: str = ""
+    prefill_decider_plugin_name: str = ""
+    decider_plugin_name: str = ""
+    encode_decider_plugin_name: str = ""
 
     def __post_init__(self) -> None:
-        if not isinstance(self.decode_profile, str) or not self.decode_profile:
-            raise ValueError("decodeProfile: must be a non-empty string")
-        if not isinstance(self.prefill_profile, str) or not self.prefill_profile:
-            raise ValueError("prefillProfile: must be a non-empty string")
-        if self.decode_profile == self.prefill_profile:
+        flat = (
+            self.decode_profile,
+            self.prefill_profile,
+            self.encode_profile,
+            self.prefill_decider_plugin_name,
+            self.decider_plugin_name,
+            self.encode_decider_plugin_name,
+        )
+        nested = self.profiles is not None or self.deciders is not None
+        if nested and any(flat):
+            raise ValueError(
+                "profiles: give either the nested profiles/deciders or the flat "
+                "decodeProfile/prefillProfile/...DeciderPluginName fields, not both"
+            )
+        deciders = self.deciders or DisaggDeciders()
+        if self.decode == self.prefill:
             raise ValueError("prefillProfile: must differ from decodeProfile")
         if isinstance(self.threshold, bool) or not isinstance(self.threshold, int):
             raise ValueError(f"threshold: must be an integer, got {self.threshold!r}")
         if self.threshold < 0:
             raise ValueError(f"threshold: must be >= 0, got {self.threshold}")
+        if self.prefill_decider and self.threshold:
+            raise ValueError("threshold: give either threshold or a prefill decider, not both")
+        if deciders.encode or self.encode_decider_plugin_name:
+            key = "deciders" if deciders.encode else "encodeDeciderPluginName"
+            raise ValueError(f"{key}: encode disaggregation (E/PD) is not available here")
+        order = self.stage_order.lower().replace("-", "").replace("_", "")
+        if order in _PREFILL_FIRST:
+            raise ValueError("stageOrder: prefill-first is not available here (decode-first is)")
+        if order not in _DECODE_FIRST:
+            raise ValueError(
+                f"stageOrder: must be decode-first or prefill-first, got {self.stage_order!r}"
+            )
+
+    @property
+    def decode(self) -> str:
+        """The decode profile's name."""
+        nested = self.profiles.decode if self.profiles is not None else ""
+        return nested or self.decode_profile or "decode"
+
+    @property
+    def prefill(self) -> str:
+        """The prefill profile's name."""
+        nested = self.profiles.prefill if self.profiles is not None else ""
+        return nested or self.prefill_profile or "prefill"
+
+    @property
+    def prefill_decider(self) -> str:
+        """The name of the prefill decider plugin ("": ``threshold`` decides)."""
+        nested = self.deciders.prefill if self.deciders is not None else ""
+        return nested or self.prefill_decider_plugin_name or self.decider_plugin_name
 
 
 class DisaggProfileHandler(ValidatingProfileHandler):
-    """Round 1 runs the decode profile. If it succeeded and the uncached prompt tokens on
-    its first endpoint exceed ``threshold``, round 2 runs the prefill profile.
+    """Round 1 runs the decode profile. If it succeeded and the decider says so (without
+    one: the uncached prompt tokens on its first endpoint exceed ``threshold``), round 2
+    runs the prefill profile.
 
     Uncached tokens = ``len(prefix_input) // 4`` minus the tokens the decode endpoint's
     ``PrefixCacheMatchInfo`` attribute says it holds (``match_blocks * block_size_tokens``;
@@ -81,7 +168,7 @@ class DisaggProfileHandler(ValidatingProfileHandler):
     prefill is dropped: decode then serves the whole request).
     """
 
-    __slots__ = ("_codec", "_decode", "_prefill", "_threshold", "typed_name")
+    __slots__ = ("_codec", "_decider", "_decode", "_prefill", "_threshold", "typed_name")
 
     def __init__(
         self,
@@ -89,11 +176,13 @@ class DisaggProfileHandler(ValidatingProfileHandler):
         parameters: DisaggProfileHandlerParameters,
         *,
         codec: JsonCodec,
+        decider: PDDecider | None = None,
     ) -> None:
         self.typed_name = typed_name
-        self._decode = parameters.decode_profile
-        self._prefill = parameters.prefill_profile
+        self._decode = parameters.decode
+        self._prefill = parameters.prefill
         self._threshold = parameters.threshold
+        self._decider = decider
         self._codec = codec
 
     @property
@@ -135,23 +224,35 @@ class DisaggProfileHandler(ValidatingProfileHandler):
         prefill = profiles.get(self._prefill)
         if prefill is None:
             return _NO_PROFILES
-        if self.uncached_tokens(request, decoded.target_endpoints[0]) <= self._threshold:
+        if not self._disaggregate(request, decoded.target_endpoints[0]):
             return _NO_PROFILES
         return {self._prefill: prefill}
 
+    def _disaggregate(self, request: InferenceRequest, endpoint: Candidate) -> bool:
+        if request.body is None:
+            return False
+        prompt = self.prompt_tokens(request)
+        uncached = self.uncached_tokens(request, endpoint)
+        if self._decider is not None:
+            return self._decider.disaggregate(prompt, uncached)
+        return uncached > self._threshold
+
+    def prompt_tokens(self, request: InferenceRequest) -> int:
+        """Estimated prompt tokens of ``request`` (0 without a body)."""
+        body = request.body
+        return 0 if body is None else len(body.prefix_input(self._codec)) // CHARS_PER_TOKEN
+
     def uncached_tokens(self, request: InferenceRequest, endpoint: Candidate) -> int:
         """Estimated prompt tokens of ``request`` that ``endpoint`` does not have cached."""
-        body = request.body
-        if body is None:
+        if request.body is None:
             return 0
-        prompt_tokens = len(body.prefix_input(self._codec)) // CHARS_PER_TOKEN
         match = endpoint.attributes.get(PREFIX_CACHE_MATCH_INFO)
         cached = (
             match.match_blocks * match.block_size_tokens
             if isinstance(match, PrefixCacheMatchInfo)
             else 0
         )
-        return max(prompt_tokens - cached, 0)
+        return max(self.prompt_tokens(request) - cached, 0)
 
     def process_results(
         self, request: InferenceRequest, results: Mapping[str, ProfileRunResult | None]
@@ -188,7 +289,23 @@ def prefill_endpoint(result: SchedulingResult) -> Candidate | None:
 
 
 def _factory(name: str, parameters: DisaggProfileHandlerParameters, handle: Handle) -> Plugin:
-    return DisaggProfileHandler(TypedName(TYPE, name), parameters, codec=handle.codec)
+    decider: PDDecider | None = None
+    if parameters.prefill_decider:
+        found = handle.plugins.get(parameters.prefill_decider)
+        if found is None:
+            raise PluginConfigError(
+                f"deciders: no plugin named {parameters.prefill_decider!r} before this "
+                "handler (list the decider first)"
+            )
+        if not isinstance(found, PDDecider):
+            raise PluginConfigError(
+                f"deciders: plugin {parameters.prefill_decider!r} (type "
+                f"{found.typed_name.type}) is not a prefill/decode decider"
+            )
+        decider = found
+    return DisaggProfileHandler(
+        TypedName(TYPE, name), parameters, codec=handle.codec, decider=decider
+    )
 
 
 def register(registry: PluginRegistry) -> None:

@@ -13,14 +13,14 @@ are remembered; deleted endpoints are forgotten.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from domain.datalayer.attributes import PREFIX_CACHE_MATCH_INFO, PrefixCacheMatchInfo
 from domain.datastore.endpoint import Endpoint
 from domain.plugins.base import Plugin, PluginRegistry, TypedName
 from domain.plugins.handle import Handle
-from domain.plugins.hooks import ConsumerPlugin
+from domain.plugins.hooks import ConsumerPlugin, NamedProducerConsumer
 from domain.plugins.state import StateKey
 from domain.scheduling.interfaces import DISTRIBUTION, CycleState
 from domain.scheduling.types import Candidate, InferenceRequest, SchedulingResult
@@ -35,8 +35,9 @@ _COLD: StateKey[bool] = StateKey("no-hit-lru.cold")
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class NoHitLRUScorerParameters:
-    """``lruSize`` (1024, > 0); ``prefixMatchInfoProducerName`` and the deprecated
-    ``prefixPluginType``/``prefixPluginName`` are accepted (one prefix producer here)."""
+    """``lruSize`` (1024, > 0); ``prefixMatchInfoProducerName`` (checked to name a producer
+    of the match) and the deprecated ``prefixPluginType``/``prefixPluginName`` are accepted
+    (one prefix producer here)."""
 
     lru_size: int = 1024
     prefix_match_info_producer_name: str = ""
@@ -48,7 +49,7 @@ class NoHitLRUScorerParameters:
             raise ValueError(f"lruSize: must be > 0, got {self.lru_size}")
 
 
-class NoHitLRUScorer(ConsumerPlugin):
+class NoHitLRUScorer(ConsumerPlugin, NamedProducerConsumer):
     """Scorer + PreRequest; see the module docstring."""
 
     category = DISTRIBUTION
@@ -58,6 +59,7 @@ class NoHitLRUScorer(ConsumerPlugin):
     ) -> None:
         self._typed_name = typed_name
         self._size = parameters.lru_size
+        self._producer = parameters.prefix_match_info_producer_name
         #: endpoint name -> None, least recently used first.
         self._lru: OrderedDict[str, None] = OrderedDict()
         handle.datastore.subscribe(self._on_endpoint_event)
@@ -68,6 +70,9 @@ class NoHitLRUScorer(ConsumerPlugin):
 
     def consumes(self) -> Sequence[str]:
         return [PREFIX_CACHE_MATCH_INFO]
+
+    def producer_names(self) -> Mapping[str, str]:
+        return {PREFIX_CACHE_MATCH_INFO: self._producer}
 
     def score(
         self, cycle: CycleState, request: InferenceRequest, candidates: Sequence[Candidate]

@@ -11,9 +11,12 @@ peakPrefillThroughput * 1000`` ms: the tokens in flight on it (its ``InFlightLoa
 counts uncached tokens and is pool-wide when a shared store is configured) plus the part
 of this request's prompt it does not hold cached. When the best sticky endpoint's estimate
 exceeds the best non-sticky one's by more than ``maxTTFTPenaltyMs``, every candidate passes
-and the scorers after the filter choose. ``maxTTFTPenaltyMs: 0`` turns the gate off (always
-stick). When either side has no candidate with an ``InFlightLoad`` the gate has no signal
-and every candidate passes.
+and the scorers after the filter choose. ``maxTokensInFlightPenalty`` is the same gate in
+tokens (the llm-d guides' τ, ``peakPrefillThroughput * maxTTFTPenaltyMs / 1000``): it opens
+when the best sticky endpoint has more than that many tokens ahead of this prompt beyond the
+best non-sticky one's. Either gate opening lets every candidate pass; both at 0 turn the
+gate off (always stick). When either side has no candidate with an ``InFlightLoad`` the
+gate has no signal and every candidate passes.
 
 With probability ``explorationProbability`` the filter passes everything, so cold
 endpoints still receive some traffic for popular prefixes (the draw uses the Handle's
@@ -23,14 +26,14 @@ random generator, seeded in tests).
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from domain.datalayer.attributes import IN_FLIGHT_LOAD, PREFIX_CACHE_MATCH_INFO, InFlightLoad
 from domain.datalayer.attributes import PrefixCacheMatchInfo as _MatchInfo
 from domain.plugins.base import Plugin, PluginRegistry, TypedName
 from domain.plugins.handle import Handle
-from domain.plugins.hooks import ConsumerPlugin
+from domain.plugins.hooks import ConsumerPlugin, NamedProducerConsumer
 from domain.scheduling.interfaces import CycleState
 from domain.scheduling.load import input_tokens
 from domain.scheduling.types import Candidate, InferenceRequest
@@ -46,17 +49,26 @@ LATENCY_PREDICTOR = "latencyPredictor"
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PrefixAffinityFilterParameters:
     """``affinityThreshold`` (0.80) and ``explorationProbability`` (0), both in [0, 1];
-    ``maxTTFTPenaltyMs`` (18000, >= 0; 0 = always stick); ``peakPrefillThroughput``
-    (15928 tokens/s, > 0); ``ttftSource`` (``prefillThroughput``, the only source here)."""
+    ``maxTTFTPenaltyMs`` (18000, >= 0; 0: that gate off); ``maxTokensInFlightPenalty`` (0,
+    >= 0; 0: that gate off); ``peakPrefillThroughput`` (15928 tokens/s, > 0); ``ttftSource``
+    (``prefillThroughput``, the only source here); ``prefixMatchInfoProducerName`` and
+    ``inFlightLoadProducerName``: the plugins whose data it reads (checked to produce it;
+    "": whichever does)."""
 
     affinity_threshold: float = 0.80
     exploration_probability: float = 0.0
     # Spelled so that the camelCase config key is exactly ``maxTTFTPenaltyMs``.
     max_TTFT_penalty_ms: float = 18000.0  # noqa: N815
+    max_tokens_in_flight_penalty: int = 0
     peak_prefill_throughput: float = 15928.0
     ttft_source: str = PREFILL_THROUGHPUT
+    prefix_match_info_producer_name: str = ""
+    in_flight_load_producer_name: str = ""
 
     def __post_init__(self) -> None:
+        penalty = self.max_tokens_in_flight_penalty
+        if isinstance(penalty, bool) or not isinstance(penalty, int) or penalty < 0:
+            raise ValueError(f"maxTokensInFlightPenalty: must be an integer >= 0, got {penalty!r}")
         if not 0.0 <= self.affinity_threshold <= 1.0:
             raise ValueError("affinityThreshold: must be within [0, 1]")
         if not 0.0 <= self.exploration_probability <= 1.0:
@@ -74,7 +86,7 @@ class PrefixAffinityFilterParameters:
             raise ValueError(f"ttftSource: must be {PREFILL_THROUGHPUT!r}")
 
 
-class PrefixAffinityFilter(ConsumerPlugin):
+class PrefixAffinityFilter(ConsumerPlugin, NamedProducerConsumer):
     """Keeps the sticky candidates (prefix ratio >= threshold), in order, unless they are
     saturated (the TTFT gate) or the request explores; else all."""
 
@@ -92,6 +104,7 @@ class PrefixAffinityFilter(ConsumerPlugin):
         self._threshold = parameters.affinity_threshold
         self._exploration = parameters.exploration_probability
         self._penalty_ms = parameters.max_TTFT_penalty_ms
+        self._penalty_tokens = parameters.max_tokens_in_flight_penalty
         self._ms_per_token = 1000.0 / parameters.peak_prefill_throughput
 
     @property
@@ -101,13 +114,19 @@ class PrefixAffinityFilter(ConsumerPlugin):
     def consumes(self) -> Sequence[str]:
         return [PREFIX_CACHE_MATCH_INFO, IN_FLIGHT_LOAD]
 
+    def producer_names(self) -> Mapping[str, str]:
+        return {
+            PREFIX_CACHE_MATCH_INFO: self.parameters.prefix_match_info_producer_name,
+            IN_FLIGHT_LOAD: self.parameters.in_flight_load_producer_name,
+        }
+
     def filter(
         self, cycle: CycleState, request: InferenceRequest, candidates: Sequence[Candidate]
     ) -> Sequence[Candidate]:
         if self._exploration > 0.0 and self._rng.random() < self._exploration:
             return candidates
         threshold = self._threshold
-        gated = self._penalty_ms > 0
+        gated = self._penalty_ms > 0 or self._penalty_tokens > 0
         prompt = input_tokens(request, self._codec) if gated else 0
         sticky: list[Candidate] = []
         # The fewest tokens ahead of this prompt (in flight + its uncached part) on each
@@ -147,7 +166,10 @@ class PrefixAffinityFilter(ConsumerPlugin):
             return sticky
         if best_sticky < 0 or best_other < 0:
             return candidates  # no load signal: the gate cannot tell, keep everyone
-        if (best_sticky - best_other) * self._ms_per_token > self._penalty_ms:
+        gap = best_sticky - best_other
+        if self._penalty_ms > 0 and gap * self._ms_per_token > self._penalty_ms:
+            return candidates
+        if self._penalty_tokens > 0 and gap > self._penalty_tokens:
             return candidates
         return sticky
 

@@ -14,12 +14,12 @@ dropped, ``fallbackOnEmpty`` (false) returns the candidates unchanged instead of
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from domain.datalayer.attributes import IN_FLIGHT_LOAD, InFlightLoad
 from domain.plugins.base import PluginRegistry, TypedName, class_factory
-from domain.plugins.hooks import ConsumerPlugin
+from domain.plugins.hooks import ConsumerPlugin, NamedProducerConsumer
 from domain.scheduling.interfaces import CycleState
 from domain.scheduling.types import Candidate, InferenceRequest
 
@@ -83,7 +83,8 @@ class UtilizationCondition:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class UtilizationFilterParameters:
     """``conditions`` (required, at least one), ``fallbackOnEmpty`` (false),
-    ``inFlightLoadProducerName`` (accepted; this EPP has one in-flight load per endpoint)."""
+    ``inFlightLoadProducerName`` (checked to name a producer of the in-flight load, of which
+    this EPP has one per endpoint)."""
 
     conditions: tuple[UtilizationCondition, ...]
     fallback_on_empty: bool = False
@@ -94,19 +95,23 @@ class UtilizationFilterParameters:
             raise ValueError("conditions: at least one condition is required")
 
 
-class UtilizationFilter(ConsumerPlugin):
+class UtilizationFilter(ConsumerPlugin, NamedProducerConsumer):
     """Keeps the candidates within every cap, in order."""
 
-    __slots__ = ("_checks", "_fallback", "_uses_load", "typed_name")
+    __slots__ = ("_checks", "_fallback", "_producer", "_uses_load", "typed_name")
 
     def __init__(self, typed_name: TypedName, parameters: UtilizationFilterParameters) -> None:
         self.typed_name = typed_name
         self._checks = tuple((METRICS[c.metric], c.max_value) for c in parameters.conditions)
         self._fallback = parameters.fallback_on_empty
         self._uses_load = any(c.metric == ACTIVE_REQUESTS for c in parameters.conditions)
+        self._producer = parameters.in_flight_load_producer_name
 
     def consumes(self) -> Sequence[str]:
         return [IN_FLIGHT_LOAD] if self._uses_load else []
+
+    def producer_names(self) -> Mapping[str, str]:
+        return {IN_FLIGHT_LOAD: self._producer} if self._uses_load else {}
 
     def filter(
         self, cycle: CycleState, request: InferenceRequest, candidates: Sequence[Candidate]

@@ -179,7 +179,7 @@ def test_api_version_and_kind_are_optional() -> None:
 
 
 @pytest.mark.parametrize(
-    "api_version", ["llm-d.ai/v1alpha1", "inference.networking.x-k8s.io/v1alpha1"]
+    "api_version", ["llm-d.ai/v1", "llm-d.ai/v1alpha1", "inference.networking.x-k8s.io/v1alpha1"]
 )
 def test_both_api_groups_are_accepted(api_version: str) -> None:
     text = f"apiVersion: {api_version}\nkind: EndpointPickerConfig\n" + CONFORMANCE_EXAMPLE
@@ -191,7 +191,7 @@ def test_both_api_groups_are_accepted(api_version: str) -> None:
     [
         (
             "apiVersion: v1\n",
-            "apiVersion: must be 'llm-d.ai/v1alpha1' or"
+            "apiVersion: must be 'llm-d.ai/v1' or 'llm-d.ai/v1alpha1' or"
             " 'inference.networking.x-k8s.io/v1alpha1', got 'v1'",
         ),
         ("kind: Config\n", "kind: must be 'EndpointPickerConfig', got 'Config'"),
@@ -219,7 +219,27 @@ def test_both_api_groups_are_accepted(api_version: str) -> None:
             "schedulingProfiles[0].plugins[0].weight: Input should be a valid number",
         ),
         ("parser: {pluginRef: p, extra: 1}\n", "parser.extra: unknown field"),
-        ("saturationDetector: {}\n", "saturationDetector.pluginRef: required field is missing"),
+        ("saturationDetector: {plugin: d}\n", "saturationDetector.plugin: unknown field"),
+        (
+            "flowControl: {saturationDetector: {pluginref: d}}\n",
+            "flowControl.saturationDetector.pluginref: unknown field",
+        ),
+        (
+            "dataLayer:\n  sources:\n  - pluginRef: s\n    intervall: 1s\n",
+            "dataLayer.sources[0].intervall: unknown field",
+        ),
+        (
+            "dataLayer:\n  sources:\n  - pluginRef: s\n    interval: soon\n",
+            "dataLayer.sources[0].interval: 'soon' is not a duration such as 50ms, 2s or 1m30s",
+        ),
+        (
+            "dataLayer: {injectDefaults: yes please}\n",
+            "dataLayer.injectDefaults: Input should be a valid boolean",
+        ),
+        (
+            "flowControl: {enableEviction: 1}\n",
+            "flowControl.enableEviction: Input should be a valid boolean",
+        ),
         (
             "dataLayer:\n  sources:\n  - pluginRef: s\n"
             "    extractors:\n    - {pluginRef: e, x: 1}\n",
@@ -235,8 +255,8 @@ def test_both_api_groups_are_accepted(api_version: str) -> None:
             "flowControl.priorityBands[0].priority: required field is missing",
         ),
         (
-            "flowControl: {defaultPriorityBand: {priority: 3}}\n",
-            "flowControl.defaultPriorityBand.priority: unknown field",
+            "flowControl: {defaultNegativePriorityBand: {priorty: 3}}\n",
+            "flowControl.defaultNegativePriorityBand.priorty: unknown field",
         ),
         ("featureGates: flowControl\n", "featureGates: Input should be a valid list"),
         ("- plugins\n", "config: must be a mapping, got list"),
@@ -272,7 +292,7 @@ def test_known_feature_gates() -> None:
 def test_unknown_feature_gate() -> None:
     assert error("featureGates: [flowControl, fastLane]\n") == (
         'featureGates[1]: unknown feature gate "fastLane" '
-        "(known: dataLayer, enableLegacyMetrics, flowControl)"
+        "(known: dataLayer, enableLegacyMetrics, flowControl, haPopulateNonLeaderDatastore)"
     )
 
 

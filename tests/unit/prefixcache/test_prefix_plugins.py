@@ -425,8 +425,11 @@ def test_parameters_use_the_reference_keys() -> None:
         "affinityThreshold",
         "explorationProbability",
         "maxTTFTPenaltyMs",
+        "maxTokensInFlightPenalty",
         "peakPrefillThroughput",
         "ttftSource",
+        "prefixMatchInfoProducerName",
+        "inFlightLoadProducerName",
     }
 
 

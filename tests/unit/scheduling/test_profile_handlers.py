@@ -126,7 +126,7 @@ def test_single_end_to_end_with_scheduler() -> None:
 
 def test_disagg_defaults() -> None:
     params = DisaggProfileHandlerParameters()
-    assert (params.decode_profile, params.prefill_profile, params.threshold) == (
+    assert (params.decode, params.prefill, params.threshold) == (
         "decode",
         "prefill",
         0,
@@ -139,8 +139,7 @@ def test_disagg_defaults() -> None:
         ({"threshold": -1}, "^threshold: must be >= 0"),
         ({"threshold": 1.5}, "^threshold: must be an integer"),
         ({"threshold": True}, "^threshold: must be an integer"),
-        ({"decode_profile": ""}, "^decodeProfile: "),
-        ({"prefill_profile": ""}, "^prefillProfile: "),
+        ({"decode_profile": "prefill"}, "^prefillProfile: must differ"),
         ({"decode_profile": "x", "prefill_profile": "x"}, "^prefillProfile: must differ"),
     ],
 )
