@@ -1002,10 +1002,11 @@ def startup_notices(settings: Settings) -> list[tuple[int, str]]:
         elif flag.status == "ignored" and getattr(settings, field, False):
             notices.append((logging.INFO, f"flag {flag.name} accepted and ignored: {flag.note}"))
     if settings.feature_gates:
-        from app.config.loader import FEATURE_GATES
+        from app.config.loader import FEATURE_GATES, NOOP_FEATURE_GATES
 
-        known = [f"{n}={str(v).lower()}" for n, v in settings.feature_gates if n in FEATURE_GATES]
-        unknown = [n for n, _ in settings.feature_gates if n not in FEATURE_GATES]
+        gates = (*FEATURE_GATES, *NOOP_FEATURE_GATES)
+        known = [f"{n}={str(v).lower()}" for n, v in settings.feature_gates if n in gates]
+        unknown = [n for n, _ in settings.feature_gates if n not in gates]
         if known:
             notices.append((logging.INFO, f"flag --feature-gates: applied {', '.join(known)}"))
         if unknown:
@@ -1013,7 +1014,7 @@ def startup_notices(settings: Settings) -> list[tuple[int, str]]:
                 (
                     logging.INFO,
                     f"flag --feature-gates: accepted and ignored {', '.join(unknown)}: not a "
-                    f"feature gate of this EPP (known: {', '.join(FEATURE_GATES)})",
+                    f"feature gate of this EPP (known: {', '.join(gates)})",
                 )
             )
     return notices

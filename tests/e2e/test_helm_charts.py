@@ -22,15 +22,18 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from tests.integration.observability.otlp_receiver import OtlpReceiver
 from tests.simulator.config import DEFAULT_MODEL
 from tests.simulator.server import INSTANCE_HEADER
 from tests.support.charts import (
     GIE_DEFAULT_PLUGINS,
     LLMD_DEFAULT_PLUGINS,
+    LLMD_PAYLOAD_AGNOSTIC,
     RELEASE,
     ChartPod,
     gie_args,
     llmd_args,
+    tracing_env,
 )
 from tests.support.kube_api import (
     INFERENCE_POOLS_V1,
@@ -48,6 +51,7 @@ SERVING = health_pb2.HealthCheckResponse.SERVING
 LABELS = {"app": "vllm-qwen"}
 POD_IPS = ("127.0.0.121", "127.0.0.122", "127.0.0.123")
 #: After the chart's arguments: free ports instead of the chart's fixed ones.
+SAMPLED = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 PORTS = ["--grpc-port", "0", "--grpc-health-port", "0", "--metrics-port", "0"]
 
 
@@ -170,3 +174,37 @@ def test_the_llm_d_chart_with_its_flags_exports_the_llm_d_metric_names(tmp_path:
         assert metric_sum(stack.epp_metrics_url, "llm_d_epp_request_total") == 12
         assert metric_sum(stack.epp_metrics_url, "inference_objective_request_total") == 12
         assert 'fairness_id="default-flow"' in text
+
+
+def test_the_llm_d_chart_with_3_replicas_tracing_and_the_payload_agnostic_config(
+    tmp_path: Path,
+) -> None:
+    receiver = OtlpReceiver().start()
+    try:
+        args = llmd_args(replicas=3, tracing=True, plugins_file="payload-agnostic.yaml")
+        env = {
+            **tracing_env("llm-d-router/epp", receiver.endpoint),
+            "OTEL_BSP_SCHEDULE_DELAY": "50",
+        }
+        configs = {
+            "default-plugins.yaml": LLMD_DEFAULT_PLUGINS,
+            "payload-agnostic.yaml": LLMD_PAYLOAD_AGNOSTIC,
+        }
+        with chart_stack(tmp_path, args, configs, replicas=3, env=env) as stack:
+            health_ports = [ports[1] for ports in stack.replica_ports]
+            # liveness: every replica; readiness: the one that holds the Lease
+            wait_for(
+                lambda: [health(p, "readiness") for p in health_ports].count(SERVING) == 1,
+                timeout=30,
+                what="one replica (the leader) to be ready",
+            )
+            assert [health(p, "liveness") for p in health_ports] == [SERVING] * 3
+            assert sum(served_by(stack, 12, {"traceparent": SAMPLED}).values()) == 12
+            spans = receiver.wait_for(
+                lambda spans: any(s.name == "gateway.request" for s in spans),
+                timeout=15,
+                what="the EPP's spans at the chart's OTLP endpoint",
+            )
+            assert {s.service_name for s in spans} == {"llm-d-router/epp"}
+    finally:
+        receiver.stop()
