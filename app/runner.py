@@ -1,21 +1,18 @@
-"""Process lifecycle: load the config, start, serve until SIGTERM or SIGINT, drain, stop."""
+"""The EPP process (alone, or as one worker of a pod): its services in start order, serving
+until SIGTERM or SIGINT, then the drain and the stop in reverse order (``app.lifecycle``)."""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import gc
 import logging
-import signal
-import sys
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from adapters.otel.tracing import TracingConfigError
-from app.config.loader import ConfigError
+from app.config.loader import ConfigError, LoadedConfig
 from app.container import Container, build_container
-from app.flags import log_startup_notices
-from app.logsetup import LogOptions, configure_logging
+from app.lifecycle import Lifecycle, Service, StartupError, run_process, step, task
 from app.memory import malloc_trim, trim_periodically
 from app.plugins import PluginLoadError
 from app.settings import Settings
@@ -28,10 +25,7 @@ __all__ = ["StartupError", "run", "serve"]
 logger = logging.getLogger(__name__)
 
 STATE_SWEEP_INTERVAL = 60.0
-
-
-class StartupError(Exception):
-    """The process cannot start; the message says why (a config entry, a port, ...)."""
+LEADER_ELECTION = "leader-election"
 
 
 def _tune_gc() -> None:
@@ -62,6 +56,32 @@ async def serve(
     ``on_serving`` (a worker's status report to its supervisor) runs as a task from the
     moment the servers serve until the drain ends."""
     settings = container.settings()
+    lifecycle = Lifecycle(_services(container, _prepare(container), on_serving))
+    try:
+        await lifecycle.start()
+    except OSError as exc:  # a port in use
+        raise StartupError(str(exc)) from exc
+    _tune_gc()
+    try:
+        await lifecycle.wait(stop)
+        # The Lease first, so a standby takes over while this one drains.
+        await lifecycle.stop_one(LEADER_ELECTION)
+        servers = container.servers()
+        if settings.drain_timeout:
+            servers.health.start_draining()
+            logger.info("stopping: serving new streams for %.1fs", settings.drain_timeout)
+            await asyncio.sleep(settings.drain_timeout)
+        logger.info("stopping: draining for up to %.1fs", settings.shutdown_grace_period)
+        await servers.drain(settings.shutdown_grace_period)
+    finally:
+        await lifecycle.stop()
+    logger.info("stopped")
+
+
+def _prepare(container: Container) -> LoadedConfig:
+    """What is checked before anything starts: the config, the static objectives, the
+    tracing variables and the endpoint discovery; each failure is a ``StartupError``."""
+    settings = container.settings()
     try:
         loaded = container.config()
     except (ConfigError, PluginLoadError) as exc:
@@ -83,20 +103,11 @@ async def serve(
         container.tracing()
     except TracingConfigError as exc:
         raise StartupError(f"invalid tracing configuration: {exc}") from exc
-    datastore = container.datastore()
     container.processor()
-    collectors = container.collectors()
     try:
-        source = container.endpoint_source()
+        container.endpoint_source()
     except Exception as exc:  # e.g. no usable Kubernetes configuration
         raise StartupError(f"cannot start endpoint discovery: {exc}") from exc
-    servers = container.servers()
-    observability = container.observability()
-    try:
-        await observability.start()  # /metrics first: its port is logged before ext_proc's
-    except OSError as exc:
-        raise StartupError(str(exc)) from exc
-    # Shared state before serving: the first requests already read and write it.
     if settings.redis_url:
         from adapters.redis import parse_redis_url
 
@@ -105,96 +116,83 @@ async def serve(
             parse_redis_url(settings.redis_url),  # its repr never shows the password
             settings.shared_key_prefix(),
         )
+    return loaded
+
+
+def _services(
+    container: Container,
+    loaded: LoadedConfig,
+    on_serving: Callable[[], Coroutine[Any, Any, None]] | None,
+) -> list[Service]:
+    """The process's services in start order; they stop in the reverse order."""
+    observability = container.observability()
     shared_load = container.shared_load()
-    await shared_load.start()
     prefix_index = container.prefix_index()
-    if isinstance(prefix_index, ResilientPrefixIndex):
-        await prefix_index.start()
-    # Plugins' background work (the KV-event subscriptions and the shared KV-block index's
-    # warm load): started now, so the first request finds it; readiness waits for it.
-    background = [p for p in loaded.plugins.values() if isinstance(p, BackgroundPlugin)]
-    for plugin in background:
-        await plugin.start()
-    container.processor().startup_gates = [plugin.ready for plugin in background]
-    try:
-        await servers.start()
-    except OSError as exc:
-        await _stop_plugins(background)
-        if isinstance(prefix_index, ResilientPrefixIndex):
-            await prefix_index.stop()
-        await shared_load.stop()
-        await _close_redis(container)
-        await observability.stop()
-        raise StartupError(str(exc)) from exc
+    servers = container.servers()
     flow_controller = container.flow_controller()
-    if flow_controller is not None:
-        flow_controller.start()
-        logger.info("flow control on: requests queue by priority and fairness when saturated")
-    collectors.start()
-    _tune_gc()
-    tasks = {
-        asyncio.create_task(source.run(datastore), name="endpoint-source"),
-        asyncio.create_task(_sweep(container.request_states()), name="request-state-sweep"),
-    }
+    collectors = container.collectors()
     watcher = container.config_watcher()
-    if watcher is not None:
-        tasks.add(asyncio.create_task(watcher.run(), name="config-watch"))
-    # Every replica discovers and collects (a warm standby); only the leader is ready.
     elector = container.leader_elector()
-    campaign = asyncio.create_task(elector.run(), name="leader-election") if elector else None
-    if on_serving is not None:
-        tasks.add(asyncio.create_task(on_serving(), name="serving-report"))
-    if malloc_trim is not None:  # glibc: freed heap pages go back to the system
-        tasks.add(asyncio.create_task(trim_periodically(), name="malloc-trim"))
-    try:
-        stop_task = asyncio.create_task(stop.wait())
-        waited = {*tasks, stop_task, *([campaign] if campaign else [])}
-        done, _ = await asyncio.wait(waited, return_when=asyncio.FIRST_COMPLETED)
-        stop_task.cancel()
-        for task in done - {stop_task}:
-            task.result()  # raises the background task's error
-        if campaign is not None:  # release the Lease first: a standby takes over meanwhile
-            await _cancel(campaign)
-        logger.info("stopping: draining for up to %.1fs", settings.shutdown_grace_period)
-        await servers.drain(settings.shutdown_grace_period)
-    finally:
-        if campaign is not None:
-            await _cancel(campaign)
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-        await collectors.stop()
-        await servers.drain(0)
-        if flow_controller is not None:
-            await flow_controller.stop()
+    background = [p for p in loaded.plugins.values() if isinstance(p, BackgroundPlugin)]
+
+    async def start_plugins() -> None:
+        # Started before serving, so the first request finds them; readiness waits for them.
+        for plugin in background:
+            await plugin.start()
+        container.processor().startup_gates = [plugin.ready for plugin in background]
+
+    async def stop_plugins() -> None:
         # the running config's (a reload stopped the ones it replaced); before the Redis
         # client closes: the shared KV-block index releases its writer leases
         running = watcher.running if watcher is not None else loaded
-        await _stop_plugins(
-            [p for p in running.plugins.values() if isinstance(p, BackgroundPlugin)]
-        )
-        if isinstance(prefix_index, ResilientPrefixIndex):
-            await prefix_index.stop()
-        await shared_load.stop()  # withdraws this process's load from the pool
-        await _close_redis(container)  # after the index and the load: they use it
-        await observability.stop()  # after the last request: flushes the traces
-    logger.info("stopped")
+        for plugin in running.plugins.values():
+            if isinstance(plugin, BackgroundPlugin):
+                try:
+                    await plugin.stop()
+                except Exception:
+                    logger.exception("%s: stopping failed", plugin)
 
+    async def start_flow_control() -> None:
+        if flow_controller is not None:
+            flow_controller.start()
+            logger.info("flow control on: requests queue by priority and fairness when saturated")
 
-async def _stop_plugins(plugins: Sequence[BackgroundPlugin]) -> None:
-    for plugin in plugins:
-        try:
-            await plugin.stop()
-        except Exception:
-            logger.exception("%s: stopping failed", plugin)
+    async def stop_flow_control() -> None:
+        if flow_controller is not None:
+            await flow_controller.stop()
 
+    async def start_collectors() -> None:
+        collectors.start()
 
-async def _cancel(task: asyncio.Task[None]) -> None:
-    task.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await task
+    services: list[Service] = [
+        # /metrics first: its port is logged before ext_proc's; stopped last: flushes traces
+        step("observability", observability.start, observability.stop),
+        # closed after the prefix index and the load, which use it
+        step("redis-client", stop=lambda: _close_redis(container)),
+        # shared state before serving: the first requests already read and write it;
+        # stopping withdraws this process's load from the pool
+        step("shared-load", shared_load.start, shared_load.stop),
+    ]
+    if isinstance(prefix_index, ResilientPrefixIndex):
+        services.append(step("prefix-index", prefix_index.start, prefix_index.stop))
+    services += [
+        step("background-plugins", start_plugins, stop_plugins),
+        step("flow-control", start_flow_control, stop_flow_control),
+        step("servers", servers.start, lambda: servers.drain(0)),
+        step("collectors", start_collectors, collectors.stop),
+        task("endpoint-source", lambda: container.endpoint_source().run(container.datastore())),
+        task("request-state-sweep", lambda: _sweep(container.request_states())),
+    ]
+    if watcher is not None:
+        services.append(task("config-watch", watcher.run))
+    if on_serving is not None:
+        services.append(task("serving-report", on_serving))
+    if malloc_trim is not None:  # glibc: freed heap pages go back to the system
+        services.append(task("malloc-trim", trim_periodically))
+    # Every replica discovers and collects (a warm standby); only the leader is ready.
+    if elector is not None:
+        services.append(task(LEADER_ELECTION, elector.run))
+    return services
 
 
 async def _close_redis(container: Container) -> None:
@@ -206,32 +204,15 @@ async def _close_redis(container: Container) -> None:
             logger.debug("closing the redis client: %r", exc)
 
 
-async def _main(settings: Settings, customize: Callable[[Container], None] | None) -> int:
-    container = build_container(settings)
-    if customize is not None:
-        customize(container)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    try:
-        await serve(container, stop)
-    except StartupError as exc:
-        logger.error("%s", exc)
-        return 1
-    return 0
-
-
 def run(settings: Settings, customize: Callable[[Container], None] | None = None) -> int:
     """The EPP process: logging, the event loop, the container, until SIGTERM or SIGINT.
     ``customize`` may override the container's providers before anything starts."""
-    configure_logging(LogOptions.from_settings(settings))
-    log_startup_notices(settings)
-    if settings.uvloop and sys.platform != "win32":
-        try:
-            import uvloop
-        except ImportError:
-            pass
-        else:
-            return uvloop.run(_main(settings, customize))
-    return asyncio.run(_main(settings, customize))
+
+    async def main(stop: asyncio.Event) -> int:
+        container = build_container(settings)
+        if customize is not None:
+            customize(container)
+        await serve(container, stop)
+        return 0
+
+    return run_process(settings, main)

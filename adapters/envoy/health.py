@@ -8,7 +8,7 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-__all__ = ["SERVICE_NAMES", "HealthServicer"]
+__all__ = ["SERVICE_NAMES", "HealthServer", "HealthServicer"]
 
 #: The service names the EPP reports in ``List``; ``Check`` answers for any name.
 SERVICE_NAMES = ("", "liveness", "readiness", "envoy.service.ext_proc.v3.ExternalProcessor")
@@ -74,3 +74,32 @@ class HealthServicer(health_pb2_grpc.HealthServicer):  # type: ignore[misc]
         self, request: Any, context: grpc.aio.ServicerContext[Any, Any]
     ) -> Any:
         await context.abort(grpc.StatusCode.UNIMPLEMENTED, "Watch is not implemented")
+
+
+class HealthServer:
+    """A gRPC server of the health service alone, on ``host:port`` (a pod's supervisor: the
+    one health port of its workers). ``start`` raises ``OSError`` naming
+    ``--grpc-health-port`` when it cannot listen; ``port`` is the bound port."""
+
+    def __init__(self, servicer: HealthServicer, *, host: str, port: int) -> None:
+        self.servicer = servicer
+        self._address = f"{host}:{port}"
+        self._server: grpc.aio.Server | None = None
+        self.port = 0
+
+    async def start(self) -> None:
+        server = grpc.aio.server()
+        health_pb2_grpc.add_HealthServicer_to_server(self.servicer, server)
+        try:
+            port = server.add_insecure_port(self._address)
+        except RuntimeError as exc:
+            raise OSError(f"--grpc-health-port: cannot listen on {self._address}: {exc}") from exc
+        if port == 0:
+            raise OSError(f"--grpc-health-port: cannot listen on {self._address}")
+        await server.start()
+        self._server, self.port = server, port
+
+    async def stop(self) -> None:
+        server, self._server = self._server, None
+        if server is not None:
+            await server.stop(0)

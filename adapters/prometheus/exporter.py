@@ -569,7 +569,10 @@ class MetricsServer:
     after the other). An observer's text is written family by family as rendered, never
     joined into one more copy.
 
-    ``pages`` adds text pages at other paths. With an ``authorizer`` every request is
+    ``source`` may also be a coroutine function giving the whole text (a pod's supervisor
+    merging its workers' expositions). ``pages`` adds text pages at other paths, served as
+    ``text/plain`` unless ``content_types`` names another type for the path. With an
+    ``authorizer`` every request is
     authorized first: a refusal is answered 401, 403 or 503 (``AccessVerdict``) and renders
     nothing. With ``ssl_context`` the port serves HTTPS (and checks client certificates if
     the context asks for them).
@@ -580,19 +583,25 @@ class MetricsServer:
 
     def __init__(
         self,
-        source: PrometheusObserver | CollectorRegistry,
+        source: PrometheusObserver | CollectorRegistry | Callable[[], Awaitable[bytes]],
         *,
         host: str,
         port: int,
         authorizer: RequestAuthorizer | None = None,
         pages: Mapping[str, TextPage] | None = None,
+        content_types: Mapping[str, str] | None = None,
         ssl_context: ssl.SSLContext | None = None,
     ) -> None:
-        self._render_parts: Callable[[], list[bytes]]
+        self._render_parts: Callable[[], list[bytes]] | None = None
+        self._exposition: Callable[[], Awaitable[bytes]] | None = None
         if isinstance(source, PrometheusObserver):
             self._render_parts = source.exposition_parts
+        elif isinstance(source, CollectorRegistry):
+            registry = source
+            self._render_parts = lambda: [generate_latest(registry)]
         else:
-            self._render_parts = lambda: [generate_latest(source)]
+            self._exposition = source
+        self._content_types = dict(content_types or {})
         self._host = host
         self._port = port
         self._authorizer = authorizer
@@ -643,7 +652,8 @@ class MetricsServer:
 
     async def _page(self, request: web.Request) -> web.Response:
         status, text = await self._pages[request.path](request.query)
-        return web.Response(status=status, text=text, content_type="text/plain")
+        content_type = self._content_types.get(request.path, "text/plain")
+        return web.Response(status=status, text=text, content_type=content_type)
 
     async def _metrics(self, request: web.Request) -> web.StreamResponse:
         # The renders snapshot each family's children with one ``list(dict.items())``
@@ -651,8 +661,12 @@ class MetricsServer:
         render = self._render
         if render is None:
             raise web.HTTPServiceUnavailable()
-        loop = asyncio.get_running_loop()
-        parts = await loop.run_in_executor(render, self._render_parts)
+        if self._exposition is not None:
+            parts = [await self._exposition()]
+        else:
+            assert self._render_parts is not None
+            loop = asyncio.get_running_loop()
+            parts = await loop.run_in_executor(render, self._render_parts)
         response = web.StreamResponse(headers={"Content-Type": CONTENT_TYPE_PLAIN_0_0_4})
         response.content_length = sum(len(part) for part in parts)
         await response.prepare(request)

@@ -43,28 +43,25 @@ import socket
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
-import grpc
 import orjson
-from aiohttp import web
-from grpc_health.v1 import health_pb2_grpc
-from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 
-from adapters.envoy.health import HealthServicer
+from adapters.envoy.health import HealthServer, HealthServicer
 from adapters.envoy.tls import self_signed_certificate
-from adapters.prometheus.exporter import authorization
+from adapters.prometheus.exporter import MetricsServer, TextPage
 from adapters.prometheus.merge import merge_expositions
 from adapters.workerlink import ConnectionDispatcher, SupervisorHub
 from app.config.loader import ConfigError
 from app.container import build_supervisor_container
-from app.flags import log_startup_notices
-from app.logsetup import LogOptions, configure_logging
+from app.lifecycle import Lifecycle, Service, StartupError, run_process, step, task
 from app.observability import metrics_ssl_context
 from app.plugins import PluginLoadError
+from app.profiling import pprof_pages
+from app.runner import LEADER_ELECTION
 from app.settings import Settings
 from app.workers.role import WORKER_VARIABLE, WorkerRole
 
@@ -79,6 +76,7 @@ BACKOFF_START = 0.5
 BACKOFF_MAX = 30.0
 #: A worker that lived this long resets its slot's backoff.
 STABLE_AFTER = 30.0
+DISPATCH = "dispatch"
 #: How long a worker may take past the grace period before it is killed.
 KILL_AFTER_GRACE = 5.0
 #: A worker's /metrics must answer within this, else the merge leaves it out.
@@ -168,51 +166,12 @@ class Supervisor:
         self.grpc_port = 0
         self.dispatcher: ConnectionDispatcher | None = None
         self._port: socket.socket | None = None
-        self._dispatching: asyncio.Task[None] | None = None
         self._session: aiohttp.ClientSession | None = None
 
     # --- the pod's face ---
 
     def _leads(self) -> bool:
         return self.elector is not None and self.elector.leader()
-
-    async def _serve_health(self) -> grpc.aio.Server:
-        server = grpc.aio.server()
-        health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
-        address = f"{self.settings.bind_address}:{self.settings.grpc_health_port}"
-        try:
-            port = server.add_insecure_port(address)
-        except RuntimeError as exc:
-            raise OSError(f"--grpc-health-port: cannot listen on {address}: {exc}") from exc
-        if port == 0:
-            raise OSError(f"--grpc-health-port: cannot listen on {address}")
-        await server.start()
-        self.health_port = port
-        return server
-
-    async def _serve_metrics(self) -> web.AppRunner:
-        # The pod's face: the same bearer-token check (--metrics-endpoint-auth), HTTPS and
-        # client certificates (--metrics-cert-dir) as one process's.
-        authorizer = self.container.metrics_authorizer()
-        app = web.Application(middlewares=[] if authorizer is None else [authorization(authorizer)])
-        app.router.add_get("/metrics", self._metrics)
-        app.router.add_get("/workers", self._workers)
-        if self.settings.enable_pprof:
-            app.router.add_get("/debug/pprof/{page:.*}", self._pprof)
-        runner = web.AppRunner(app, access_log=None, handle_signals=False)
-        await runner.setup()
-        host, port = self.settings.bind_address, self.settings.metrics_port
-        ssl_context = metrics_ssl_context(self.settings)
-        try:
-            await web.TCPSite(
-                runner, host, port, reuse_address=True, ssl_context=ssl_context
-            ).start()
-        except OSError as exc:
-            await runner.cleanup()
-            raise OSError(f"--metrics-port: cannot listen on {host}:{port}: {exc}") from exc
-        self.metrics_port = int(runner.addresses[0][1])
-        logger.info("metrics serving on %s:%d (/metrics)", host, self.metrics_port)
-        return runner
 
     async def _worker_metrics(self, port: int) -> bytes | None:
         assert self._session is not None
@@ -225,40 +184,62 @@ class Supervisor:
             logger.debug("worker metrics on port %d: %r", port, exc)
             return None
 
-    async def _metrics(self, request: web.Request) -> web.Response:
+    async def _merged_metrics(self) -> bytes:
+        """The pod's ``/metrics``: the supervisor's own and every connected worker's."""
         ports = [w.metrics_port for w in self.hub.workers() if w.metrics_port]
         texts = await asyncio.gather(*(self._worker_metrics(port) for port in ports))
         own = self.container.metrics_observer().exposition()
-        body = await asyncio.to_thread(
+        merged: bytes = await asyncio.to_thread(
             merge_expositions, [own, *(t for t in texts if t is not None)]
         )
-        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_PLAIN_0_0_4})
+        return merged
 
-    async def _pprof(self, request: web.Request) -> web.Response:
-        """``/debug/pprof/...`` of one worker (``?worker=<id>``, by default the first
+    def _pprof(self, path: str) -> TextPage:
+        """The pprof page ``path`` of one worker (``?worker=<id>``, by default the first
         connected), fetched from its loopback port: profiling is per process."""
-        workers = [w for w in self.hub.workers() if w.metrics_port]
-        wanted = request.query.get("worker")
-        chosen = next((w for w in workers if wanted is None or str(w.worker_id) == wanted), None)
-        if chosen is None:
-            known = ", ".join(str(w.worker_id) for w in workers) or "none connected"
-            return web.Response(status=404, text=f"no worker {wanted!r} (workers: {known})\n")
-        query = {k: v for k, v in request.query.items() if k != "worker"}
-        url = f"http://127.0.0.1:{chosen.metrics_port}/debug/pprof/{request.match_info['page']}"
-        assert self._session is not None
-        try:
-            async with self._session.get(
-                url, params=query, timeout=aiohttp.ClientTimeout(total=PPROF_TIMEOUT)
-            ) as response:
-                text = await response.text()
-                status = response.status
-        except (aiohttp.ClientError, TimeoutError) as exc:
-            return web.Response(status=502, text=f"worker {chosen.worker_id}: {exc!r}\n")
-        return web.Response(
-            status=status, text=f"# worker {chosen.worker_id}\n{text}", content_type="text/plain"
+
+        async def page(query: Mapping[str, str]) -> tuple[int, str]:
+            workers = [w for w in self.hub.workers() if w.metrics_port]
+            wanted = query.get("worker")
+            chosen = next(
+                (w for w in workers if wanted is None or str(w.worker_id) == wanted), None
+            )
+            if chosen is None:
+                known = ", ".join(str(w.worker_id) for w in workers) or "none connected"
+                return 404, f"no worker {wanted!r} (workers: {known})\n"
+            params = {k: v for k, v in query.items() if k != "worker"}
+            assert self._session is not None
+            try:
+                async with self._session.get(
+                    f"http://127.0.0.1:{chosen.metrics_port}{path}",
+                    params=params,
+                    timeout=aiohttp.ClientTimeout(total=PPROF_TIMEOUT),
+                ) as response:
+                    text = await response.text()
+                    status = response.status
+            except (aiohttp.ClientError, TimeoutError) as exc:
+                return 502, f"worker {chosen.worker_id}: {exc!r}\n"
+            return status, f"# worker {chosen.worker_id}\n{text}"
+
+        return page
+
+    def _metrics_server(self) -> MetricsServer:
+        # The pod's face: the same bearer-token check (--metrics-endpoint-auth), HTTPS and
+        # client certificates (--metrics-cert-dir) as one process's.
+        pages: dict[str, TextPage] = {"/workers": self._workers}
+        if self.settings.enable_pprof:
+            pages.update({path: self._pprof(path) for path in pprof_pages()})
+        return MetricsServer(
+            self._merged_metrics,
+            host=self.settings.bind_address,
+            port=self.settings.metrics_port,
+            authorizer=self.container.metrics_authorizer(),
+            pages=pages,
+            content_types={"/workers": "application/json"},
+            ssl_context=metrics_ssl_context(self.settings),
         )
 
-    async def _workers(self, request: web.Request) -> web.Response:
+    async def _workers(self, query: Mapping[str, str]) -> tuple[int, str]:
         connected = {w.worker_id: w for w in self.hub.workers()}
         listing = []
         for slot in self.slots:
@@ -277,7 +258,7 @@ class Supervisor:
                     "calls_started": status.connections.calls if status else 0,
                 }
             )
-        return web.Response(body=orjson.dumps(listing), content_type="application/json")
+        return 200, orjson.dumps(listing).decode()
 
     # --- workers ---
 
@@ -366,10 +347,8 @@ class Supervisor:
     async def _drain_workers(self) -> None:
         self.draining = True
         self.health.start_draining()
-        if self._dispatching is not None:  # new connections are refused from here on
-            self._dispatching.cancel()
-            if self._port is not None:
-                self._port.close()
+        if self.dispatcher is not None and self._port is not None:
+            self._port.close()  # new connections are refused from here on (dispatch stopped)
         grace = self.settings.shutdown_grace_period
         logger.info("stopping: draining %d workers for up to %.1fs", len(self.slots), grace)
         running = [s.process for s in self.slots if s.process and s.process.returncode is None]
@@ -388,129 +367,124 @@ class Supervisor:
                 await asyncio.wait(pending, timeout=5)
 
     async def run(self) -> int:
+        """The pod until ``stop``: its services started in order, the Lease released, the
+        workers drained, the services stopped in reverse."""
         try:
             self.container.config()
         except (ConfigError, PluginLoadError) as exc:
-            logger.error("invalid configuration: %s", exc)
-            return 1
+            raise StartupError(f"invalid configuration: {exc}") from exc
+        native = self.settings.extproc_transport == "native"
         try:
             reserved = _reserve_port(
-                self.settings.bind_address,
-                self.settings.grpc_port,
-                listen=self.settings.extproc_transport == "native",
+                self.settings.bind_address, self.settings.grpc_port, listen=native
             )
         except OSError as exc:
-            logger.error("%s", exc)
-            return 1
+            raise StartupError(str(exc)) from exc
         self.grpc_port = reserved.getsockname()[1]
         self._port = reserved
-        if self.settings.extproc_transport == "native":
+        if native:
             self.dispatcher = ConnectionDispatcher(
                 reserved, self.hub.is_ready, self.hub.connections
             )
-        runner: web.AppRunner | None = None
-        health: grpc.aio.Server | None = None
-        collectors = self.container.collectors()
-        tasks: list[asyncio.Task[None]] = []
         try:
+            lifecycle = Lifecycle(self._services())
             try:
-                source = self.container.endpoint_source()
-            except Exception as exc:  # e.g. no usable Kubernetes configuration
-                logger.error("cannot start endpoint discovery: %s", exc)
-                return 1
-            try:
-                self.elector = self.container.leader_elector()
-            except Exception as exc:
-                logger.error("cannot start leader election: %s", exc)
-                return 1
-            try:
-                runner = await self._serve_metrics()
-                health = await self._serve_health()
+                await lifecycle.start()
             except OSError as exc:
-                logger.error("%s", exc)
-                return 1
-            self._session = aiohttp.ClientSession(
-                timeout=aiohttp.ClientTimeout(total=WORKER_SCRAPE_TIMEOUT)
-            )
-            logger.info(
-                "ext_proc serving on %s:%d (%s), health on %s:%d; %d workers",
-                self.settings.bind_address,
-                self.grpc_port,
-                (
-                    "plaintext"
-                    if not self.settings.secure_serving
-                    else "TLS, client certificates required"
-                    if self.settings.grpc_client_ca_file
-                    else "TLS"
-                ),
-                self.settings.bind_address,
-                self.health_port,
-                len(self.slots),
-            )
-            await self.hub.start()
-            datastore = self.container.datastore()
-            sink = self.hub.sink(datastore)
-            collectors.start()
-            tasks.append(asyncio.create_task(source.run(sink), name="endpoint-source"))
-            tasks.append(asyncio.create_task(self._watch_readiness(), name="readiness"))
-            if self.dispatcher is not None:
-                self._dispatching = asyncio.create_task(self.dispatcher.run(), name="dispatch")
-                tasks.append(self._dispatching)
-            campaign = None
-            if self.elector is not None:
-                campaign = asyncio.create_task(self.elector.run(), name="leader-election")
-                tasks.append(campaign)
-            keepers = [asyncio.create_task(self._keep(slot)) for slot in self.slots]
-            stop_task = asyncio.create_task(self.stop.wait())
-            done, _ = await asyncio.wait({*tasks, stop_task}, return_when=asyncio.FIRST_COMPLETED)
-            stop_task.cancel()
-            for task in done & set(tasks):
-                if not task.cancelled() and task.exception() is not None:
-                    logger.error("%s stopped: %r", task.get_name(), task.exception())
-                    self.fatal = 1
-            if campaign is not None:  # release the Lease first: a standby takes over meanwhile
-                campaign.cancel()
-                await asyncio.gather(campaign, return_exceptions=True)
+                raise StartupError(str(exc)) from exc
+            try:
+                await lifecycle.wait(self.stop)
+            except Exception as exc:
+                logger.error("stopped: %r", exc)
+                self.fatal = 1
+            # the Lease first, so a standby pod takes over meanwhile
+            await lifecycle.stop_one(LEADER_ELECTION)
+            if self.settings.drain_timeout:  # new connections still go to the workers
+                self.health.start_draining()
+                logger.info("stopping: serving new streams for %.1fs", self.settings.drain_timeout)
+                await asyncio.sleep(self.settings.drain_timeout)
+            await lifecycle.stop_one(DISPATCH)
             await self._drain_workers()
-            for keeper in keepers:
-                keeper.cancel()
-            await asyncio.gather(*keepers, return_exceptions=True)
+            await lifecycle.stop()
         finally:
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-            await collectors.stop()
-            await self.hub.stop()
-            if self._session is not None:
-                await self._session.close()
-            if health is not None:
-                await health.stop(0)
-            if runner is not None:
-                await runner.cleanup()
             reserved.close()
             shutil.rmtree(self.workdir, ignore_errors=True)
         logger.info("stopped")
         return self.fatal or 0
 
+    def _services(self) -> list[Service]:
+        """The pod's services in start order; they stop in the reverse order."""
+        try:
+            source = self.container.endpoint_source()
+        except Exception as exc:  # e.g. no usable Kubernetes configuration
+            raise StartupError(f"cannot start endpoint discovery: {exc}") from exc
+        try:
+            self.elector = self.container.leader_elector()
+        except Exception as exc:
+            raise StartupError(f"cannot start leader election: {exc}") from exc
+        metrics = self._metrics_server()
+        health = HealthServer(
+            self.health, host=self.settings.bind_address, port=self.settings.grpc_health_port
+        )
+        collectors = self.container.collectors()
 
-async def _main(settings: Settings, argv: Sequence[str]) -> int:
-    supervisor = Supervisor(settings, argv)
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, supervisor.stop.set)
-    return await supervisor.run()
+        async def open_session() -> None:
+            self._session = aiohttp.ClientSession(
+                timeout=aiohttp.ClientTimeout(total=WORKER_SCRAPE_TIMEOUT)
+            )
+
+        async def close_session() -> None:
+            if self._session is not None:
+                await self._session.close()
+
+        async def start_collectors() -> None:
+            self._log_serving(health.port)
+            collectors.start()
+
+        services: list[Service] = [
+            step("metrics-server", metrics.start, metrics.stop),
+            step("health-server", health.start, health.stop),
+            step("worker-scrapes", open_session, close_session),
+            step("hub", self.hub.start, self.hub.stop),
+            step("collectors", start_collectors, collectors.stop),
+            task("endpoint-source", lambda: source.run(self.hub.sink(self.container.datastore()))),
+            task("readiness", self._watch_readiness),
+        ]
+        if self.dispatcher is not None:
+            services.append(task(DISPATCH, self.dispatcher.run))
+        if self.elector is not None:
+            services.append(task(LEADER_ELECTION, self.elector.run))
+        services += [task(f"worker-{slot.worker_id}", self._keeper(slot)) for slot in self.slots]
+        return services
+
+    def _keeper(self, slot: _Slot) -> Callable[[], Coroutine[Any, Any, None]]:
+        return lambda: self._keep(slot)
+
+    def _log_serving(self, health_port: int) -> None:
+        logger.info(
+            "ext_proc serving on %s:%d (%s), health on %s:%d; %d workers",
+            self.settings.bind_address,
+            self.grpc_port,
+            (
+                "plaintext"
+                if not self.settings.secure_serving
+                else "TLS, client certificates required"
+                if self.settings.grpc_client_ca_file
+                else "TLS"
+            ),
+            self.settings.bind_address,
+            health_port,
+            len(self.slots),
+        )
 
 
 def run_supervisor(settings: Settings, argv: Sequence[str]) -> int:
     """The supervisor process (``--workers`` > 1), until SIGTERM or SIGINT; ``argv`` are the
     flags it was started with, given to every worker."""
-    configure_logging(LogOptions.from_settings(settings), worker="supervisor")
-    log_startup_notices(settings)
-    if settings.uvloop and sys.platform != "win32":
-        try:
-            import uvloop
-        except ImportError:
-            pass
-        else:
-            return uvloop.run(_main(settings, argv))
-    return asyncio.run(_main(settings, argv))
+
+    async def main(stop: asyncio.Event) -> int:
+        supervisor = Supervisor(settings, argv)
+        supervisor.stop = stop
+        return await supervisor.run()
+
+    return run_process(settings, main, worker="supervisor")

@@ -23,8 +23,8 @@ import sys
 
 from adapters.workerlink import WorkerLink
 from app.container import build_container
-from app.logsetup import LogOptions, configure_logging
-from app.runner import StartupError, serve
+from app.lifecycle import StartupError, run_process
+from app.runner import serve
 from app.settings import Settings
 from app.workers.role import WorkerRole
 
@@ -50,18 +50,13 @@ def _die_with_supervisor(supervisor_pid: int) -> None:
         os._exit(1)
 
 
-async def _main(settings: Settings, role: WorkerRole) -> int:
+async def _main(settings: Settings, role: WorkerRole, stop: asyncio.Event) -> int:
     try:
         link = await WorkerLink.connect(role.socket_path, role.worker_id)
     except OSError as exc:
-        logger.error("cannot reach the supervisor at %s: %s", role.socket_path, exc)
-        return 1
+        raise StartupError(f"cannot reach the supervisor at {role.socket_path}: {exc}") from exc
     handoff = socket.socket(fileno=role.handoff_fd) if role.handoff_fd >= 0 else None
     container = build_container(settings, worker_link=link, connection_handoff=handoff)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
 
     async def stop_when_lost() -> None:
         await link.lost.wait()
@@ -81,9 +76,6 @@ async def _main(settings: Settings, role: WorkerRole) -> int:
     watch = asyncio.create_task(stop_when_lost(), name="supervisor-watch")
     try:
         await serve(container, stop, report)
-    except StartupError as exc:
-        logger.error("%s", exc)
-        return 1
     finally:
         watch.cancel()
         with contextlib.suppress(asyncio.CancelledError):
@@ -94,17 +86,18 @@ async def _main(settings: Settings, role: WorkerRole) -> int:
 
 def run_worker(settings: Settings, role: WorkerRole) -> int:
     """The worker process, until SIGTERM, SIGINT or its supervisor's end."""
-    configure_logging(LogOptions.from_settings(settings), worker=str(role.worker_id))
-    _die_with_supervisor(role.supervisor_pid)
-    # the supervisor holds the pod's Lease and gates the pod's readiness on it
+    # the supervisor holds the pod's Lease, gates the pod's readiness on it and keeps
+    # handing connections over for --drain-timeout before it stops its workers
     settings = settings.model_copy(
-        update={"grpc_port": role.grpc_port, "ha_enable_leader_election": False}
+        update={
+            "grpc_port": role.grpc_port,
+            "ha_enable_leader_election": False,
+            "drain_timeout": 0.0,
+        }
     )
-    if settings.uvloop and sys.platform != "win32":
-        try:
-            import uvloop
-        except ImportError:
-            pass
-        else:
-            return uvloop.run(_main(settings, role))
-    return asyncio.run(_main(settings, role))
+
+    async def main(stop: asyncio.Event) -> int:
+        _die_with_supervisor(role.supervisor_pid)
+        return await _main(settings, role, stop)
+
+    return run_process(settings, main, worker=str(role.worker_id))

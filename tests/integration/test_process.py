@@ -135,6 +135,36 @@ async def test_sigterm_drains_in_flight_streams_then_exits_0(epp: Epp) -> None:
     assert any(line["msg"] == "stopped" for line in lines)
 
 
+async def test_with_a_drain_timeout_new_streams_are_served_after_sigterm(tmp_path: Path) -> None:
+    """``--drain-timeout``: after SIGTERM health is NOT_SERVING at once, yet a gateway that
+    still sends here has its new streams routed for that long; then the process drains."""
+    epp = Epp(tmp_path, "--drain-timeout", "5s", "--shutdown-grace-period", "5s")
+    epp.child.start()
+    try:
+        await asyncio.to_thread(wait_for, epp.serving, timeout=30, what="SERVING")
+        signalled = time.monotonic()
+        epp.child.signal(signal.SIGTERM)
+        await asyncio.to_thread(
+            wait_for, lambda: epp.readiness() == NOT_SERVING, timeout=10, what="NOT_SERVING"
+        )
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{epp.grpc_port}") as channel:
+            call = pb_grpc.ExternalProcessorStub(channel).Process()
+            await call.write(request_headers(envoy_headers()))
+            await call.write(request_body(b'{"model": "m", "prompt": "late"}', end_of_stream=True))
+            header_reply = await call.read()
+            chosen = dict(set_headers(header_reply.request_headers.response))
+            assert chosen["x-gateway-destination-endpoint"] in {
+                "127.0.0.41:8000",
+                "127.0.0.42:8000",
+            }
+            assert time.monotonic() - signalled < 5
+            call.cancel()
+        assert await asyncio.to_thread(epp.child.wait, 20) == 0
+        assert time.monotonic() - signalled >= 5  # it served the whole window
+    finally:
+        epp.child.stop()
+
+
 def test_sigterm_when_idle_exits_0_quickly(tmp_path: Path) -> None:
     process = Epp(tmp_path)
     process.child.start()
