@@ -18,9 +18,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
-import grpc
 import pytest
-from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1 import health_pb2
 
 from tests.integration.observability.otlp_receiver import OtlpReceiver
 from tests.simulator.config import DEFAULT_MODEL
@@ -43,7 +42,14 @@ from tests.support.kube_api import (
     pod,
     write_kubeconfig,
 )
-from tests.support.stack import Stack, StackOptions, free_port, metric_sum, wait_for
+from tests.support.stack import (
+    Stack,
+    StackOptions,
+    free_port,
+    health_status,
+    metric_sum,
+    wait_for,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -89,18 +95,6 @@ def chart_stack(
             yield stack
 
 
-def health(port: int, service: str) -> int | None:
-    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
-        try:
-            return int(
-                health_pb2_grpc.HealthStub(channel)
-                .Check(health_pb2.HealthCheckRequest(service=service), timeout=2)
-                .status
-            )
-        except grpc.RpcError:
-            return None
-
-
 def served_by(stack: Stack, count: int, headers: Mapping[str, str] | None = None) -> Counter[str]:
     """Sends ``count`` chat completions through Envoy; the simulators that answered."""
     served: Counter[str] = Counter()
@@ -129,7 +123,7 @@ def test_the_references_chart_with_its_default_values(tmp_path: Path) -> None:
         assert stack.epp is not None
         # the chart's probes: service "inference-extension" on the health port
         wait_for(
-            lambda: health(stack.epp_health_port, "inference-extension") == SERVING,
+            lambda: health_status(stack.epp_health_port, "inference-extension") == SERVING,
             timeout=30,
             what="the readiness probe of the reference's chart",
         )
@@ -146,7 +140,7 @@ def test_the_llm_d_charts_default_values(tmp_path: Path) -> None:
         tmp_path, llmd_args(), {"default-plugins.yaml": LLMD_DEFAULT_PLUGINS}
     ) as stack:
         wait_for(
-            lambda: health(stack.epp_health_port, "inference-extension") == SERVING,
+            lambda: health_status(stack.epp_health_port, "inference-extension") == SERVING,
             timeout=30,
             what="the readiness probe of the llm-d router's chart",
         )
@@ -157,7 +151,7 @@ def test_the_llm_d_chart_with_its_flags_exports_the_llm_d_metric_names(tmp_path:
     args = llmd_args(flags=[("enable-grpc-stream-metrics", "true"), ("v", "2")], metrics_auth=False)
     with chart_stack(tmp_path, args, {"default-plugins.yaml": LLMD_DEFAULT_PLUGINS}) as stack:
         wait_for(
-            lambda: health(stack.epp_health_port, "inference-extension") == SERVING,
+            lambda: health_status(stack.epp_health_port, "inference-extension") == SERVING,
             timeout=30,
             what="the readiness probe of the llm-d router's chart",
         )
@@ -194,11 +188,11 @@ def test_the_llm_d_chart_with_3_replicas_tracing_and_the_payload_agnostic_config
             health_ports = [ports[1] for ports in stack.replica_ports]
             # liveness: every replica; readiness: the one that holds the Lease
             wait_for(
-                lambda: [health(p, "readiness") for p in health_ports].count(SERVING) == 1,
+                lambda: [health_status(p) for p in health_ports].count(SERVING) == 1,
                 timeout=30,
                 what="one replica (the leader) to be ready",
             )
-            assert [health(p, "liveness") for p in health_ports] == [SERVING] * 3
+            assert [health_status(p, "liveness") for p in health_ports] == [SERVING] * 3
             assert sum(served_by(stack, 12, {"traceparent": SAMPLED}).values()) == 12
             spans = receiver.wait_for(
                 lambda spans: any(s.name == "gateway.request" for s in spans),

@@ -13,9 +13,8 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
-import grpc
 import pytest
-from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1 import health_pb2
 
 from tests.simulator.config import DEFAULT_MODEL
 from tests.simulator.server import INSTANCE_HEADER
@@ -26,7 +25,7 @@ from tests.support.image import (
     remove_image,
     run_entrypoint,
 )
-from tests.support.stack import Stack, StackOptions, free_port, wait_for
+from tests.support.stack import Stack, StackOptions, free_port, health_status, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -49,18 +48,6 @@ def test_the_image_runs_as_65532_from_its_own_entrypoint(image: BuiltImage) -> N
     config = image.config()
     assert config["User"] == "65532:65532"
     assert config["Entrypoint"] == ["/opt/epp/bin/epp"]
-
-
-def _health(port: int) -> int | None:
-    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
-        try:
-            return int(
-                health_pb2_grpc.HealthStub(channel)
-                .Check(health_pb2.HealthCheckRequest(service="readiness"), timeout=2)
-                .status
-            )
-        except grpc.RpcError:
-            return None
 
 
 def test_the_image_serves_and_routes_a_request(image: BuiltImage, tmp_path: Path) -> None:
@@ -88,7 +75,7 @@ def test_the_image_serves_and_routes_a_request(image: BuiltImage, tmp_path: Path
 
             def serving() -> bool:
                 assert epp.poll() is None, log.read_text()[-3000:]
-                return bool(_health(health_port) == SERVING)
+                return bool(health_status(health_port) == SERVING)
 
             wait_for(serving, timeout=60, what="the EPP from the image to be SERVING")
             stack.replica_ports = [(grpc_port, health_port, metrics_port)]

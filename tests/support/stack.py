@@ -451,14 +451,7 @@ class Stack:
     @staticmethod
     def _readiness(epp: ChildProcess, health_port: int) -> int | None:
         epp.check_alive()
-        with grpc.insecure_channel(f"127.0.0.1:{health_port}") as channel:
-            try:
-                response = health_pb2_grpc.HealthStub(channel).Check(
-                    health_pb2.HealthCheckRequest(service="readiness"), timeout=1
-                )
-            except grpc.RpcError:
-                return None
-        return int(response.status)
+        return health_status(health_port)
 
     def start_envoy(self, *, ext_proc: bool, name: str) -> tuple[ChildProcess, int]:
         """Start an Envoy from the shipped config; returns it and its listener port."""
@@ -532,6 +525,19 @@ class Stack:
         if match is None or metrics is None:
             return None
         return int(match.group(1)), int(match.group(2)), int(metrics.group(1))
+
+
+def health_status(port: int, service: str = "readiness", timeout: float = 1.0) -> int | None:
+    """The gRPC health status of ``service`` on ``127.0.0.1:port`` (a ``HealthCheckResponse``
+    status), or ``None`` when the port does not answer."""
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        try:
+            response = health_pb2_grpc.HealthStub(channel).Check(
+                health_pb2.HealthCheckRequest(service=service), timeout=timeout
+            )
+        except grpc.RpcError:
+            return None
+    return int(response.status)
 
 
 def metric_sum(url: str, name: str) -> float:
