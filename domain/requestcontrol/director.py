@@ -283,6 +283,7 @@ class RequestExchangeState:
             objective=objective,
             fairness_id=headers.get(FAIRNESS_HEADER) or DEFAULT_FAIRNESS_ID,
             received_at=self._received_at,
+            span=inbound.span,
         )
         if self._control.explain_decisions:
             request.explanations = {}
@@ -393,6 +394,7 @@ class RequestExchangeState:
                         for c, total in zip(candidates, totals, strict=True)
                     }
                 }
+        request.dispatched_at = time.monotonic()
         return RoutingDecision(
             endpoints=tuple(c.info.address for c in targets),
             body=body,

@@ -22,6 +22,7 @@ from pathlib import Path
 __all__ = [
     "GIE_DEFAULT_PLUGINS",
     "LLMD_DEFAULT_PLUGINS",
+    "LLMD_LATENCY_PREDICTOR_PLUGINS",
     "LLMD_PAYLOAD_AGNOSTIC",
     "RELEASE",
     "ChartPod",
@@ -169,6 +170,55 @@ schedulingProfiles:
     weight: 2
   - pluginRef: prefix-cache-scorer
     weight: 3
+"""
+
+#: The llm-d router chart's ``default-plugins.yaml`` for vLLM over HTTP with
+#: ``router.latencyPredictor.enabled: true``: ``config/charts/routerlib/templates/
+#: _config.yaml`` of llm-d/llm-d-router at ``ebab6879`` rendered as Helm renders it, comments
+#: included (that file's last change is 4931d26a, 2026-06-13).
+LLMD_LATENCY_PREDICTOR_PLUGINS = """\
+apiVersion: llm-d.ai/v1alpha1
+kind: EndpointPickerConfig
+plugins:
+- type: queue-scorer
+- type: kv-cache-utilization-scorer
+- type: prefix-cache-scorer
+- type: metrics-data-source
+  parameters:
+    scheme: "http"
+    path: "/metrics"
+    insecureSkipVerify: true
+- type: core-metrics-extractor
+- type: predicted-latency-producer
+# Two-gate prefix cache affinity: strict (0.99) runs before the SLO tier
+# filter to prefer near-exact cache matches across all endpoints; loose
+# (0.80) runs after the tier filter to prefer partial matches within the
+# SLO-qualified tier.
+- name: strict-affinity-filter
+  type: prefix-cache-affinity-filter
+  parameters:
+    affinityThreshold: 0.99
+    ttftSource: latencyPredictor
+    maxTTFTPenaltyMs: 5000
+- name: loose-affinity-filter
+  type: prefix-cache-affinity-filter
+  parameters:
+    affinityThreshold: 0.80
+    ttftSource: latencyPredictor
+    maxTTFTPenaltyMs: 5000
+- type: latency-scorer
+- type: weighted-random-picker
+- type: slo-headroom-tier-filter
+- type: latency-slo-admitter
+schedulingProfiles:
+- name: default
+  plugins:
+  - pluginRef: predicted-latency-producer
+  - pluginRef: strict-affinity-filter
+  - pluginRef: slo-headroom-tier-filter
+  - pluginRef: loose-affinity-filter
+  - pluginRef: latency-scorer
+  - pluginRef: weighted-random-picker
 """
 
 #: The llm-d router chart's ``payload-agnostic.yaml``.
