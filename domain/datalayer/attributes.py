@@ -50,9 +50,11 @@ class LatencyPredictionInfo:
     the prediction (``0 - prediction`` without an SLO, so always negative then), and a
     ``*_valid`` flag says whether the prediction is within the SLO. A TPOT that does not
     count (the producer's ``streamingMode`` off) has headroom 0 and is valid.
-    ``dispatched_requests`` are the requests in flight on the endpoint (the pool's when
-    shared); ``source`` is the model level that predicted (``endpoint``, ``pool``, or
-    ``heuristic`` while too few samples were seen).
+    ``dispatched_requests`` are the requests in flight on the endpoint: those the pool's
+    EPP processes sent and have not seen end or, when more, the running and waiting
+    requests its server last reported (load no EPP sent, such as another pool's).
+    ``source`` is the model level that predicted (``endpoint``, ``pool``, or ``heuristic``
+    while too few samples were seen).
     """
 
     ttft_ms: float

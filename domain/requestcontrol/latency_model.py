@@ -45,6 +45,7 @@ __all__ = [
     "LatencyModel",
     "ModelParameters",
     "Prediction",
+    "dot",
     "solve",
 ]
 
@@ -117,10 +118,7 @@ class _Level:
 
     def add(self, x: Sequence[float], y: float, decay: float, clip: float, floor: float) -> bool:
         """Adds one sample (its residual clipped); returns whether it was clipped."""
-        coef = self.coef
-        predicted = 0.0
-        for i in range(DIMENSION):
-            predicted += coef[i] * x[i]
+        predicted = dot(self.coef, x)
         residual = y - predicted
         bound = max(floor, clip * self.residual) if self.count >= 4.0 else math.inf
         clipped = abs(residual) > bound
@@ -153,6 +151,20 @@ class _Level:
         if solution is not None:
             self.coef = solution
         self.pending = 0
+
+
+def dot(coef: Sequence[float], x: Sequence[float]) -> float:
+    """The coefficients' dot product with the features (unrolled: it runs for every
+    candidate of every request)."""
+    return (
+        coef[0] * x[0]
+        + coef[1] * x[1]
+        + coef[2] * x[2]
+        + coef[3] * x[3]
+        + coef[4] * x[4]
+        + coef[5] * x[5]
+        + coef[6] * x[6]
+    )
 
 
 def solve(matrix: list[float], vector: list[float], n: int) -> list[float] | None:
@@ -211,21 +223,21 @@ class LatencyModel:
     def parameters(self) -> ModelParameters:
         return self._parameters
 
-    def coefficients(self, endpoint: str) -> tuple[tuple[float, ...], str]:
-        """The coefficients a prediction on ``endpoint`` uses now, and their level."""
+    def coefficients(self, endpoint: str) -> tuple[Sequence[float], str]:
+        """The coefficients a prediction on ``endpoint`` uses now (the model's own: not to
+        be changed), and their level. A prediction is their dot product with the features,
+        at least 0 (``predict``)."""
         p = self._parameters
         level = self._endpoints.get(endpoint)
         if level is not None and level.count >= p.min_samples:
-            return tuple(level.coef), SOURCE_ENDPOINT
+            return level.coef, SOURCE_ENDPOINT
         if self._pool.count >= p.min_samples:
-            return tuple(self._pool.coef), SOURCE_POOL
+            return self._pool.coef, SOURCE_POOL
         return p.prior, SOURCE_HEURISTIC
 
     def predict(self, endpoint: str, x: Sequence[float]) -> Prediction:
         coef, source = self.coefficients(endpoint)
-        value = 0.0
-        for i in range(DIMENSION):
-            value += coef[i] * x[i]
+        value = dot(coef, x)
         return Prediction(value if value > 0.0 else 0.0, source)
 
     def observe(self, endpoint: str, x: Sequence[float], y: float) -> bool:

@@ -81,13 +81,16 @@ import orjson
 from app.config import REFERENCE_DEFAULT_CONFIG_TEXT
 from tests.bench.profiles import (
     RANDOM_CONFIG,
+    default_as_of_2026_11_25,
     default_with_no_hit_lru,
     default_without_freshness,
     default_without_kv_gate,
+    predicted_sticky_config,
     sticky_config,
 )
 from tests.simulator import DEFAULT_MODEL
 from tests.simulator.server import INSTANCE_HEADER
+from tests.support.charts import LLMD_LATENCY_PREDICTOR_PLUGINS
 from tests.support.stack import Stack, StackOptions, free_port, wait_for
 
 MODES: dict[str, list[str]] = {
@@ -96,8 +99,18 @@ MODES: dict[str, list[str]] = {
     "reference": ["--config-text", REFERENCE_DEFAULT_CONFIG_TEXT],
     "random": ["--config-text", RANDOM_CONFIG],
 }
-#: Columns run only when ``--modes`` names them (decision 0014's variants of the default).
+#: Columns run only when ``--modes`` names them (decision 0014's variants of the default, and
+#: the latency-aware profiles).
 EXTRA_MODES: dict[str, list[str]] = {
+    "prev-default": ["--config-text", default_as_of_2026_11_25()],
+    "predicted-latency": ["--config-text", LLMD_LATENCY_PREDICTOR_PLUGINS],
+    **{
+        f"predicted-sticky-{penalty}": [
+            "--config-text",
+            predicted_sticky_config(float(penalty)),
+        ]
+        for penalty in (1000, 2000, 5000, 18000)
+    },
     "no-freshness": ["--config-text", default_without_freshness()],
     "no-gate": ["--config-text", default_without_kv_gate()],
     **{

@@ -73,7 +73,7 @@ from domain.plugins.handle import Handle
 from domain.plugins.hooks import BackgroundPlugin, ConsumerPlugin, ProducerPlugin
 from domain.plugins.state import StateKey
 from domain.requestcontrol.interfaces import ResponseInfo, ResponseOutcome
-from domain.requestcontrol.latency_model import LatencyModel, ModelParameters
+from domain.requestcontrol.latency_model import LatencyModel, ModelParameters, dot
 from domain.requestcontrol.slo import NO_SLO, RequestSlo, request_slo
 from domain.scheduling.load import input_tokens
 from domain.scheduling.types import Candidate, InferenceRequest, SchedulingResult
@@ -302,23 +302,31 @@ class PredictedLatencyProducer(ProducerPlugin, ConsumerPlugin, BackgroundPlugin)
             cached_by[name] = cached
             if not predict:
                 continue
-            ttft = ttft_model.predict(name, x)
-            tpot = tpot_model.predict(name, x)
-            ttft_headroom = slo_ttft - ttft.value
+            coef, source = ttft_model.coefficients(name)
+            ttft = dot(coef, x)
+            if ttft < 0.0:
+                ttft = 0.0
+            tpot = dot(tpot_model.coefficients(name)[0], x)
+            if tpot < 0.0:
+                tpot = 0.0
+            ttft_headroom = slo_ttft - ttft
             if streaming and not (role and c.info.labels.get(role) == "prefill"):
-                tpot_headroom = slo_tpot - tpot.value
-                tpot_valid = tpot.value < slo_tpot
+                tpot_headroom = slo_tpot - tpot
+                tpot_valid = tpot < slo_tpot
             else:
                 tpot_headroom, tpot_valid = 0.0, True
+            # In flight there: the pool's own count, or what the server last reported
+            # running and waiting when that is more (load this EPP did not send).
+            busy = waiting + running
             prediction = LatencyPredictionInfo(
-                ttft.value,
-                tpot.value,
+                ttft,
+                tpot,
                 ttft_headroom,
                 tpot_headroom,
-                ttft.value < slo_ttft,
+                ttft < slo_ttft,
                 tpot_valid,
-                requests,
-                ttft.source,
+                requests if requests >= busy else busy,
+                source,
             )
             predictions[name] = prediction
             attributes[LATENCY_PREDICTION_INFO] = prediction
