@@ -8,6 +8,7 @@ import time
 
 import pytest
 
+from app.config import ConfigError
 from domain.datastore.endpoint import EndpointMetrics
 from domain.datastore.objectives import ObjectiveStore
 from domain.datastore.store import Datastore
@@ -262,3 +263,54 @@ async def test_a_new_replica_adopts_the_models_another_one_learnt() -> None:
     assert adopted.value == pytest.approx(learnt.ttft.predict("pod-1", x).value, rel=1e-6)
     # a document that is not a model is ignored
     assert not fresh.ttft.merge("pod-0", {"n": "many", "a": [], "b": []})
+
+
+@pytest.mark.parametrize(
+    ("parameters", "message"),
+    [
+        ("{sloBufferFactor: 0}", "plugins[0].parameters.sloBufferFactor: must be > 0"),
+        (
+            "{useEncoderCacheFeatures: true}",
+            "plugins[0].parameters.useEncoderCacheFeatures: this EPP has no multimodal",
+        ),
+        ("{minSamples: 0}", "plugins[0].parameters.minSamples: must be >= 1"),
+    ],
+)
+def test_bad_producer_parameters_stop_start_up_naming_the_key(
+    parameters: str, message: str
+) -> None:
+    text = f"""\
+plugins:
+- type: predicted-latency-producer
+  parameters: {parameters}
+- type: latency-scorer
+schedulingProfiles:
+- name: default
+  plugins: [{{pluginRef: latency-scorer}}]
+"""
+    with pytest.raises(ConfigError) as caught:
+        configured_director(_datastore(IDLE), text)
+    assert str(caught.value).startswith(message)
+
+
+async def test_the_llm_d_parameters_are_accepted() -> None:
+    text = """\
+plugins:
+- type: predicted-latency-producer
+  parameters:
+    samplingMean: 1000
+    maxDecodeTokenSamplesForPrediction: 0
+    sloBufferFactor: 1.5
+    contextTTL: 5m
+    streamingMode: true
+    endpointRoleLabel: llm-d.ai/role
+    predictInProduce: true
+- type: latency-scorer
+  parameters: {ttftWeight: 0.8, tpotWeight: 0.2, headroomSelectionStrategy: most}
+schedulingProfiles:
+- name: default
+  plugins: [{pluginRef: latency-scorer}]
+"""
+    director = configured_director(_datastore(IDLE, IDLE), text)
+    decision = await director.open(_request(1, {"x-llm-d-slo-tpot-ms": "40"})).route()
+    assert decision.error is None
