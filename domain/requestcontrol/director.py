@@ -394,7 +394,6 @@ class RequestExchangeState:
                         for c, total in zip(candidates, totals, strict=True)
                     }
                 }
-        request.dispatched_at = time.monotonic()
         return RoutingDecision(
             endpoints=tuple(c.info.address for c in targets),
             body=body,

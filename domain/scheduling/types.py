@@ -117,8 +117,6 @@ class InferenceRequest:
     fairness_id: str = "default-flow"
     #: Monotonic time (seconds) the request's body was complete at the EPP.
     received_at: float = 0.0
-    #: Monotonic time (seconds) the routing decision went back to the gateway (0: not yet).
-    dispatched_at: float = 0.0
     #: The gateway's span of the whole exchange (a plugin's spans are its children);
     #: ``None`` without tracing.
     span: Span | None = None

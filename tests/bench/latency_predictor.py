@@ -90,7 +90,6 @@ async def main_async(args: argparse.Namespace) -> None:
         for request in requests:
             await producer.prepare_request_data(request, pool)
             await producer.pre_request(request, result)
-            request.dispatched_at = time.monotonic() - 0.2
             for end, chunk in ((False, b"data: {}\n\n"), (False, b"data: {}\n\n"), (True, b"")):
                 response = ResponseInfo(
                     request_id=request.request_id,

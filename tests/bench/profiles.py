@@ -135,11 +135,15 @@ def default_as_of_2026_11_25() -> str:
     )
 
 
-def predicted_sticky_config(penalty_ms: float = 5000.0, *, gate: bool = True) -> str:
+def predicted_sticky_config(
+    penalty_ms: float = 5000.0, *, gate: bool = True, tie_break: bool = False
+) -> str:
     """Sticky until the predicted TTFT says otherwise: ``prefix-cache-affinity-filter``
     on ``ttftSource: latencyPredictor`` with ``penalty_ms``, ``metrics-freshness-filter``,
-    ``latency-scorer`` (the lowest predicted TTFT, idle endpoints first) and
-    ``max-score-picker``, then ``kv-capacity-gate`` unless ``gate`` is false (JSON)."""
+    ``latency-scorer`` (the lowest predicted TTFT, idle endpoints first) plus, with
+    ``tie_break``, ``token-load-scorer`` (whose scores differ by thousandths: it decides
+    between endpoints the predictions cannot tell apart), ``max-score-picker``, then
+    ``kv-capacity-gate`` unless ``gate`` is false (JSON)."""
     plugins: list[dict[str, Any]] = [
         {"type": "approx-prefix-cache-producer", "parameters": {"autoTune": False}},
         {"type": "inflight-load-producer", "parameters": {"addEstimatedOutputTokens": False}},
@@ -152,6 +156,10 @@ def predicted_sticky_config(penalty_ms: float = 5000.0, *, gate: bool = True) ->
         {"type": "latency-scorer"},
         {"type": "max-score-picker"},
     ]
+    scorers: list[dict[str, Any]] = [{"pluginRef": "latency-scorer"}]
+    if tie_break:
+        plugins.insert(-1, {"type": "token-load-scorer"})
+        scorers.append({"pluginRef": "token-load-scorer"})
     if gate:
         plugins.append({"type": "kv-capacity-gate"})
     return json.dumps(
@@ -163,7 +171,7 @@ def predicted_sticky_config(penalty_ms: float = 5000.0, *, gate: bool = True) ->
                     "plugins": [
                         {"pluginRef": "prefix-cache-affinity-filter"},
                         {"pluginRef": "metrics-freshness-filter"},
-                        {"pluginRef": "latency-scorer"},
+                        *scorers,
                         {"pluginRef": "max-score-picker"},
                     ],
                 }

@@ -111,6 +111,13 @@ EXTRA_MODES: dict[str, list[str]] = {
         ]
         for penalty in (1000, 2000, 5000, 18000)
     },
+    **{
+        f"predicted-balanced-{penalty}": [
+            "--config-text",
+            predicted_sticky_config(float(penalty), tie_break=True),
+        ]
+        for penalty in (1000, 2000, 5000)
+    },
     "no-freshness": ["--config-text", default_without_freshness()],
     "no-gate": ["--config-text", default_without_kv_gate()],
     **{

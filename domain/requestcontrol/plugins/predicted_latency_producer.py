@@ -17,9 +17,11 @@ latencyPredictor``).
 - **Refuse bad SLOs** (Admitter): a request whose SLO header breaks ``slo.py``'s rule gets
   a 400 naming the header.
 - **Receipt** (PreRequest, ResponseBody): the chosen endpoint's features and predictions
-  are kept; the observed TTFT (the first response body chunk minus the moment the routing
-  decision went back to the gateway) and TPOT (the rest of the stream over the output
-  tokens after the first: ``usage.completion_tokens``, else the SSE events counted) are
+  are kept; the observed TTFT (the first response body chunk minus the moment this
+  plugin's PreRequest ran, right after scheduling: a later hook's wait, such as
+  ``kv-capacity-gate``'s hold, is part of what the route costs the client) and TPOT (the
+  rest of the stream over the output tokens after the first: ``usage.completion_tokens``,
+  else the SSE events counted) are
   learnt by the models and reported: the reference's observed/predicted histograms and SLO
   violations per model, ``..._latency_prediction_error_seconds`` per endpoint, the prefix
   hit predicted against the one the server reports (``usage`` cached tokens), and a
@@ -163,6 +165,7 @@ class _Receipt:
     prompt_tokens: int
     cached_tokens: int
     span: Span | None
+    decided_at: float
     first_at: float = 0.0
     events: int = 0
 
@@ -377,7 +380,16 @@ class PredictedLatencyProducer(ProducerPlugin, ConsumerPlugin, BackgroundPlugin)
                 },
             )
         receipt = _Receipt(
-            name, x, ttft_ms, tpot_ms, source, state.slo, state.prompt_tokens, cached, span
+            name,
+            x,
+            ttft_ms,
+            tpot_ms,
+            source,
+            state.slo,
+            state.prompt_tokens,
+            cached,
+            span,
+            self._clock(),
         )
         request.state.put(owner, _RECEIPT, receipt)
 
@@ -393,9 +405,9 @@ class PredictedLatencyProducer(ProducerPlugin, ConsumerPlugin, BackgroundPlugin)
         now = self._clock()
         ok = 200 <= response.status < 300
         chunk = response.chunk
-        if receipt.first_at == 0.0 and chunk and ok and request.dispatched_at > 0.0:
+        if receipt.first_at == 0.0 and chunk and ok:
             receipt.first_at = now
-            self._learn_ttft(request, receipt, (now - request.dispatched_at) * 1000.0)
+            self._learn_ttft(request, receipt, (now - receipt.decided_at) * 1000.0)
         if chunk:
             receipt.events += chunk.count(b"data:")
         if not response.end_of_stream:
@@ -427,7 +439,7 @@ class PredictedLatencyProducer(ProducerPlugin, ConsumerPlugin, BackgroundPlugin)
         span = receipt.span
         if receipt.first_at == 0.0:
             # Ended before any byte: the TTFT is at least the time so far.
-            waited = (now - request.dispatched_at) * 1000.0 if request.dispatched_at else 0.0
+            waited = (now - receipt.decided_at) * 1000.0
             if response.outcome is ResponseOutcome.CLIENT_GONE and waited > receipt.ttft_ms:
                 self.ttft.observe(receipt.endpoint, receipt.features, waited)
         else:
