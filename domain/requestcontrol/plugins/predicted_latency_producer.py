@@ -38,7 +38,8 @@ latencyPredictor``).
 
 The model is ``domain.requestcontrol.latency_model.LatencyModel``: ridge regressions per
 endpoint shrunk toward a pool model, itself shrunk toward the heuristic (an overhead and
-the tokens ahead at ``peakPrefillThroughput``), each used once it has ``minSamples``.
+the tokens ahead at ``peakPrefillThroughput``, counting 1,000 prompt tokens for each request
+the server reports waiting), each used once it has ``minSamples``.
 
 Parameters (the llm-d router's): ``samplingMean`` and ``maxDecodeTokenSamplesForPrediction``
 (deprecated there, accepted and ignored), ``sloBufferFactor`` (1.0, > 0: the TPOT SLO is
@@ -117,6 +118,8 @@ SHARE_TTL = 600.0
 WARM_START_WAIT = 2.0
 #: The TTFT heuristic's fixed part (ms) and the TPOT heuristic (ms per token, unknown: 0).
 _TTFT_OVERHEAD_MS = 30.0
+#: The prompt tokens the heuristic assumes for each request a server reports waiting.
+_WAITING_TOKENS = 1000
 _CONTEXT_TTL = Duration(300.0)
 
 
@@ -187,10 +190,12 @@ _RECEIPT: StateKey[_Receipt] = StateKey("predicted-latency.receipt")
 
 
 def ttft_prior(peak_prefill_throughput: float) -> tuple[float, ...]:
-    """The TTFT heuristic as coefficients: an overhead plus the uncached prompt and the
-    tokens in flight at the peak prefill throughput (ms per thousand tokens)."""
+    """The TTFT heuristic as coefficients: an overhead plus the uncached prompt, the tokens
+    in flight and ``_WAITING_TOKENS`` per request the server reports waiting (load it may
+    not have from this EPP), all at the peak prefill throughput (ms per thousand tokens)."""
     per_ktoken = 1_000_000.0 / peak_prefill_throughput
-    return (_TTFT_OVERHEAD_MS, per_ktoken, per_ktoken, 0.0, 0.0, 0.0, 0.0)
+    per_ten_waiting = 10 * _WAITING_TOKENS / 1000.0 * per_ktoken
+    return (_TTFT_OVERHEAD_MS, per_ktoken, per_ktoken, 0.0, per_ten_waiting, 0.0, 0.0)
 
 
 class PredictedLatencyProducer(ProducerPlugin, ConsumerPlugin, BackgroundPlugin):

@@ -314,3 +314,16 @@ schedulingProfiles:
     director = configured_director(_datastore(IDLE, IDLE), text)
     decision = await director.open(_request(1, {"x-llm-d-slo-tpot-ms": "40"})).route()
     assert decision.error is None
+
+
+async def test_before_any_sample_a_server_reporting_a_deep_queue_gets_no_new_prompt() -> None:
+    # Two servers, one reporting 20 waiting and a full cache, no other traffic: the cold
+    # predictor's heuristic counts the queue it reports, the latency scorer prefers the idle.
+    director = configured_director(_datastore(IDLE, LOADED), LLMD_LATENCY_PREDICTOR_PLUGINS)
+    chosen = []
+    for number in range(10):
+        decision = await director.open(_request(number)).route()
+        assert decision.error is None
+        chosen.append(decision.endpoints[0].ip)
+    # the chart's weighted-random picker gives the loaded one 1/102 of the chances
+    assert chosen.count("10.0.0.2") <= 1, chosen
