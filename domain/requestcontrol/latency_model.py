@@ -209,12 +209,14 @@ class LatencyModel:
     numbers per endpoint known (``forget`` drops one).
     """
 
-    __slots__ = ("_endpoints", "_parameters", "_pool", "clipped", "samples")
+    __slots__ = ("_endpoints", "_learnt", "_parameters", "_pool", "clipped", "samples")
 
     def __init__(self, parameters: ModelParameters) -> None:
         self._parameters = parameters
         self._pool = _Level(parameters.prior)
         self._endpoints: dict[str, _Level] = {}
+        #: the levels samples were learnt into since ``take_learnt`` (None: the pool)
+        self._learnt: set[str | None] = set()
         #: samples accepted and clipped since start (for the operator)
         self.samples = 0
         self.clipped = 0
@@ -258,7 +260,15 @@ class LatencyModel:
         if level.pending >= p.refit_every:
             level.refit(pool.coef, p.prior_weight)
         self.samples += 1
+        self._learnt.add(endpoint)
+        self._learnt.add(None)
         return True
+
+    def take_learnt(self) -> set[str | None]:
+        """The levels (endpoint names, ``None`` for the pool) that learnt a sample since the
+        last call: the ones worth sharing again."""
+        learnt, self._learnt = self._learnt, set()
+        return learnt
 
     def forget(self, endpoint: str) -> None:
         self._endpoints.pop(endpoint, None)

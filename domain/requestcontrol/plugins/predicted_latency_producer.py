@@ -525,15 +525,17 @@ class PredictedLatencyProducer(ProducerPlugin, ConsumerPlugin, BackgroundPlugin)
             await asyncio.sleep(SHARE_INTERVAL)
 
     async def share(self) -> None:
-        """One round: write each learnt level, read and adopt each level not learnt yet."""
+        """One round: write each level this process learnt from since its last write (and
+        that has ``minSamples``), read and adopt each level it has too few samples of."""
         minimum = float(self.parameters.min_samples)
         for kind, model in (("ttft", self.ttft), ("tpot", self.tpot)):
+            learnt = model.take_learnt()
             levels: list[str | None] = [None, *(e.name for e in self._datastore.endpoints())]
             for endpoint in levels:
                 key = f"latency-model:{self._typed_name.name}:{kind}:{endpoint or '*'}"
                 if model.sample_count(endpoint) >= minimum:
                     document = model.export(endpoint)
-                    if document is not None:
+                    if document is not None and endpoint in learnt:
                         value = self._codec.dumps(document).decode()
                         await self._sessions.put(key, value, SHARE_TTL)
                     continue

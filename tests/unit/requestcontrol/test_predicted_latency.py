@@ -261,6 +261,12 @@ async def test_a_new_replica_adopts_the_models_another_one_learnt() -> None:
     adopted = fresh.ttft.predict("pod-1", x)
     assert adopted.source == SOURCE_ENDPOINT
     assert adopted.value == pytest.approx(learnt.ttft.predict("pod-1", x).value, rel=1e-6)
+    # the one that learnt more writes again; the one that only adopted never overwrites it
+    _teach(learnt, samples=5)
+    await learnt.share()
+    written = dict(store.values)
+    await fresh.share()
+    assert store.values == written
     # a document that is not a model is ignored
     assert not fresh.ttft.merge("pod-0", {"n": "many", "a": [], "b": []})
 
