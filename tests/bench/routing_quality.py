@@ -55,7 +55,24 @@ All workloads and columns take about 10 minutes on 2 cores, ``--quick`` about 3.
 ``--modes`` may also name ``no-gate`` (the default without ``kv-capacity-gate``, the default
 until 2026-11-25), ``no-freshness`` (the default without ``metrics-freshness-filter``)
 and ``lru-0.003``, ``lru-0.01``, ``lru-0.03`` (the default plus ``no-hit-lru-scorer`` at that
-weight), the variants of decision 0014; they are not run unless named.
+weight), the variants of decision 0014; ``prev-default`` (the default of 2026-11-25 as a
+config, "sticky until saturated"), ``predicted-latency`` (the llm-d chart's
+latency-predictor config as it ships), ``predicted-sticky-N`` and ``predicted-balanced-N``
+(the affinity filter on the predicted TTFT with ``maxTTFTPenaltyMs`` N, ``latency-scorer``,
+the second with ``token-load-scorer`` as tie-break), the variants of decision 0027; they are
+not run unless named.
+
+Issue 37's workloads (``--workload``) reuse the shared-prefix prompts: ``heterogeneous`` (the
+first simulator ``--slowdown`` (2) times slower in prefill and decode), ``external-load``
+(``--external-streams`` (16) requests at a time sent straight to the first simulator,
+bypassing Envoy) and ``bursts`` (open loop: half the requests at ``--burst-rate`` (4) per
+simulated second, ``--burst-idle`` (20) s of nothing, the rest at ``--burst-factor`` (4)
+times the rate). ``--load pressure`` is the issue's cache pressure (40 groups, 240 KV blocks
+each, 48 clients), ``--load light`` 8 clients. ``--slo-ttft-ms`` and ``--slo-tpot-ms``
+(simulated) go to every request as ``x-slo-*`` headers and add the SLO attainment row; the
+hit rate is then the client's own requests' (the simulators report cached tokens), the
+EPP's TTFT prediction error after the first third of the requests is read from its
+``/metrics`` when it exports it.
 """
 
 from __future__ import annotations
