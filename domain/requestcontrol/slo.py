@@ -20,6 +20,7 @@ from domain.errors import BadRequestError
 
 __all__ = [
     "MAX_SLO_MS",
+    "NO_SLO",
     "TPOT_SLO_HEADERS",
     "TTFT_SLO_HEADERS",
     "RequestSlo",
