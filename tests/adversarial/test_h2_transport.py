@@ -1,4 +1,4 @@
-"""The native ext_proc transport (``adapters.envoy.h2grpc``) as an attacker on the network
+"""The native ext_proc transport (``adapters.envoy.h2``) as an attacker on the network
 reaches it: a raw TCP client that frames HTTP/2 by hand, against the server in-process.
 
 Probed: the connection preface and the handshake timeout, frame sizes, header blocks split
@@ -23,8 +23,9 @@ import grpc
 import hpack
 import pytest
 
-from adapters.envoy import h2grpc
-from adapters.envoy.h2grpc import H2GrpcServer, MethodHandler
+from adapters.envoy.h2 import H2GrpcServer, H2Limits, MethodHandler
+from adapters.envoy.h2 import connection as h2connection
+from adapters.envoy.h2 import flow as h2flow
 from tests.support.h2frames import (
     ACK,
     CANCEL,
@@ -297,7 +298,7 @@ async def _until(condition: Callable[[], bool], within: float = DEADLINE) -> Non
 
 @contextlib.asynccontextmanager
 async def serving(**options: Any) -> AsyncIterator[Harness]:
-    server = H2GrpcServer(HANDLERS, **options)
+    server = H2GrpcServer(HANDLERS, limits=H2Limits(**options))
     harness = Harness(server, await server.start("127.0.0.1", 0))
     try:
         yield harness
@@ -518,14 +519,14 @@ def _window_updates(peer: Peer, stream_id: int) -> int:
 
 
 async def test_a_handler_that_does_not_read_gets_no_more_than_its_window() -> None:
-    assert h2grpc.STREAM_WINDOW % 16_384 == 0
+    assert h2flow.STREAM_WINDOW % 16_384 == 0
     async with serving() as harness:
         peer = await harness.connect()
         # the stream's whole window in 16 KiB DATA frames, one message each, to a handler
         # that never reads them
         peer.send(peer.request(1, f"{SERVICE}/Never"))
         full = frame(DATA, 0, 1, message(b"m" * (16_384 - 5)))
-        peer.send(full * (h2grpc.STREAM_WINDOW // 16_384))
+        peer.send(full * (h2flow.STREAM_WINDOW // 16_384))
         await peer.ping()
         # nothing read, nothing credited back: the peer may send no more on this stream
         assert _window_updates(peer, 1) == 0
@@ -549,8 +550,8 @@ async def test_a_handler_that_reads_returns_the_window() -> None:
         peer.send(peer.request(1, f"{SERVICE}/Drain"))
         full = frame(DATA, 0, 1, message(b"m" * (16_384 - 5)))
         for _ in range(3):
-            peer.send(full * (h2grpc.STREAM_WINDOW // 16_384))
-            await peer.until(lambda: _window_updates(peer, 1) >= h2grpc.STREAM_WINDOW // 2)
+            peer.send(full * (h2flow.STREAM_WINDOW // 16_384))
+            await peer.until(lambda: _window_updates(peer, 1) >= h2flow.STREAM_WINDOW // 2)
         assert peer.reset(1) is None
         peer.send(frame(DATA, END_STREAM, 1))
         assert await peer.status(1) == "0"
@@ -583,7 +584,7 @@ async def test_inline_answers_a_peer_does_not_take_stop_its_stream() -> None:
     async with serving() as harness:
         peer = await harness.connect()
         size = 16_384 - 5
-        sent = [message(bytes([65 + n % 26]) * size) for n in range(h2grpc.STREAM_WINDOW // 16_384)]
+        sent = [message(bytes([65 + n % 26]) * size) for n in range(h2flow.STREAM_WINDOW // 16_384)]
         peer.send(peer.request(1, f"{SERVICE}/Inline"))
         await peer.ping()  # the handler waits in read()
         peer.send(b"".join(frame(DATA, 0, 1, m) for m in sent))
@@ -699,16 +700,14 @@ async def _push_unread_requests(harness: Harness, path: str | bytes) -> tuple[in
     assert peer.transport is not None
     peer.transport.pause_reading()  # never read again
     (connection,) = harness.server.connections
-    server_side = connection._transport
-    assert server_side is not None
     peer.send(peer.request(1, path, end_stream=True))
     block = peer.request(3, path, end_stream=True)[9:]  # the same headers, now all indexed
     stream_id, sent, peak = 3, 0, 0
     async with asyncio.timeout(DEADLINE):
         while sent < 50 * MIB and peak < 4 * BOUND:
-            peak = max(peak, server_side.get_write_buffer_size())
+            peak = max(peak, connection.write_buffer_size())
             if not peer.writable:
-                if not server_side.is_reading():
+                if not connection.reading():
                     break  # the server stopped reading: the peer can push no more
                 await asyncio.sleep(0.005)
                 continue
@@ -857,7 +856,7 @@ def _break(peer: Peer, stream_id: int, longest: float) -> None:
 async def test_a_connection_that_broke_a_call_is_not_read_while_others_are_served(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(h2grpc, "_PENALTY_FIRST", 3600.0)  # the pause outlasts the test
+    monkeypatch.setattr(h2connection, "PENALTY_FIRST", 3600.0)  # the pause outlasts the test
     async with serving() as harness:
         peer = await harness.connect()
         _break(peer, 1, 3600.0)
@@ -885,7 +884,7 @@ async def test_a_paused_connection_is_read_again_when_the_pause_ends() -> None:
 
 
 async def test_no_pause_when_the_longest_is_zero(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(h2grpc, "_PENALTY_FIRST", 3600.0)
+    monkeypatch.setattr(h2connection, "PENALTY_FIRST", 3600.0)
     async with serving() as harness:
         peer = await harness.connect()
         _break(peer, 1, 0.0)
@@ -900,11 +899,11 @@ def test_a_hosts_strikes_count_in_a_row_and_are_forgotten() -> None:
     assert [server.strike("10.0.0.1", t) for t in (0.0, 1.0, 2.0)] == [1, 2, 3]
     assert server.strike("10.0.0.2", 2.0) == 1  # another host: its own count
     # a strike within the forget window of the last one continues the count
-    assert server.strike("10.0.0.1", 2.0 + h2grpc._PENALTY_FORGET - 1) == 4
+    assert server.strike("10.0.0.1", 2.0 + h2connection.PENALTY_FORGET - 1) == 4
     # none for that long: forgotten
-    assert server.strike("10.0.0.1", 3.0 + 2 * h2grpc._PENALTY_FORGET) == 1
+    assert server.strike("10.0.0.1", 3.0 + 2 * h2connection.PENALTY_FORGET) == 1
     # the hosts kept are bounded: the one struck longest ago is forgotten first
-    for n in range(h2grpc._PENALTY_HOSTS):
+    for n in range(h2connection.PENALTY_HOSTS):
         server.strike(f"h{n}", 100.0)
     assert server.strike("10.0.0.2", 101.0) == 1
-    assert server.strike(f"h{h2grpc._PENALTY_HOSTS - 1}", 101.0) == 2
+    assert server.strike(f"h{h2connection.PENALTY_HOSTS - 1}", 101.0) == 2

@@ -6,7 +6,7 @@ response-body reply echoing its chunk, and nothing else. A client here (grpc.aio
 SSE-sized ``response_body`` message and waits for the reply, over ``--streams`` concurrent
 streams. Prints the server's CPU per message pair: the floor under the EPP's cost per SSE
 chunk, for each ``--transports``: ``grpcio`` (grpc.aio, docs/decisions/0013), ``native``
-(``adapters.envoy.h2grpc``, docs/decisions/0020), ``inline`` (the same, each message
+(``adapters.envoy.h2``, docs/decisions/0020), ``inline`` (the same, each message
 answered in the transport's read without waking the handler, docs/decisions/0021), ``h2``
 (the same echo on the ``h2`` library's HTTP/2 state machine, when it is installed: what a
 kept library would cost) and ``socket`` (no HTTP/2, no gRPC, no protobuf: the same bytes
@@ -33,7 +33,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
 from adapters.envoy.extproc import _response_body_response, serialize_reply
-from adapters.envoy.h2grpc import H2GrpcServer, MethodHandler
+from adapters.envoy.h2 import H2GrpcServer, MethodHandler
 from tests.bench.load import cpu_seconds
 
 SERVICE = "envoy.service.ext_proc.v3.ExternalProcessor"

@@ -1,5 +1,5 @@
 """HTTP/2 frames by hand, for the raw-frame tests and benchmarks of the native transport
-(``adapters/envoy/h2grpc.py``): frame and error codes, flags, and builders."""
+(``adapters/envoy/h2/``): frame and error codes, flags, and builders."""
 
 from __future__ import annotations
 
