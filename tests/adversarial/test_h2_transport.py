@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import socket
 import time
 from collections.abc import AsyncIterator, Callable
@@ -264,6 +265,8 @@ class Harness:
         loop = asyncio.get_running_loop()
         sock = socket.socket()
         sock.setblocking(False)
+        # no Nagle: a frame written after a small one leaves at once, as a gateway's does
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         if receive_buffer:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, receive_buffer)
         await loop.sock_connect(sock, ("127.0.0.1", self.port))
@@ -417,9 +420,71 @@ async def test_rapid_reset_is_a_goaway_enhance_your_calm() -> None:
             peer.send(_rst(stream_id))
             if peer.closed:
                 break
-        # before: every stream a handler started and cancelled; after: cut past 200 resets
+        # before: every stream a handler started and cancelled; after: asked to go away past
+        # 200 resets of streams not yet answered, and refused from the final GOAWAY on
         await _expect_goaway(peer, ENHANCE_YOUR_CALM)
-        assert len(peer.of(PING)) < 300
+        # the final GOAWAY (the first names no last stream) says which streams were served
+        last = int.from_bytes(peer.of(GOAWAY)[1][3][:4], "big")
+        assert harness.server.calls_started == (last + 1) // 2 < 1_000
+        await harness.no_calls()
+        await harness.assert_serves()
+
+
+def _closed_or_echoed(peer: Peer, streams: range) -> bool:
+    return peer.closed or all(_echoed(peer, s) for s in streams)
+
+
+async def test_streams_reset_after_they_were_answered_do_not_end_the_connection() -> None:
+    # What Envoy does without ext_proc_graceful_grpc_close when its clients hang up: the
+    # stream of every abandoned request is reset, after the EPP has answered it
+    async with serving() as harness:
+        peer = await harness.connect()
+        for batch in range(8):  # 400 streams, 50 at a time: each answered, then reset
+            streams = range(1 + 100 * batch, 101 + 100 * batch, 2)
+            peer.send(
+                b"".join(peer.request(s) + frame(DATA, 0, s, message(b"chunk")) for s in streams)
+            )
+            await peer.until(functools.partial(_closed_or_echoed, peer, streams))
+            assert not peer.closed, f"cut after {50 * batch} resets: GOAWAY {peer.goaway()}"
+            peer.send(b"".join(_rst(s) for s in streams))
+        await peer.ping()
+        # before: past 200 resets outnumbering completions, GOAWAY ENHANCE_YOUR_CALM and every
+        # call on the connection failed; after: nothing to cut, the connection serves on
+        assert peer.goaway() is None
+        assert not peer.closed
+        peer.send(
+            peer.request(801, f"{SERVICE}/Unary") + frame(DATA, END_STREAM, 801, message(b"ok"))
+        )
+        assert await peer.status(801) == "0"
+        await harness.no_calls()
+
+
+async def test_rapid_reset_lets_the_calls_open_finish() -> None:
+    async with serving() as harness:
+        peer = await harness.connect()
+        # a call in progress: answered once, more to come
+        peer.send(peer.request(1) + frame(DATA, 0, 1, message(b"first")))
+        await peer.until(lambda: _echoed(peer, 1))
+        # then streams opened and reset before they are answered, 400 in one write
+        peer.send(b"".join(peer.request(s, f"{SERVICE}/Never") + _rst(s) for s in range(3, 803, 2)))
+        assert await peer.goaway_code() == ENHANCE_YOUR_CALM
+        # the GOAWAY's PING answered: the final GOAWAY names the last stream the peer opened
+        (ping,) = [f for f in peer.of(PING) if not f[1] & ACK]
+        peer.send(frame(PING, ACK, 0, ping[3]))
+        await peer.until(lambda: len(peer.of(GOAWAY)) == 2)
+        assert int.from_bytes(peer.of(GOAWAY)[-1][3][:4], "big") == 801
+        # before: the connection closed at once, the call in progress failed with it;
+        # after: it finishes, then the connection closes
+        peer.send(frame(DATA, 0, 1, message(b"second")))
+        await peer.until(lambda: _echoed(peer, 1) == message(b"first") + message(b"second"))
+        peer.send(frame(DATA, END_STREAM, 1))
+        assert await peer.status(1) == "0"
+        # a stream opened after the final GOAWAY is refused, not served
+        peer.send(peer.request(803, f"{SERVICE}/Unary"))
+        await peer.until(lambda: peer.reset(803) is not None or peer.closed)
+        assert peer.reset(803) in (None, REFUSED_STREAM)
+        assert harness.server.calls_started == 401
+        await peer.until(lambda: peer.closed)
         await harness.no_calls()
         await harness.assert_serves()
 

@@ -82,7 +82,14 @@ __all__ = ["Connection", "ConnectionSet"]
 # (HEADERS, or DATA with a payload) refills this many.
 CONTROL_BUDGET = 1_000
 CONTROL_REFILL = 10
-RAPID_RESETS = 200  # resets beyond which a peer resetting more than it completes is cut
+# "Rapid reset" (CVE-2023-44487): streams opened and reset before we answered them, each a
+# call started for nothing. A connection may reset RAPID_RESETS such streams at once and
+# RAPID_RESET_RATE a second after that; past it, it is asked to go away (GOAWAY
+# ENHANCE_YOUR_CALM) and its open calls finish. A stream reset after it was answered (a
+# gateway's client that hung up) costs only itself and is not counted. (libnghttp2 allows
+# 1,000 resets at once and 33 a second, counting every reset.)
+RAPID_RESETS = 200
+RAPID_RESET_RATE = 33.0
 # seconds an error status may wait for the peer to finish sending (see _park)
 PARK_DELAY = 0.5
 _GOAWAY_PING = b"goaway\x00\x00"
@@ -148,8 +155,9 @@ class Connection(asyncio.Protocol):
         self._decoder = HeaderDecoder()
         self._block = HeaderAssembly()  # a header block in progress
         self._control = CONTROL_BUDGET
-        self._resets = 0
-        self._completed = 0
+        self._reset_budget = float(RAPID_RESETS)
+        self._reset_time = self.loop.time()
+        self._goaway_code = NO_ERROR
         self._out: list[bytes] = []
         self._flush_scheduled = False
         self._paused = False
@@ -328,7 +336,8 @@ class Connection(asyncio.Protocol):
                 call = self._calls.pop(stream_id, None)
                 if call is not None:
                     call.fail()
-                    self._count_reset()
+                    if not call.answered:
+                        self._count_rapid_reset()
             elif kind == GOAWAY:
                 self._closing_by_peer()
             elif kind == PRIORITY:
@@ -345,10 +354,24 @@ class Connection(asyncio.Protocol):
     def _refill_control(self) -> None:
         self._control = min(self._control + CONTROL_REFILL, CONTROL_BUDGET)
 
-    def _count_reset(self) -> None:
-        self._resets += 1
-        if self._resets > RAPID_RESETS and self._resets > self._completed:
-            raise H2ConnectionError(ENHANCE_YOUR_CALM, "too many streams reset")
+    def _count_rapid_reset(self) -> None:
+        now = self.loop.time()
+        refill = (now - self._reset_time) * RAPID_RESET_RATE
+        self._reset_budget = min(self._reset_budget + refill, RAPID_RESETS) - 1
+        self._reset_time = now
+        if self._reset_budget >= 0:
+            return
+        if not self._goaway_announced:
+            self._peers.log.info(
+                "HTTP/2 connection from %s asked to go away: streams reset before they were "
+                "answered, more than %d at once or %g a second",
+                self._host or "?",
+                RAPID_RESETS,
+                RAPID_RESET_RATE,
+            )
+            self.go_away(ENHANCE_YOUR_CALM)
+        elif self._reset_budget < -RAPID_RESETS:
+            self._final_goaway()  # it goes on while the GOAWAY's PING is under way
 
     def _on_data(self, flags: int, stream_id: int, payload: bytes) -> None:
         if not stream_id:
@@ -398,13 +421,14 @@ class Connection(asyncio.Protocol):
             return
         headers = self._decoder.decode(block)
         end_stream = bool(first_flags & END_STREAM)
-        self._refill_control()
         if self._parked and stream_id in self._parked:
+            self._refill_control()
             self._send_parked(stream_id)  # the peer's trailers: it is done sending
             return
         call = self._calls.get(stream_id)
         if call is not None:
             # trailers from the client
+            self._refill_control()
             if not end_stream:
                 raise H2ConnectionError(PROTOCOL_ERROR, "a second header block without END_STREAM")
             call.receive(b"", True)
@@ -414,8 +438,11 @@ class Connection(asyncio.Protocol):
         self._last_stream = stream_id
         limit = self.limits.max_streams_per_connection
         if self._goaway_sent or (limit and len(self._calls) >= limit):
+            # a stream refused is no request: it spends the budget instead of refilling it
+            self._spend_control()
             self._send(rst_stream(stream_id, REFUSED_STREAM))
             return
+        self._refill_control()
         opened = open_call(self, self._registry, stream_id, headers, end_stream)
         if type(opened) is Refusal:
             self._answer(stream_id, opened.block, end_stream)
@@ -487,8 +514,7 @@ class Connection(asyncio.Protocol):
             self.send_headers(call.stream_id, block, end_stream=True)
         else:
             self._park(call.stream_id, block)
-        if self._calls.pop(call.stream_id, None) is call:
-            self._completed += 1
+        self._calls.pop(call.stream_id, None)
         self._maybe_close()
 
     def _answer(self, stream_id: int, block: bytes, end_stream: bool) -> None:
@@ -597,23 +623,25 @@ class Connection(asyncio.Protocol):
 
     # -- the end: GOAWAY, drain, close --
 
-    def go_away(self) -> None:
+    def go_away(self, code: int = NO_ERROR) -> None:
         """Asks the peer to open no new streams here; the connection closes when its streams
-        are done (max connection age, drain). In two steps, as gRPC does: a GOAWAY naming no
-        last stream and a PING; once the PING comes back, every stream the peer opened before
-        it saw the GOAWAY has arrived, and the final GOAWAY names the last. A stream the peer
-        sent meanwhile is served, not refused (Envoy would answer its request 503)."""
+        are done (max connection age, drain, a peer that resets streams too fast: ``code``).
+        In two steps, as gRPC does: a GOAWAY naming no last stream and a PING; once the PING
+        comes back, every stream the peer opened before it saw the GOAWAY has arrived, and
+        the final GOAWAY names the last. A stream the peer sent meanwhile is served, not
+        refused (Envoy would answer its request 503)."""
         if self._goaway_announced or self._closing:
             return
         self._goaway_announced = True
-        self._send(goaway(MAX_WINDOW, NO_ERROR) + frame(PING, 0, 0, _GOAWAY_PING))
+        self._goaway_code = code
+        self._send(goaway(MAX_WINDOW, code) + frame(PING, 0, 0, _GOAWAY_PING))
         self._timers.append(self.loop.call_later(GOAWAY_PING_TIMEOUT, self._final_goaway))
 
     def _final_goaway(self) -> None:
         if self._goaway_sent or self._closing:
             return
         self._goaway_sent = True
-        self._send(goaway(self._last_stream, NO_ERROR))
+        self._send(goaway(self._last_stream, self._goaway_code))
         self._maybe_close()
 
     def _maybe_close(self) -> None:
