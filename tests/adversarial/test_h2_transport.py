@@ -30,6 +30,7 @@ from adapters.envoy.h2 import flow as h2flow
 from tests.support.h2frames import (
     ACK,
     CANCEL,
+    COMPRESSION_ERROR,
     CONTINUATION,
     DATA,
     END_HEADERS,
@@ -39,6 +40,7 @@ from tests.support.h2frames import (
     FRAME_SIZE_ERROR,
     GOAWAY,
     HEADERS,
+    INITIAL_WINDOW_SIZE,
     PING,
     PREFACE,
     PRIORITY,
@@ -972,3 +974,140 @@ def test_a_hosts_strikes_count_in_a_row_and_are_forgotten() -> None:
         server.strike(f"h{n}", 100.0)
     assert server.strike("10.0.0.2", 101.0) == 1
     assert server.strike(f"h{h2connection.PENALTY_HOSTS - 1}", 101.0) == 2
+
+
+# -- work a connection can make us do: floods from one connection, normal traffic beside --
+
+NORMAL_P99 = 0.050  # seconds
+
+
+async def _normal_p99_during(harness: Harness, attack: Callable[[], Any], *, rounds: int) -> float:
+    """Runs ``attack`` ``rounds`` times (each a connection of its own, flooded until the
+    server cuts it or the round's floods are sent) while a well-behaved grpc.aio client calls
+    back to back on another connection; returns the p99 latency of the calls made meanwhile
+    (at least 10: the last calls wait for them)."""
+    latencies: list[float] = []
+
+    async def attacker() -> None:
+        for _ in range(rounds):
+            await attack()
+
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{harness.port}") as channel:
+        call: Any = channel.unary_unary(f"{SERVICE}/Unary")
+        assert await call(b"warm", timeout=DEADLINE) == b"warm"
+        flooding = asyncio.create_task(attacker())
+        try:
+            async with asyncio.timeout(60):
+                while not flooding.done() or len(latencies) < 10:
+                    started = time.monotonic()
+                    assert await call(b"normal", timeout=DEADLINE) == b"normal"
+                    latencies.append(time.monotonic() - started)
+        finally:
+            flooding.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await flooding
+    latencies.sort()
+    return latencies[int(len(latencies) * 0.99)]
+
+
+async def _flood(harness: Harness, opening: bytes, floods: list[bytes]) -> Peer:
+    """A connection that sends ``opening``, then each of ``floods`` once the server has
+    handled the last (a PING answered), until the server closes it."""
+    peer = await harness.connect()
+    peer.send(opening)
+    for n, flood in enumerate(floods):
+        if peer.closed:
+            break
+        peer.send(flood)
+        await peer.ping(n.to_bytes(8, "big"))
+    peer.close()
+    return peer
+
+
+def _in_frames(kind: int, flags: int, stream_id: int, block: bytes) -> bytes:
+    """A header block as a HEADERS frame and CONTINUATIONs of 16 KiB."""
+    parts = [block[i : i + 16_384] for i in range(0, len(block), 16_384)]
+    frames = [frame(kind, 0 if len(parts) > 1 else flags, stream_id, parts[0])]
+    for index, part in enumerate(parts[1:], start=2):
+        last = index == len(parts)
+        frames.append(frame(CONTINUATION, flags if last else 0, stream_id, part))
+    return b"".join(frames)
+
+
+async def test_a_flood_of_table_size_updates_leaves_normal_traffic_on_time() -> None:
+    # RFC 7541 4.2: at most two size updates at the start of a block. A block of 65,400
+    # one-byte updates fits the 64 KiB block cap and took 60-170 ms to decode.
+    async with serving() as harness:
+        flood = _in_frames(HEADERS, END_HEADERS | END_STREAM, 1, b"\x20" * 65_400)
+
+        async def attack() -> None:
+            peer = await _flood(harness, b"", [flood])
+            # before: decoded and answered (405); after: GOAWAY COMPRESSION_ERROR
+            assert peer.goaway() in (None, COMPRESSION_ERROR)
+
+        p99 = await _normal_p99_during(harness, attack, rounds=20)
+        assert p99 < NORMAL_P99, f"p99 {p99 * 1000:.0f} ms during 20 connections' floods"
+        # two updates at the start are allowed
+        peer = await harness.connect()
+        peer.send(frame(HEADERS, END_HEADERS, 1, b"\x20\x3f\xe1\x1f" + peer.request(1)[9:]))
+        peer.send(frame(DATA, END_STREAM, 1, message(b"x")))
+        assert await peer.status(1) == "0"
+        peer = await harness.connect()
+        peer.send(frame(HEADERS, END_HEADERS, 1, b"\x20\x20\x20" + peer.request(1)[9:]))
+        assert await peer.goaway_code() == COMPRESSION_ERROR
+
+
+async def test_a_flood_of_window_settings_leaves_normal_traffic_on_time() -> None:
+    # SETTINGS of 2,730 INITIAL_WINDOW_SIZE entries (16 KiB) over 100 open streams: 273,000
+    # window changes a frame. Now at most 32 entries a frame, the window applied once.
+    async with serving() as harness:
+        streams = b"".join(
+            frame(HEADERS, END_HEADERS, s, Peer().request(s, f"{SERVICE}/Never")[9:])
+            for s in range(1, 201, 2)
+        )
+        entries = [(INITIAL_WINDOW_SIZE, 65_535 + n % 2) for n in range(2_730)]
+
+        async def attack() -> None:
+            peer = await _flood(harness, streams, [settings(*entries)] * 50)
+            # before: each frame applied, entry by entry; after: GOAWAY ENHANCE_YOUR_CALM
+            assert peer.goaway() in (None, ENHANCE_YOUR_CALM)
+
+        p99 = await _normal_p99_during(harness, attack, rounds=3)
+        assert p99 < NORMAL_P99, f"p99 {p99 * 1000:.0f} ms during 3 connections' floods"
+        await harness.no_calls()
+        # 32 entries are a frame like any other
+        peer = await harness.connect()
+        peer.send(settings(*entries[:32]) + peer.request(1, f"{SERVICE}/Unary"))
+        peer.send(frame(DATA, END_STREAM, 1, message(b"x")))
+        assert await peer.status(1) == "0"
+
+
+def _costly_block(path: str) -> bytes:
+    """A legal request header block that is slow to decode: 150 Huffman-coded literals of
+    new names, 9 KiB compressed and just under the 16 KiB decoded limit."""
+    headers = [(":method", "POST"), (":scheme", "http"), (":path", path), (":authority", "x")]
+    headers += [("content-type", "application/grpc")]
+    headers += [(f"x-h{n:04d}", "v" * 60) for n in range(150)]
+    return hpack.Encoder().encode(headers, huffman=True)
+
+
+async def test_a_flood_of_costly_header_blocks_leaves_normal_traffic_on_time() -> None:
+    # 25 such blocks (each a request) in one write: one read of ~230 KiB, about 5 ms of
+    # decoding a block. Their decoding is charged to the connection's budget, and the loop
+    # is yielded between the frames of one read.
+    async with serving() as harness:
+        block = _costly_block(f"{SERVICE}/Missing")
+        floods = [
+            b"".join(
+                frame(HEADERS, END_HEADERS | END_STREAM, s, block) for s in range(n, n + 50, 2)
+            )
+            for n in range(1, 500, 50)
+        ]
+
+        async def attack() -> None:
+            peer = await _flood(harness, b"", floods)
+            # before: answered (UNIMPLEMENTED) for ever; after: GOAWAY ENHANCE_YOUR_CALM
+            assert peer.goaway() in (None, ENHANCE_YOUR_CALM)
+
+        p99 = await _normal_p99_during(harness, attack, rounds=3)
+        assert p99 < NORMAL_P99, f"p99 {p99 * 1000:.0f} ms during 3 connections' floods"

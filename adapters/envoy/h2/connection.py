@@ -101,6 +101,7 @@ CLOSE_LINGER = 1.0  # seconds a finished connection waits for the peer to close 
 PENALTY_FIRST = 0.01
 PENALTY_FORGET = 30.0
 PENALTY_HOSTS = 4096  # hosts whose strikes are kept (the oldest forgotten first)
+READ_SLICE = 0.002  # seconds of frames handled before the event loop is yielded
 
 
 class ConnectionSet:
@@ -168,6 +169,8 @@ class Connection(asyncio.Protocol):
         self._parked: dict[int, tuple[bytes, asyncio.TimerHandle]] = {}
         self._host = ""
         self._penalty: asyncio.TimerHandle | None = None  # reading paused till it fires
+        self._yielding = False  # a read cut short: it goes on in the next pass
+        self._slice_end = 0.0
 
     # -- asyncio.Protocol --
 
@@ -213,33 +216,67 @@ class Connection(asyncio.Protocol):
     def pause_writing(self) -> None:
         # The peer does not read: neither do we, so nothing it asks for piles up here.
         self._paused = True
-        if self._transport is not None and not self._closing:
-            self._transport.pause_reading()
+        self._update_reading()
 
     def resume_writing(self) -> None:
         self._paused = False
-        if self._transport is not None and not self._closing and self._penalty is None:
-            self._transport.resume_reading()
+        self._update_reading()
         if self._drained is not None and not self._drained.done():
             self._drained.set_result(None)
 
     def data_received(self, data: bytes) -> None:
-        if self._penalty is not None:
-            # A pause starts in a call's task, between reads; a transport that still hands
-            # over bytes it had read is kept to the pause's end.
+        if self._penalty is not None or self._yielding:
+            # A pause starts between reads; a transport that still hands over bytes it had
+            # read is kept to the pause's end.
             self._reader.keep(data)
             return
-        try:
-            if self._reader.read(data, self._on_frame, self._is_closing):
-                self._timers[0].cancel()  # the preface came: no handshake timeout
-        except H2ConnectionError as exc:
-            self._fail_connection(exc.code, str(exc))
+        self._read(data)
 
     def eof_received(self) -> bool | None:
         return False
 
-    def _is_closing(self) -> bool:
-        return self._closing
+    def _update_reading(self) -> None:
+        """Reads the transport unless the peer does not read ours, its connection is paused
+        for a protocol break, or a read was cut short and goes on in the next pass."""
+        transport = self._transport
+        if transport is None or self._closing:
+            return
+        if self._paused or self._penalty is not None or self._yielding:
+            transport.pause_reading()
+        else:
+            transport.resume_reading()
+
+    def _read(self, data: bytes) -> None:
+        """Handles the frames received, for at most ``READ_SLICE`` seconds (a frame once
+        started is finished): what is left goes on in the next pass of the event loop, so
+        one connection's large read does not hold up the others."""
+        self._slice_end = self.loop.time() + READ_SLICE
+        try:
+            if self._reader.read(data, self._on_frame, self._stop_reading):
+                self._timers[0].cancel()  # the preface came: no handshake timeout
+        except H2ConnectionError as exc:
+            self._fail_connection(exc.code, str(exc))
+            return
+        if self._yielding and not self._closing:
+            self._update_reading()
+            self.loop.call_soon(self._read_on)
+
+    def _stop_reading(self) -> bool:
+        if self._closing:
+            return True
+        if self.loop.time() > self._slice_end:
+            self._yielding = True
+            return True
+        return False
+
+    def _read_on(self) -> None:
+        self._yielding = False
+        if self._closing or self._transport is None:
+            return
+        if self._penalty is None:
+            self._read(b"")
+        if not self._yielding:
+            self._update_reading()
 
     # -- what the server and its calls see --
 
@@ -283,9 +320,8 @@ class Connection(asyncio.Protocol):
             if self._penalty.when() >= self.loop.time() + delay:
                 return
             self._penalty.cancel()
-        else:
-            self._transport.pause_reading()
         self._penalty = self.loop.call_later(delay, self._end_penalty)
+        self._update_reading()
         self._peers.log.info(
             "ext_proc connection from %s not read for %g ms: a call broke the protocol "
             "(%d strikes of that host)",
@@ -298,10 +334,9 @@ class Connection(asyncio.Protocol):
         self._penalty = None
         if self._closing or self._transport is None:
             return
-        if not self._paused:
-            self._transport.resume_reading()
-        if self._reader.pending:
-            self.data_received(b"")  # what was kept meanwhile
+        self._update_reading()
+        if self._reader.pending and not self._yielding:
+            self._read(b"")  # what was kept meanwhile
 
     # -- frames in --
 
@@ -346,8 +381,8 @@ class Connection(asyncio.Protocol):
                 raise H2ConnectionError(PROTOCOL_ERROR, "a client may not push")
             # unknown frame types are ignored (RFC 9113 section 4.1)
 
-    def _spend_control(self) -> None:
-        self._control -= 1
+    def _spend_control(self, units: int = 1) -> None:
+        self._control -= units
         if self._control < 0:
             raise H2ConnectionError(ENHANCE_YOUR_CALM, "too many control frames")
 
@@ -419,7 +454,9 @@ class Connection(asyncio.Protocol):
         block = assembly.add(flags, fragment)
         if block is None:
             return
-        headers = self._decoder.decode(block)
+        headers, cost = self._decoder.decode(block)
+        if cost:
+            self._spend_control(cost)
         end_stream = bool(first_flags & END_STREAM)
         if self._parked and stream_id in self._parked:
             self._refill_control()
@@ -451,13 +488,16 @@ class Connection(asyncio.Protocol):
         entries = settings_entries(flags, stream_id, payload)
         if entries is None:
             return  # an acknowledgement
+        initial_window = None
         for key, value in entries:
             if key == INITIAL_WINDOW_SIZE:
-                streams = (call.windows for call in self._calls.values())
-                self.windows.set_initial_window(value, streams)
+                initial_window = value  # the last one counts: applied once a frame
             elif key == MAX_FRAME_SIZE:
                 self.windows.frame_size = value
             # header table size: we never index (see never_indexed); the rest is advice
+        if initial_window is not None:
+            streams = (call.windows for call in self._calls.values())
+            self.windows.set_initial_window(initial_window, streams)
         self._send(frame(SETTINGS, ACK, 0))
         self._flush_blocked()
 

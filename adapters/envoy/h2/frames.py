@@ -32,6 +32,7 @@ __all__ = [
     "MAX_CONCURRENT_STREAMS",
     "MAX_FRAME_SIZE",
     "MAX_HEADER_LIST_SIZE",
+    "MAX_SETTINGS",
     "MAX_WINDOW",
     "NO_ERROR",
     "PADDED",
@@ -78,6 +79,9 @@ INITIAL_WINDOW_SIZE, MAX_FRAME_SIZE, MAX_HEADER_LIST_SIZE = 0x4, 0x5, 0x6
 DEFAULT_WINDOW = 65_535
 MAX_WINDOW = 2**31 - 1
 FRAME_SIZE = 16_384  # what we accept, and what we send until the peer allows more
+# Entries one SETTINGS frame may carry (libnghttp2's bound). RFC 9113 defines six settings;
+# a 16 KiB frame of 2,730 entries is work for the receiver, not information.
+MAX_SETTINGS = 32
 
 # a frame header: length (24 bits) and type as one word, flags, stream id (RFC 9113 4.1)
 _FRAME_HEADER = struct.Struct(">IBI")
@@ -155,7 +159,8 @@ def window_increment(payload: bytes) -> int:
 
 
 def settings_entries(flags: int, stream_id: int, payload: bytes) -> list[tuple[int, int]] | None:
-    """A SETTINGS frame's entries, each value checked (None for an acknowledgement)."""
+    """A SETTINGS frame's entries, each value checked (None for an acknowledgement); more
+    than ``MAX_SETTINGS`` is ENHANCE_YOUR_CALM."""
     if stream_id:
         raise H2ConnectionError(PROTOCOL_ERROR, "SETTINGS on a stream")
     if flags & ACK:
@@ -164,6 +169,10 @@ def settings_entries(flags: int, stream_id: int, payload: bytes) -> list[tuple[i
         return None
     if len(payload) % 6:
         raise H2ConnectionError(FRAME_SIZE_ERROR, "SETTINGS of a bad length")
+    if len(payload) > 6 * MAX_SETTINGS:
+        raise H2ConnectionError(
+            ENHANCE_YOUR_CALM, f"SETTINGS of {len(payload) // 6} entries (at most {MAX_SETTINGS})"
+        )
     entries = []
     for offset in range(0, len(payload), 6):
         key = int.from_bytes(payload[offset : offset + 2], "big")

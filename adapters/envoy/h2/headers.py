@@ -3,13 +3,18 @@ CONTINUATION frames within a size cap, decoded with ``hpack`` (and kept decoded 
 dynamic table does not change: a gateway sends the same bytes for every stream), and the
 blocks we send, encoded once.
 
-What a block costs to decode is bounded by its compressed size (``MAX_HEADER_BLOCK``) and
-its decoded size (``MAX_HEADER_LIST_SIZE``).
+What a block costs to decode is bounded: its compressed size (``MAX_HEADER_BLOCK``), its
+decoded size (``MAX_HEADER_LIST_SIZE``), and the dynamic table size updates at its start (at
+most two, RFC 7541 4.2: a 64 KiB block of one-byte updates took 60-170 ms of the event
+loop). ``HeaderDecoder.decode`` also says what a block cost, in units of the connection's
+budget: one, one more per KiB, one more per 25 µs of decoding (the budget of 1,000 is 25 ms
+of decoding beyond what requests refill).
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from typing import cast
 
 import hpack
@@ -36,6 +41,8 @@ MAX_HEADER_LIST_SIZE = 16_384  # decoded, as SETTINGS_MAX_HEADER_LIST_SIZE says
 MAX_HEADER_BLOCK = 4 * MAX_HEADER_LIST_SIZE  # compressed, over HEADERS and CONTINUATIONs
 DECODED_BLOCKS = 16  # header blocks kept decoded per connection
 DECODED_BLOCK_MAX = 1024  # bytes: larger blocks are decoded each time
+TABLE_SIZE_UPDATES = 2  # at the start of a block, at most (RFC 7541 4.2)
+_DECODE_UNIT = 25e-6  # seconds of decoding a budget unit pays for
 
 Headers = list[tuple[bytes, bytes]]
 
@@ -82,6 +89,21 @@ class HeaderAssembly:
         return block
 
 
+def _leading_size_updates(block: bytes) -> int:
+    """Dynamic table size updates at the start of ``block`` (RFC 7541 6.3), counted up to
+    one past the limit."""
+    count = position = 0
+    end = len(block)
+    while position < end and block[position] & 0xE0 == 0x20 and count <= TABLE_SIZE_UPDATES:
+        count += 1
+        if block[position] & 0x1F == 0x1F:  # a longer integer: its continuation bytes
+            position += 1
+            while position < end and block[position] & 0x80:
+                position += 1
+        position += 1
+    return count
+
+
 class HeaderDecoder:
     """The connection's HPACK decoder, and the blocks it decoded without changing the
     dynamic table: decoding one of those again gives the same headers as long as the table
@@ -94,21 +116,29 @@ class HeaderDecoder:
         self._decoder.max_allowed_table_size = 4096
         self._decoded: dict[bytes, Headers] = {}
 
-    def decode(self, block: bytes) -> Headers:
-        """The block's headers."""
+    def decode(self, block: bytes) -> tuple[Headers, int]:
+        """The block's headers, and what decoding it cost in budget units (0 when it was
+        kept decoded)."""
         headers = self._decoded.get(block)
         if headers is not None:
-            return headers
+            return headers, 0
+        if block and block[0] & 0xE0 == 0x20 and _leading_size_updates(block) > TABLE_SIZE_UPDATES:
+            raise H2ConnectionError(
+                COMPRESSION_ERROR,
+                f"header block: more than {TABLE_SIZE_UPDATES} table size updates",
+            )
         decoder = self._decoder
         table = decoder.header_table
         entries = table.dynamic_entries
         newest, count, size = entries[0] if entries else None, len(entries), table.maxsize
+        started = time.perf_counter()
         try:
             headers = cast(Headers, decoder.decode(block, raw=True))
         except hpack.OversizedHeaderListError:
             raise H2ConnectionError(ENHANCE_YOUR_CALM, "header list too large") from None
         except hpack.HPACKError as exc:
             raise H2ConnectionError(COMPRESSION_ERROR, f"header block: {exc}") from None
+        cost = 1 + len(block) // 1024 + int((time.perf_counter() - started) / _DECODE_UNIT)
         entries = table.dynamic_entries
         # an entry added is a new tuple at the front; a size update changes maxsize
         newest_now = entries[0] if entries else None
@@ -117,4 +147,4 @@ class HeaderDecoder:
                 self._decoded[block] = headers
         elif self._decoded:
             self._decoded.clear()
-        return headers
+        return headers, cost
