@@ -50,6 +50,7 @@ from tests.support.stack import (
     free_port,
     health_status,
     metric_sum,
+    replica_metrics_urls,
     wait_for,
 )
 
@@ -177,7 +178,9 @@ def test_the_llm_d_chart_with_3_replicas_tracing_and_the_payload_agnostic_config
 ) -> None:
     receiver = OtlpReceiver().start()
     try:
-        args = llmd_args(replicas=3, tracing=True, plugins_file="payload-agnostic.yaml")
+        args = llmd_args(
+            replicas=3, tracing=True, plugins_file="payload-agnostic.yaml", metrics_auth=False
+        )
         env = {
             **tracing_env("llm-d-router/epp", receiver.endpoint),
             "OTEL_BSP_SCHEDULE_DELAY": "50",
@@ -195,6 +198,16 @@ def test_the_llm_d_chart_with_3_replicas_tracing_and_the_payload_agnostic_config
                 what="one replica (the leader) to be ready",
             )
             assert [health_status(p, "liveness") for p in health_ports] == [SERVING] * 3
+            # Envoy here balances over all three (a Service would hold only the ready one):
+            # each must know the pool before it is sent a request
+            wait_for(
+                lambda: all(
+                    metric_sum(url, "inference_pool_ready_pods") == len(POD_IPS)
+                    for url in replica_metrics_urls(stack)
+                ),
+                timeout=30,
+                what="every replica to know the pool's pods",
+            )
             assert sum(served_by(stack, 12, {"traceparent": SAMPLED}).values()) == 12
             spans = receiver.wait_for(
                 lambda spans: any(s.name == "gateway.request" for s in spans),
