@@ -5,13 +5,12 @@ from __future__ import annotations
 import socket
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from dependency_injector import containers, providers
 
 from adapters.envoy.extproc import StreamLimits
-from adapters.envoy.server import GrpcServers
+from adapters.envoy.server import GrpcServers, ServerOptions
 from adapters.envoy.tls import (
     ServerCertificate,
     load_certificate,
@@ -84,20 +83,6 @@ def _certificate(settings: Settings) -> ServerCertificate | None:
     if settings.cert_path is not None:
         return load_certificate(settings.cert_path)
     return self_signed_certificate()
-
-
-def _client_ca(settings: Settings) -> bytes | None:
-    if settings.grpc_client_ca_file is None:
-        return None
-    return load_client_ca(settings.grpc_client_ca_file)
-
-
-def _cipher_suites(settings: Settings) -> tuple[str, ...]:
-    return tuple(CIPHER_SUITES[name] for name in settings.tls_cipher_suites)
-
-
-def _reload_from(settings: Settings) -> Path | None:
-    return settings.cert_path if settings.enable_cert_reload else None
 
 
 #: A worker's collectors wait for the supervisor's next poll result as long as it takes.
@@ -266,9 +251,40 @@ def _handle(
     )
 
 
-def _health_port(settings: Settings, role: ProcessRole) -> int | None:
-    """A worker serves no health port: its supervisor serves the pod's."""
-    return None if role.worker else settings.grpc_health_port
+def _server_options(
+    settings: Settings, role: ProcessRole, certificate: ServerCertificate | None
+) -> ServerOptions:
+    """The ext_proc and health servers' options from the flags. A worker serves no health
+    port (its supervisor serves the pod's) and shares the ext_proc port."""
+    return ServerOptions(
+        host=settings.bind_address,
+        grpc_port=settings.grpc_port,
+        health_port=None if role.worker else settings.grpc_health_port,
+        health_on_extproc_port=settings.health_checking,
+        transport=settings.extproc_transport,
+        certificate=certificate,
+        reload_certificate_from=settings.cert_path if settings.enable_cert_reload else None,
+        client_ca=(
+            load_client_ca(settings.grpc_client_ca_file)
+            if settings.grpc_client_ca_file is not None
+            else None
+        ),
+        cipher_suites=tuple(CIPHER_SUITES[name] for name in settings.tls_cipher_suites),
+        limits=StreamLimits(
+            max_request_body_bytes=settings.max_request_body_bytes,
+            max_response_buffer_bytes=settings.max_response_buffer_bytes,
+            idle_timeout=settings.stream_idle_timeout,
+            max_unrouted_streams=settings.max_unrouted_streams,
+            protocol_error_pause=settings.protocol_error_pause,
+        ),
+        max_concurrent_streams=settings.max_concurrent_streams,
+        max_streams_per_connection=settings.max_streams_per_connection,
+        max_receive_message_length=settings.grpc_max_recv_msg_size,
+        max_send_message_length=settings.grpc_max_send_msg_size,
+        shared_port=role.worker,
+        handoff=role.handoff,
+        stream_metrics=settings.enable_grpc_stream_metrics,
+    )
 
 
 def _metric_catalogue(settings: Settings) -> tuple[Metric, ...]:
@@ -525,33 +541,10 @@ class Container(containers.DeclarativeContainer):
     leader_elector = providers.Singleton(_leader_elector, settings)
     servers = providers.Singleton(
         GrpcServers,
-        processor=processor,
-        host=settings.provided.bind_address,
-        grpc_port=settings.provided.grpc_port,
-        health_port=providers.Callable(_health_port, settings, role),
-        certificate=certificate,
-        health_on_extproc_port=settings.provided.health_checking,
+        processor,
+        providers.Callable(_server_options, settings, role, certificate),
         observer=observer,
-        limits=providers.Factory(
-            StreamLimits,
-            max_request_body_bytes=settings.provided.max_request_body_bytes,
-            max_response_buffer_bytes=settings.provided.max_response_buffer_bytes,
-            idle_timeout=settings.provided.stream_idle_timeout,
-            max_unrouted_streams=settings.provided.max_unrouted_streams,
-            protocol_error_pause=settings.provided.protocol_error_pause,
-        ),
-        max_concurrent_streams=settings.provided.max_concurrent_streams,
-        reload_certificate_from=providers.Callable(_reload_from, settings),
-        max_receive_message_length=settings.provided.grpc_max_recv_msg_size,
-        max_send_message_length=settings.provided.grpc_max_send_msg_size,
         leader=providers.Callable(_leader_check, leader_elector),
-        shared_port=role.provided.worker,
-        handoff=role.provided.handoff,
-        max_streams_per_connection=settings.provided.max_streams_per_connection,
-        client_ca=providers.Callable(_client_ca, settings),
-        transport=settings.provided.extproc_transport,
-        cipher_suites=providers.Callable(_cipher_suites, settings),
-        stream_metrics=settings.provided.enable_grpc_stream_metrics,
     )
 
 
