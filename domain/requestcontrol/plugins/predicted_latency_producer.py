@@ -412,7 +412,7 @@ class PredictedLatencyProducer(ProducerPlugin, ConsumerPlugin, BackgroundPlugin)
         chunk = response.chunk
         if receipt.first_at == 0.0 and chunk and ok:
             receipt.first_at = now
-            self._learn_ttft(request, receipt, (now - receipt.decided_at) * 1000.0)
+            self._learn(request, receipt, "ttft", (now - receipt.decided_at) * 1000.0)
         if chunk:
             receipt.events += chunk.count(b"data:")
         if not response.end_of_stream:
@@ -420,23 +420,34 @@ class PredictedLatencyProducer(ProducerPlugin, ConsumerPlugin, BackgroundPlugin)
         request.state.pop(owner, _RECEIPT)
         self._finish(request, response, receipt, now)
 
-    def _learn_ttft(self, request: InferenceRequest, receipt: _Receipt, ttft_ms: float) -> None:
-        if not self.ttft.observe(receipt.endpoint, receipt.features, ttft_ms):
+    def _learn(
+        self, request: InferenceRequest, receipt: _Receipt, kind: str, observed_ms: float
+    ) -> None:
+        """One observed TTFT or TPOT (``kind``): taught to its model, and its receipt (the
+        observed and predicted histograms, the prediction error, an SLO violation, the
+        span's attribute)."""
+        if kind == "ttft":
+            model, predicted_ms, slo_ms = self.ttft, receipt.ttft_ms, receipt.slo.ttft_ms
+            observed, predicted = REQUEST_TTFT, REQUEST_PREDICTED_TTFT
+        else:
+            model, predicted_ms, slo_ms = self.tpot, receipt.tpot_ms, receipt.slo.tpot_ms
+            observed, predicted = REQUEST_TPOT, REQUEST_PREDICTED_TPOT
+        if not model.observe(receipt.endpoint, receipt.features, observed_ms):
             self._observer.counter(LATENCY_SAMPLES_REFUSED, {"reason": "out_of_range"})
             return
         labels = {"model_name": request.incoming_model, "target_model_name": request.target_model}
         observer = self._observer
-        observer.histogram(REQUEST_TTFT, labels, ttft_ms / 1000.0)
-        observer.histogram(REQUEST_PREDICTED_TTFT, labels, receipt.ttft_ms / 1000.0)
+        observer.histogram(observed, labels, observed_ms / 1000.0)
+        observer.histogram(predicted, labels, predicted_ms / 1000.0)
         observer.histogram(
             LATENCY_PREDICTION_ERROR,
-            {"endpoint": receipt.endpoint, "kind": "ttft"},
-            abs(ttft_ms - receipt.ttft_ms) / 1000.0,
+            {"endpoint": receipt.endpoint, "kind": kind},
+            abs(observed_ms - predicted_ms) / 1000.0,
         )
-        if receipt.slo.ttft_ms > 0.0 and ttft_ms > receipt.slo.ttft_ms:
-            observer.counter(REQUEST_SLO_VIOLATION, {**labels, "type": "ttft"})
+        if slo_ms > 0.0 and observed_ms > slo_ms:
+            observer.counter(REQUEST_SLO_VIOLATION, {**labels, "type": kind})
         if receipt.span is not None:
-            receipt.span.set_attribute("observed_ttft_ms", round(ttft_ms, 3))
+            receipt.span.set_attribute(f"observed_{kind}_ms", round(observed_ms, 3))
 
     def _finish(
         self, request: InferenceRequest, response: ResponseInfo, receipt: _Receipt, now: float
@@ -454,7 +465,9 @@ class PredictedLatencyProducer(ProducerPlugin, ConsumerPlugin, BackgroundPlugin)
                 tokens = max(0, receipt.events - 1)  # the [DONE] event is not a token
             streamed = "text/event-stream" in response.headers.get("content-type", "")
             if streamed and tokens >= 2 and response.outcome is ResponseOutcome.COMPLETED:
-                self._learn_tpot(request, receipt, (now - receipt.first_at) * 1000.0 / (tokens - 1))
+                self._learn(
+                    request, receipt, "tpot", (now - receipt.first_at) * 1000.0 / (tokens - 1)
+                )
             if usage is not None and usage.cached_tokens and receipt.prompt_tokens > 0:
                 prompt = usage.prompt_tokens or receipt.prompt_tokens
                 realised = usage.cached_tokens / prompt
@@ -469,24 +482,6 @@ class PredictedLatencyProducer(ProducerPlugin, ConsumerPlugin, BackgroundPlugin)
         if span is not None:
             span.set_attribute("outcome", response.outcome.value)
             span.end()
-
-    def _learn_tpot(self, request: InferenceRequest, receipt: _Receipt, tpot_ms: float) -> None:
-        if not self.tpot.observe(receipt.endpoint, receipt.features, tpot_ms):
-            self._observer.counter(LATENCY_SAMPLES_REFUSED, {"reason": "out_of_range"})
-            return
-        labels = {"model_name": request.incoming_model, "target_model_name": request.target_model}
-        observer = self._observer
-        observer.histogram(REQUEST_TPOT, labels, tpot_ms / 1000.0)
-        observer.histogram(REQUEST_PREDICTED_TPOT, labels, receipt.tpot_ms / 1000.0)
-        observer.histogram(
-            LATENCY_PREDICTION_ERROR,
-            {"endpoint": receipt.endpoint, "kind": "tpot"},
-            abs(tpot_ms - receipt.tpot_ms) / 1000.0,
-        )
-        if receipt.slo.tpot_ms > 0.0 and tpot_ms > receipt.slo.tpot_ms:
-            observer.counter(REQUEST_SLO_VIOLATION, {**labels, "type": "tpot"})
-        if receipt.span is not None:
-            receipt.span.set_attribute("observed_tpot_ms", round(tpot_ms, 3))
 
     # endpoints
 
