@@ -516,13 +516,32 @@ class RequestExchangeState:
             chunk = rewrite_model_back(chunk, request.target_model, request.incoming_model, codec)
         return ResponseBodyReply(body=chunk, dynamic_metadata=metadata)
 
-    def _record_completion(self, response: ResponseInfo) -> None:
+    async def response_ended(self) -> None:
+        response = self._response
+        request = self.request
+        if response is None or request is None or self._final_done:
+            return
+        response.chunk = b""
+        response.start_of_stream = not self._started
+        response.end_of_stream = True
+        response.outcome = (
+            ResponseOutcome.COMPLETED if 200 <= response.status < 300 else ResponseOutcome.FAILED
+        )
+        self._final_done = True
+        declared = response.headers.get("content-length", "")
+        self._record_completion(response, int(declared) if declared.isdigit() else None)
+        await self._run_body_hooks(request, response)
+
+    def _record_completion(self, response: ResponseInfo, size: int | None = -1) -> None:
+        """``size``: the response's bytes (-1: those passed through; None: unknown)."""
         metrics = self._director.metrics
         if response.outcome is not ResponseOutcome.COMPLETED:
             metrics.failed(self._labels, ErrorCode.MODEL_SERVER_ERROR)
             return
         seconds = time.monotonic() - self._received_at
-        metrics.completed(self._labels, seconds, self._response_bytes, response.usage)
+        if size == -1:
+            size = self._response_bytes
+        metrics.completed(self._labels, seconds, size, response.usage)
 
     async def _run_body_hooks(self, request: InferenceRequest, response: ResponseInfo) -> None:
         for hook in self._control.response_body:
