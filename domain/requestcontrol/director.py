@@ -25,7 +25,7 @@ import logging
 import random
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TypeVar
 
 from domain.datastore.objectives import ObjectiveStore
@@ -122,10 +122,16 @@ class RequestControl:
     emit_endpoint_scores: bool = False
     #: Legacy admission (shed sheddable requests when saturated) unless flow control is on.
     admission: Admission | None = None
+    #: The ``response_body`` hooks called with every chunk; the others (which declare
+    #: ``reads_response_chunks = False``) get a response's first chunk and its end only.
+    chunk_readers: Sequence[ResponseBodyProcessor] = field(init=False, default=())
 
     def __post_init__(self) -> None:
         if self.admission is None:
             self.admission = LegacyAdmission(self.saturation_detector)
+        self.chunk_readers = tuple(
+            hook for hook in self.response_body if getattr(hook, "reads_response_chunks", True)
+        )
 
 
 class Director:
@@ -507,7 +513,12 @@ class RequestExchangeState:
                 )
                 self._final_done = True
                 self._record_completion(response)
-            await self._run_body_hooks(self.request, response)
+                await self._run_body_hooks(self.request, response)
+            elif self._started:  # a chunk in the middle: only the hooks that read them all
+                if self._control.chunk_readers:
+                    await self._run_body_hooks(self.request, response, self._control.chunk_readers)
+            else:
+                await self._run_body_hooks(self.request, response)
             if end_of_stream and response.dynamic_metadata:
                 metadata = response.dynamic_metadata
         self._started = True
@@ -543,8 +554,13 @@ class RequestExchangeState:
             size = self._response_bytes
         metrics.completed(self._labels, seconds, size, response.usage)
 
-    async def _run_body_hooks(self, request: InferenceRequest, response: ResponseInfo) -> None:
-        for hook in self._control.response_body:
+    async def _run_body_hooks(
+        self,
+        request: InferenceRequest,
+        response: ResponseInfo,
+        hooks: Sequence[ResponseBodyProcessor] | None = None,
+    ) -> None:
+        for hook in self._control.response_body if hooks is None else hooks:
             try:
                 await hook.response_body(request, response, self.target)
             except Exception:
