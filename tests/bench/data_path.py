@@ -218,6 +218,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--idle-seconds", type=float, default=3.0)
     parser.add_argument("--no-sglang", action="store_true", help="without the SGLang column")
     parser.add_argument("--epp-arg", action="append", default=[], help="extra EPP flag")
+    parser.add_argument(
+        "--plaintext", action="store_true", help="the EPP without TLS (Envoy to it in clear)"
+    )
     args = parser.parse_args(argv)
 
     missing = None if args.no_sglang else sglang_router_missing()
@@ -233,6 +236,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         simulators=args.simulators,
         simulator_args=["--itl-ms", str(args.itl_ms)],
         epp_args=args.epp_arg,
+        epp_tls=not args.plaintext,
     )
     results: dict[tuple[str, str], Sample] = {}
     rejected: dict[str, int] = {}
@@ -286,7 +290,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     print(
         f"{time.strftime('%Y-%m-%d')}, {platform.node()}, {os.cpu_count()} CPUs, load average "
         f"{os.getloadavg()[0]:.1f}; {args.simulators} simulated servers (ITL {args.itl_ms:g} ms),"
-        f" concurrency {args.concurrency}, {args.rounds} rounds; idle CPU (% of a core): "
+        f" concurrency {args.concurrency}, {args.rounds} rounds, EPP TLS "
+        f"{'off' if args.plaintext else 'on'}, EPP flags {args.epp_arg or 'default'}; "
+        "idle CPU (% of a core): "
         + ", ".join(f"{name} {rate * 100:.1f}" for name, rate in idle.items())
     )
     print("CPU ms per request, net of idle (EPP, Envoy, their sum; the SGLang router):")
