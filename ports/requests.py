@@ -93,7 +93,8 @@ class RequestExchange(Protocol):
 
     Calls come in protocol order from one task: ``route`` once, then on success
     ``response_headers`` once and ``response_body`` zero or more times (the last with
-    ``end_of_stream=True`` when the response completes). Streaming responses get one
+    ``end_of_stream=True`` when the response completes), or ``response_ended`` once when
+    the gateway sends no response body. Streaming responses get one
     call per chunk; non-streaming responses are buffered by the caller and passed whole
     in one call with ``end_of_stream=True``. ``close`` is always called last, also when the
     gateway drops the stream or ``route`` is cancelled; it is idempotent and frees
@@ -108,6 +109,15 @@ class RequestExchange(Protocol):
     ) -> ResponseHeadersReply: ...
 
     async def response_body(self, chunk: bytes, end_of_stream: bool) -> ResponseBodyReply: ...
+
+    async def response_ended(self) -> None:
+        """The response has ended without its body passing through the EPP: the gateway
+        sends none (Envoy's ``response_body_mode: NONE``), only the response headers and
+        then the end of the stream or the response trailers. Called at most once, after
+        ``response_headers``, in place of the ``response_body`` calls; what needs only the
+        response's end (releasing load, state, completion metrics) happens as at a body's
+        end of stream; what reads the body (token usage, first-token time) has nothing."""
+        ...
 
     async def close(self) -> None: ...
 

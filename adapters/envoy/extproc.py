@@ -356,6 +356,7 @@ class _Stream:
         "_body_bytes",
         "_body_chunks",
         "_body_done",
+        "_bodyless",
         "_context",
         "_exchange",
         "_finished",
@@ -408,6 +409,10 @@ class _Stream:
         self._response_done = False
         self._request_id = ""
         self._finished = False
+        #: Envoy sends no response body on this stream (its ``protocol_config`` says
+        #: ``response_body_mode: NONE``): the response ends at its trailers or at the
+        #: stream's half-close.
+        self._bodyless = False
 
     @property
     def finished(self) -> bool:
@@ -419,6 +424,11 @@ class _Stream:
         """The response has ended (its end of stream or its trailers answered): Envoy has
         nothing more to send on this stream."""
         return self._response_done
+
+    @property
+    def bodyless(self) -> bool:
+        """Envoy said it sends no response body on this stream."""
+        return self._bodyless
 
     @property
     def unrouted(self) -> bool:
@@ -436,6 +446,10 @@ class _Stream:
             # A new dict each time: a request handed to the domain keeps what it was given.
             self._metadata = {**self._metadata, **_metadata_of(request)}
         if kind == "request_headers":
+            if request.HasField("protocol_config"):
+                # 0 is NONE: Envoy sends the response headers, then ends the stream when
+                # the response has ended (docs/decisions/0028)
+                self._bodyless = not request.protocol_config.response_body_mode
             return await self._on_request_headers(request.request_headers)
         if kind == "request_body":
             return await self._on_request_body(request.request_body)
@@ -485,6 +499,17 @@ class _Stream:
         except Exception as exc:  # raised in the task instead, as ``handle`` would
             return _Unfinished(None, None, exc)
         return _Unfinished(work, waiting, None)
+
+    async def half_closed(self) -> None:
+        """Envoy half-closed (or reset) the stream. Without response bodies (``bodyless``)
+        that is the end of the response, once its headers came: Envoy ends the stream when
+        the HTTP stream ends, whether the response completed or its client left, which the
+        EPP cannot tell apart then. Otherwise, or before the response headers, the response
+        did not complete (``close`` says the client went away)."""
+        if self._bodyless and self._response_started and not self._response_done:
+            self._response_done = True
+            if self._exchange is not None:
+                await self._exchange.response_ended()
 
     async def close(self) -> None:
         self._body_chunks.clear()
@@ -685,7 +710,10 @@ class _Stream:
     async def _on_response_trailers(self) -> list[Any]:
         replies: list[Any] = []
         if not self._response_done and self._exchange is not None:
-            if self._streaming or self._response_passthrough:
+            if self._bodyless:
+                self._response_done = True
+                await self._exchange.response_ended()
+            elif self._streaming or self._response_passthrough:
                 self._response_done = True
                 await self._exchange.response_body(b"", True)
             else:
@@ -755,6 +783,7 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
         self._evicted: set[_Stream] = set()
         # the lines a peer causes once per stream or request, at a bounded rate
         self._log = LogLimiter(logger)
+        self._bodyless_noted = False
 
     @property
     def unrouted_streams(self) -> int:
@@ -815,7 +844,13 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
             code = self._status.pop(stream, code)
             if self._stream_metrics:
                 self._streamed(code, time.monotonic() - started)
-            await stream.close()
+            try:
+                if code is grpc.StatusCode.CANCELLED:
+                    # Without the graceful-close runtime flag, Envoy resets the stream when
+                    # the response has ended: without response bodies, that is its end.
+                    await stream.half_closed()
+            finally:
+                await stream.close()
 
     def _streamed(self, code: grpc.StatusCode, seconds: float) -> None:
         self._open_streams -= 1
@@ -866,6 +901,7 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
                         return
                     watch.waiting_since = None
                 if request is grpc.aio.EOF:
+                    await stream.half_closed()
                     return
                 try:
                     if type(request) is _Unfinished:
@@ -883,6 +919,14 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
                     return
                 if not stream.unrouted and stream in self._unrouted:
                     del self._unrouted[stream]
+                    if stream.bodyless and not self._bodyless_noted:
+                        self._bodyless_noted = True
+                        logger.info(
+                            "Envoy sends no response bodies (response_body_mode NONE): "
+                            "responses are seen by their headers and end only; token "
+                            "usage, first-token times and the model name rewritten back "
+                            "need FULL_DUPLEX_STREAMED (docs/decisions/0028)"
+                        )
                 for reply in replies:
                     await write(reply)
                 if stream.finished or stream.complete:

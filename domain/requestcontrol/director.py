@@ -25,7 +25,7 @@ import logging
 import random
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TypeVar
 
 from domain.datastore.objectives import ObjectiveStore
@@ -122,10 +122,16 @@ class RequestControl:
     emit_endpoint_scores: bool = False
     #: Legacy admission (shed sheddable requests when saturated) unless flow control is on.
     admission: Admission | None = None
+    #: The ``response_body`` hooks called with every chunk; the others (which declare
+    #: ``reads_response_chunks = False``) get a response's first chunk and its end only.
+    chunk_readers: Sequence[ResponseBodyProcessor] = field(init=False, default=())
 
     def __post_init__(self) -> None:
         if self.admission is None:
             self.admission = LegacyAdmission(self.saturation_detector)
+        self.chunk_readers = tuple(
+            hook for hook in self.response_body if getattr(hook, "reads_response_chunks", True)
+        )
 
 
 class Director:
@@ -507,7 +513,12 @@ class RequestExchangeState:
                 )
                 self._final_done = True
                 self._record_completion(response)
-            await self._run_body_hooks(self.request, response)
+                await self._run_body_hooks(self.request, response)
+            elif self._started:  # a chunk in the middle: only the hooks that read them all
+                if self._control.chunk_readers:
+                    await self._run_body_hooks(self.request, response, self._control.chunk_readers)
+            else:
+                await self._run_body_hooks(self.request, response)
             if end_of_stream and response.dynamic_metadata:
                 metadata = response.dynamic_metadata
         self._started = True
@@ -516,16 +527,40 @@ class RequestExchangeState:
             chunk = rewrite_model_back(chunk, request.target_model, request.incoming_model, codec)
         return ResponseBodyReply(body=chunk, dynamic_metadata=metadata)
 
-    def _record_completion(self, response: ResponseInfo) -> None:
+    async def response_ended(self) -> None:
+        response = self._response
+        request = self.request
+        if response is None or request is None or self._final_done:
+            return
+        response.chunk = b""
+        response.start_of_stream = not self._started
+        response.end_of_stream = True
+        response.outcome = (
+            ResponseOutcome.COMPLETED if 200 <= response.status < 300 else ResponseOutcome.FAILED
+        )
+        self._final_done = True
+        declared = response.headers.get("content-length", "")
+        self._record_completion(response, int(declared) if declared.isdigit() else None)
+        await self._run_body_hooks(request, response)
+
+    def _record_completion(self, response: ResponseInfo, size: int | None = -1) -> None:
+        """``size``: the response's bytes (-1: those passed through; None: unknown)."""
         metrics = self._director.metrics
         if response.outcome is not ResponseOutcome.COMPLETED:
             metrics.failed(self._labels, ErrorCode.MODEL_SERVER_ERROR)
             return
         seconds = time.monotonic() - self._received_at
-        metrics.completed(self._labels, seconds, self._response_bytes, response.usage)
+        if size == -1:
+            size = self._response_bytes
+        metrics.completed(self._labels, seconds, size, response.usage)
 
-    async def _run_body_hooks(self, request: InferenceRequest, response: ResponseInfo) -> None:
-        for hook in self._control.response_body:
+    async def _run_body_hooks(
+        self,
+        request: InferenceRequest,
+        response: ResponseInfo,
+        hooks: Sequence[ResponseBodyProcessor] | None = None,
+    ) -> None:
+        for hook in self._control.response_body if hooks is None else hooks:
             try:
                 await hook.response_body(request, response, self.target)
             except Exception:

@@ -138,7 +138,13 @@ class ResponseBodyProcessor(Protocol):
     A call before the last may run outside the stream's task until it first waits (the
     native transport answers chunks in its read, docs/decisions/0021): there,
     ``asyncio.current_task()`` is None and ``asyncio.timeout()`` raises; use
-    ``asyncio.wait_for``. Context variables (the request id) are the stream's."""
+    ``asyncio.wait_for``. Context variables (the request id) are the stream's.
+
+    A hook that needs only a response's start and end sets the class attribute
+    ``reads_response_chunks = False``: it is then called with the first chunk and the end,
+    not with the chunks between (a streamed response's per-chunk cost). Without response
+    bodies (Envoy's ``response_body_mode: NONE``) every hook gets only the end, with an
+    empty chunk (docs/decisions/0028)."""
 
     @property
     def typed_name(self) -> TypedName: ...

@@ -72,12 +72,15 @@ class RequestMetrics:
         self,
         labels: Mapping[str, str],
         seconds: float,
-        response_bytes: int,
+        response_bytes: int | None,
         usage: Usage | None,
     ) -> None:
+        """``response_bytes`` None: the size is not known (the body did not pass through
+        the EPP and the response declared no ``content-length``); not recorded."""
         observer = self._observer
         observer.histogram(REQUEST_DURATION, labels, seconds)
-        observer.histogram(RESPONSE_SIZES, labels, response_bytes)
+        if response_bytes is not None:
+            observer.histogram(RESPONSE_SIZES, labels, response_bytes)
         if usage is None:
             return
         observer.histogram(INPUT_TOKENS, labels, usage.prompt_tokens)

@@ -99,6 +99,9 @@ class _CountedExchange:
     async def response_body(self, chunk: bytes, end_of_stream: bool) -> ResponseBodyReply:
         return await self.inner.response_body(chunk, end_of_stream)
 
+    async def response_ended(self) -> None:
+        await self.inner.response_ended()
+
     async def close(self) -> None:
         self.close_calls += 1
         try:

@@ -48,6 +48,7 @@ class FakeExchange:
     response_body_calls: list[tuple[bytes, bool]] = field(default_factory=list)
     #: ``REQUEST_ID`` as each ``response_body`` call saw it
     response_body_request_ids: list[str] = field(default_factory=list)
+    response_ended_calls: int = 0
     close_calls: int = 0
 
     @property
@@ -86,6 +87,10 @@ class FakeExchange:
             await self.processor.body_gate.wait()
         metadata = self.processor.response_metadata if end_of_stream else None
         return ResponseBodyReply(body=chunk, dynamic_metadata=metadata)
+
+    async def response_ended(self) -> None:
+        self.response_ended_calls += 1
+        self.processor.changed()
 
     async def close(self) -> None:
         self.close_calls += 1

@@ -127,6 +127,7 @@ def envoy_config(
     more_epp_ports: Sequence[int] = (),
     epp_client_certificate: tuple[Path, Path] | None = None,
     graceful_close: bool = True,
+    response_body: bool = True,
 ) -> dict[str, Any]:
     """The shipped ``deploy/envoy/envoy.yaml`` with only ports and the EPP address changed.
 
@@ -145,6 +146,11 @@ def envoy_config(
     default, what a gateway whose ext_proc filter is not ours runs (the llm-d router's
     standalone chart, say), where Envoy resets the ext_proc stream of a request whose client
     went away instead of half-closing it.
+
+    ``response_body=False`` sets the ext_proc filter's ``response_body_mode`` to ``NONE``
+    (response trailers still ``SEND``): Envoy sends the EPP the response headers and no
+    body, and ends the ext_proc stream when the response has ended (the lean mode of
+    docs/decisions/0028).
     """
     config: dict[str, Any] = yaml.safe_load(DEPLOY_ENVOY_CONFIG.read_text())
     if not graceful_close:
@@ -154,6 +160,12 @@ def envoy_config(
     listener["address"]["socket_address"].update(address="127.0.0.1", port_value=listen_port)
     hcm = listener["filter_chains"][0]["filters"][0]["typed_config"]
     filters = hcm["http_filters"]
+    if not response_body:
+        for f in filters:
+            if f["name"] == "envoy.filters.http.ext_proc":
+                f["typed_config"]["processing_mode"].update(
+                    response_body_mode="NONE", response_trailer_mode="SEND"
+                )
     if not ext_proc:
         hcm["http_filters"] = [
             f for f in filters if f["name"] not in ("envoy.filters.http.ext_proc", STRIP_FILTER)
@@ -277,6 +289,8 @@ class StackOptions:
     extproc_faults: bool = False
     #: False: Envoy without the ``ext_proc_graceful_grpc_close`` runtime flag (``envoy_config``)
     envoy_graceful_close: bool = True
+    #: False: Envoy sends the EPP no response body (``envoy_config(response_body=False)``)
+    envoy_response_body: bool = True
     envoy_concurrency: int = 1
     envoy_log_level: str = "warn"
     start_timeout: float = 60.0
@@ -463,8 +477,11 @@ class Stack:
         epp.check_alive()
         return health_status(health_port)
 
-    def start_envoy(self, *, ext_proc: bool, name: str) -> tuple[ChildProcess, int]:
-        """Start an Envoy from the shipped config; returns it and its listener port."""
+    def start_envoy(
+        self, *, ext_proc: bool, name: str, response_body: bool | None = None
+    ) -> tuple[ChildProcess, int]:
+        """Start an Envoy from the shipped config; returns it and its listener port.
+        ``response_body`` overrides ``StackOptions.envoy_response_body``."""
         o = self.options
         config_path = self.workdir / f"{name}.yaml"
         admin_path = self.workdir / f"{name}.admin"
@@ -479,6 +496,9 @@ class Stack:
                     epp_tls=o.epp_tls,
                     epp_client_certificate=o.epp_client_certificate,
                     graceful_close=o.envoy_graceful_close,
+                    response_body=(
+                        o.envoy_response_body if response_body is None else response_body
+                    ),
                 )
             )
         )

@@ -483,3 +483,37 @@ def test_readiness_waits_for_the_start_up_gates_once() -> None:
     assert director.ready()
     store.mark_unsynced()
     assert not director.ready()
+
+
+class _EndsOnly(Recorder):
+    """A body hook that needs a response's start and end only."""
+
+    reads_response_chunks = False
+
+
+async def test_a_hook_that_reads_no_chunks_gets_the_first_and_the_end() -> None:
+    recorder = _EndsOnly()
+    director, _, _ = _director(recorder=recorder)
+    exchange = director.open(_request(b'{"model": "m", "prompt": "x", "stream": true}'))
+    await exchange.route()
+    await exchange.response_headers({":status": "200", "content-type": "text/event-stream"}, {})
+    for i in range(5):
+        await exchange.response_body(b'data: {"choices":[{"text":"a"}]}\n\n', i == 4)
+    await exchange.close()
+    body_calls = [c for c in recorder.calls if c.startswith("body:")]
+    assert body_calls == ["body:True:False:pending", "body:False:True:completed"]
+
+
+async def test_a_response_that_ended_unseen_completes_without_usage() -> None:
+    recorder = Recorder()
+    director, _, states = _director(recorder=recorder)
+    exchange = director.open(_request(b'{"model": "m", "prompt": "x", "stream": true}'))
+    await exchange.route()
+    await exchange.response_headers({":status": "200", "content-type": "text/event-stream"}, {})
+    await exchange.response_ended()
+    await exchange.response_ended()  # once only
+    await exchange.close()
+    assert recorder.calls[-1] == "body:True:True:completed"
+    assert len([c for c in recorder.calls if c.startswith("body:")]) == 1
+    assert director.running("m") == 0
+    assert len(states) == 0

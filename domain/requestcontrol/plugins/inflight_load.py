@@ -215,7 +215,9 @@ class InFlightLoadProducer(ProducerPlugin, ConsumerPlugin):
             self._change(counter, 1, tokens)
             held[profile] = _Share(counter, tokens)
 
-    # ResponseBodyProcessor
+    # ResponseBodyProcessor: the first chunk (a prefill share) and the end only
+    reads_response_chunks = False
+
     async def response_body(
         self, request: InferenceRequest, response: ResponseInfo, target: EndpointInfo | None
     ) -> None:

@@ -391,7 +391,9 @@ class KVCapacityGate:
                 waiter.future.set_result(None)
         state.held.clear()
 
-    # ResponseBodyProcessor
+    # ResponseBodyProcessor: the end only
+    reads_response_chunks = False
+
     async def response_body(
         self, request: InferenceRequest, response: ResponseInfo, target: EndpointInfo | None
     ) -> None:
