@@ -22,6 +22,7 @@ from adapters.envoy.h2.flow import (
     CONNECTION_WINDOW,
     STREAM_WINDOW,
     ConnectionWindows,
+    HeldBytes,
     StreamWindows,
 )
 from adapters.envoy.h2.frames import (
@@ -106,9 +107,11 @@ READ_SLICE = 0.002  # seconds of frames handled before the event loop is yielded
 
 class ConnectionSet:
     """The server's open connections (``no_connections`` is set while there is none),
-    whether it drains, and the strikes of the peer hosts that broke a call's protocol."""
+    whether it drains, the strikes of the peer hosts that broke a call's protocol, and the
+    process's reservations for large messages being received (``held``)."""
 
-    def __init__(self, logger: logging.Logger) -> None:
+    def __init__(self, logger: logging.Logger, held: HeldBytes) -> None:
+        self.held = held
         self.connections: set[Connection] = set()
         self.no_connections = asyncio.Event()
         self.no_connections.set()
@@ -145,6 +148,7 @@ class Connection(asyncio.Protocol):
         self.limits = limits
         self.loop = asyncio.get_running_loop()
         self.windows = ConnectionWindows(self._send)
+        self.held = HeldBytes(limits.held_per_connection, peers.held)
         self._transport: asyncio.Transport | None = None
         self._reader = FrameReader()
         self._calls: dict[int, RpcContext] = {}
