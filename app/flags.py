@@ -482,8 +482,9 @@ FLAGS: tuple[Flag, ...] = (
     _flag(
         "--grpc-max-recv-msg-size",
         _SERVING,
-        "largest gRPC message the ext_proc server accepts",
-        "64Mi",
+        "largest gRPC message the ext_proc server accepts (gRPC's default; Envoy sends a "
+        "request or response body in chunks, each a message far smaller)",
+        "4Mi",
         _bytes,
         origin=frozenset({LLM_D}),
     ),

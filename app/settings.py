@@ -107,7 +107,7 @@ class Settings(BaseModel):
     allow_experimental_plugins: bool = False
     enable_grpc_stream_metrics: bool = False
     legacy_metrics: LegacyMetrics = LegacyMetrics()
-    grpc_max_recv_msg_size: int = Field(default=64 * 1024 * 1024, ge=1024, lt=2**31)
+    grpc_max_recv_msg_size: int = Field(default=4 * 1024 * 1024, ge=1024, lt=2**31)
     grpc_max_send_msg_size: int = Field(default=64 * 1024 * 1024, ge=1024, lt=2**31)
     tls_min_version: Literal["VersionTLS12"] = "VersionTLS12"
     tls_cipher_suites: tuple[str, ...] = ()

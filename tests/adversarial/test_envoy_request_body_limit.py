@@ -2,13 +2,17 @@
 
 Through the real Envoy: a chunked upload (no Content-Length) larger than
 ``--max-request-body-bytes`` is answered 413 once the limit is crossed, and the EPP's
-resident memory does not grow by the body's size; a body within the limit is routed.
+resident memory does not grow by the body's size; a body within the limit is routed. With
+the default flags, a body just within the default limit (16 MiB) is routed too: Envoy sends
+a body in chunks, each its own ext_proc message, far smaller than the default
+``--grpc-max-recv-msg-size`` (4 MiB).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
 
 import aiohttp
 import orjson
@@ -78,4 +82,34 @@ async def test_a_body_within_the_limit_is_routed(stack: Stack) -> None:
         aiohttp.ClientSession() as session,
         session.post(f"{stack.url}/v1/completions", data=body) as response,
     ):
+        assert response.status == 200, await response.text()
+
+
+@pytest.fixture(scope="module")
+def default_stack() -> Iterator[Stack]:
+    with Stack.run(StackOptions(simulators=1)) as running:
+        yield running
+
+
+@pytest.mark.parametrize("upload", ["content-length", "chunked"])
+async def test_a_body_just_within_the_default_limit_is_routed(
+    default_stack: Stack, upload: str
+) -> None:
+    # a large body, not a long prompt (the simulated model's context is about 1.6 MiB)
+    padding = "y" * (16 * MIB - 1024)
+    body = orjson.dumps({"model": DEFAULT_MODEL, "prompt": "hi", "max_tokens": 2, "user": padding})
+    assert 4 * MIB < len(body) < 16 * MIB
+    data: Any = body
+    if upload == "chunked":
+
+        async def chunks() -> AsyncIterator[bytes]:
+            for start in range(0, len(body), 4 * MIB):
+                yield body[start : start + 4 * MIB]
+
+        data = chunks()
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(f"{default_stack.url}/v1/completions", data=data) as response,
+    ):
+        # a message limit below what Envoy sends would fail the ext_proc stream: 500 or 503
         assert response.status == 200, await response.text()

@@ -17,6 +17,11 @@ before the chunk, streams multiplexed on one connection as gRPC's are; what a Py
 process pays per message pair for the socket and the event loop alone).
 
     .venv/bin/python -m tests.bench.grpc_floor [--pairs 4000] [--streams 1,16]
+        [--tree before=/path/to/other/checkout]
+
+``--tree LABEL=PATH`` (repeatable) adds a column per transport of ``--tree-transports``
+(``native,inline``) served by the checkout at PATH (its own ``tests.bench.grpc_floor``):
+the same transport before and after a change, measured in the same run.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import importlib.util
+import os
 import statistics
 import struct
 import subprocess
@@ -276,6 +282,8 @@ def main() -> None:
         help="servers to compare, one column each",
     )
     parser.add_argument("--rounds", type=int, default=3, help="alternating rounds; medians")
+    parser.add_argument("--tree", action="append", default=[], help="LABEL=PATH (see above)")
+    parser.add_argument("--tree-transports", default="native,inline")
     parser.add_argument("--serve", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve:
@@ -289,18 +297,24 @@ def main() -> None:
         if library in transports and importlib.util.find_spec(library) is None:
             print(f"{library}: not installed (pip install -e '.[bench]'), column skipped")
             transports.remove(library)
+    columns = [(t, t, None) for t in transports]
+    for tree in args.tree:
+        label, _, path = tree.partition("=")
+        columns += [(f"{t}@{label}", t, path) for t in args.tree_transports.split(",")]
     servers: dict[str, tuple[subprocess.Popen[str], int]] = {}
     try:
-        for transport in transports:
+        for column, transport, path in columns:
             server = subprocess.Popen(
                 [sys.executable, "-m", "tests.bench.grpc_floor", "--serve", transport],
                 stdout=subprocess.PIPE,
                 text=True,
+                cwd=path,
+                env=None if path is None else {**os.environ, "PYTHONPATH": path},
             )
             assert server.stdout is not None
-            servers[transport] = (server, int(server.stdout.readline()))
+            servers[column] = (server, int(server.stdout.readline()))
             load = _load_socket if transport == "socket" else _load
-            asyncio.run(load(servers[transport][1], 8, 400))  # warm up
+            asyncio.run(load(servers[column][1], 8, 400))  # warm up
         streams_rows = [int(s) for s in args.streams.split(",")]
         costs: dict[tuple[int, str], list[float]] = {}
         for _ in range(args.rounds):
@@ -312,10 +326,11 @@ def main() -> None:
                     spent = (cpu_seconds(server.pid) - before) / args.pairs
                     costs.setdefault((streams, transport), []).append(spent)
         print(f"server CPU per message pair, us (median of {args.rounds} alternating rounds)")
-        print("streams " + "".join(f"{t:>10}" for t in servers))
+        width = max(10, *(len(t) + 2 for t in servers))
+        print("streams " + "".join(f"{t:>{width}}" for t in servers))
         for streams in streams_rows:
             cells = (statistics.median(costs[streams, t]) * 1e6 for t in servers)
-            print(f"{streams:>7} " + "".join(f"{cell:>10.1f}" for cell in cells))
+            print(f"{streams:>7} " + "".join(f"{cell:>{width}.1f}" for cell in cells))
     finally:
         for server, _ in servers.values():
             server.kill()

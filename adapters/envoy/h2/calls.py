@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import mmap
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -20,7 +21,13 @@ from urllib.parse import quote
 
 import grpc
 
-from adapters.envoy.h2.flow import ConnectionWindows, StreamWindows
+from adapters.envoy.h2.flow import (
+    STREAM_WINDOW,
+    UNRESERVED_MESSAGE,
+    ConnectionWindows,
+    HeldBytes,
+    StreamWindows,
+)
 from adapters.envoy.h2.frames import DATA
 from adapters.envoy.h2.headers import Headers, never_indexed
 from adapters.envoy.h2.limits import H2Limits
@@ -43,6 +50,8 @@ logger = logging.getLogger(__name__)
 _MAX_ECHOED_PATH = 128
 RESPONSE_HEADERS = never_indexed([(":status", "200"), ("content-type", "application/grpc")])
 _TRAILERS_OK = never_indexed([("grpc-status", "0")])
+# a message larger than this (prefix included) is received into a mapping of its own
+MAPPED_MESSAGE = 64 * 1024
 _TIMEOUT_UNITS = {"H": 3600.0, "M": 60.0, "S": 1.0, "m": 1e-3, "u": 1e-6, "n": 1e-9}
 
 
@@ -104,6 +113,7 @@ class CallTransport(Protocol):
     loop: asyncio.AbstractEventLoop
     limits: H2Limits
     windows: ConnectionWindows
+    held: HeldBytes  # the connection's reservations for large messages being received
 
     @property
     def writable(self) -> bool:
@@ -195,12 +205,14 @@ class RpcContext:
         "_ended",
         "_error",
         "_headers_sent",
+        "_large",
         "_message",
         "_need",
         "_parts",
         "_queue",
         "_queued_bytes",
         "_reader",
+        "_reserved",
         "_transport",
         "half_closed",
         "handler",
@@ -228,6 +240,10 @@ class RpcContext:
         self._parts: list[bytes] = []
         self._need = -1  # bytes of the message being reassembled (prefix included); -1: none
         self._message = 0
+        # the message being reassembled's reservation (flow.HeldBytes): its size once
+        # reserved, -1 while it waits for one, 0 when there is none
+        self._reserved = 0
+        self._large: mmap.mmap | None = None  # the message once reserved (_receive_large)
         self._deadline: asyncio.TimerHandle | None = None
         self.inline: Callable[[Any], Any] | None = None
 
@@ -255,9 +271,13 @@ class RpcContext:
                 await self.write(reply)
 
     def _return_credit(self) -> None:
-        # Everything received is credited back but the messages no one has read: a handler
-        # that does not read stops the peer within one window.
-        credit = self.windows.credit(self._queued_bytes)
+        # Everything received is credited back but the messages no one has read, and the
+        # message not yet whole unless it is reserved: a handler that does not read, or a
+        # peer that does not finish its message, is stopped within one window.
+        held = self._queued_bytes
+        if self._reserved <= 0 and (self._parts or self._large is not None):
+            held += self._message
+        credit = self.windows.credit(held)
         if credit:
             self._transport.credit_stream(self, credit)
 
@@ -296,6 +316,11 @@ class RpcContext:
 
     def receive(self, payload: bytes, end_stream: bool) -> None:
         """A DATA payload: complete messages go to the queue, the rest waits for more."""
+        if self._ended:
+            payload = b""  # the call is over: its status waits for the window, say
+        received = bool(payload)
+        if received and self._large is not None:
+            payload = self._fill(self._large, payload)
         if payload:
             if not self._parts:
                 # the common case: whole messages in this frame, parsed where they lie
@@ -321,6 +346,7 @@ class RpcContext:
                     if self._need < 0 or self._message < self._need:
                         break
                     joined = b"".join(self._parts)
+                    self._release()  # one that waited for its reservation, and came whole
                     self._deliver(joined, 0, self._need)
                     rest = joined[self._need :]
                     self._parts = [rest] if rest else []
@@ -332,10 +358,13 @@ class RpcContext:
                     grpc.StatusCode.RESOURCE_EXHAUSTED,
                     f"received message of {self._need - 5} bytes exceeds the limit ({limit})",
                 )
+        if self._need > MAPPED_MESSAGE and self._parts:
+            self._hold_large()
+        if received:
             self._return_credit()
         if end_stream:
             self.half_closed = True
-            if self._parts:
+            if self._parts or self._large is not None:
                 raise CallAbortedError(
                     grpc.StatusCode.INTERNAL, "the stream ended inside a message"
                 )
@@ -343,10 +372,64 @@ class RpcContext:
         if reader is not None and not reader.done() and (self._queue or end_stream):
             reader.set_result(None)
 
+    def _hold_large(self) -> None:
+        """A message larger than ``MAPPED_MESSAGE`` is received into a buffer of its own:
+        an anonymous mapping, its pages taken as bytes arrive and given back to the system
+        when it goes (parts in the allocator's heap may not be), and no copy to join its
+        parts. One larger than ``UNRESERVED_MESSAGE`` is reserved first; until it is, its
+        buffer is a stream window (what the peer may send without credit)."""
+        need = self._need
+        if need > UNRESERVED_MESSAGE and not self._transport.held.reserve(
+            self, need, self._granted
+        ):
+            self._reserved = -1
+            self._map(min(need, STREAM_WINDOW))
+            return
+        if need > UNRESERVED_MESSAGE:
+            self._reserved = need
+        self._map(need)
+
+    def _granted(self) -> None:
+        self._reserved = self._need
+        self._map(self._need)
+        self._return_credit()
+
+    def _map(self, size: int) -> None:
+        large = mmap.mmap(-1, size)
+        if self._large is not None:
+            large[: self._message] = self._large[: self._message]
+        start = 0
+        for part in self._parts:
+            large[start : start + len(part)] = part
+            start += len(part)
+        self._parts = []
+        self._large = large
+
+    def _fill(self, large: mmap.mmap, payload: bytes) -> bytes:
+        """Copies ``payload`` into the large message; delivers it once whole. Returns what
+        follows it in ``payload``."""
+        have, need = self._message, self._need
+        take = min(len(payload), need - have)
+        large[have : have + take] = payload[:take] if take < len(payload) else payload
+        self._message = have + take
+        if self._message < need:
+            return b""
+        self._large = None
+        self._message = 0
+        self._need = -1
+        self._release()
+        self._deliver(large, 0, need)
+        return payload[take:]
+
+    def _release(self) -> None:
+        if self._reserved:
+            self._transport.held.release(self, max(self._reserved, 0))
+            self._reserved = 0
+
     def _size_of(self, head: bytes) -> int:
         return 5 + int.from_bytes(head[1:5], "big") if len(head) >= 5 else -1
 
-    def _deliver(self, buffer: bytes, start: int, end: int) -> None:
+    def _deliver(self, buffer: bytes | mmap.mmap, start: int, end: int) -> None:
         """Queues the message at ``buffer[start:end]`` (its 5-byte prefix included)."""
         if buffer[start] != 0:
             raise CallAbortedError(
@@ -450,6 +533,7 @@ class RpcContext:
         if self._ended:
             return None
         self._ended = True
+        self._drop_partial()
         if code is grpc.StatusCode.OK and self._headers_sent:
             block = _TRAILERS_OK
         else:
@@ -457,6 +541,14 @@ class RpcContext:
         self._headers_sent = True
         self._error = code is not grpc.StatusCode.OK
         return block
+
+    def _drop_partial(self) -> None:
+        """The call is over: the message not yet whole goes, and its reservation."""
+        self._release()
+        self._parts = []
+        self._large = None
+        self._message = 0
+        self._need = -1
 
     @property
     def failed(self) -> bool:
@@ -472,6 +564,7 @@ class RpcContext:
         """The stream is gone (reset, or the connection closed): wake and cancel the handler."""
         self._ended = True
         self.half_closed = True
+        self._drop_partial()
         reader = self._reader
         if reader is not None and not reader.done():
             reader.cancel()

@@ -22,6 +22,7 @@ from adapters.envoy.h2.flow import (
     CONNECTION_WINDOW,
     STREAM_WINDOW,
     ConnectionWindows,
+    HeldBytes,
     StreamWindows,
 )
 from adapters.envoy.h2.frames import (
@@ -54,12 +55,13 @@ from adapters.envoy.h2.frames import (
     WINDOW_UPDATE,
     FrameReader,
     H2ConnectionError,
+    check_goaway,
     check_ping,
-    check_priority,
     check_rst_stream,
     frame,
     goaway,
     headers_payload,
+    priority_error,
     rst_stream,
     settings_entries,
     unpad,
@@ -72,6 +74,7 @@ from adapters.envoy.h2.headers import (
 from adapters.envoy.h2.headers import (
     HeaderAssembly,
     HeaderDecoder,
+    malformed_request,
 )
 from adapters.envoy.h2.limits import H2Limits
 from adapters.envoy.loglimit import LogLimiter
@@ -106,9 +109,11 @@ READ_SLICE = 0.002  # seconds of frames handled before the event loop is yielded
 
 class ConnectionSet:
     """The server's open connections (``no_connections`` is set while there is none),
-    whether it drains, and the strikes of the peer hosts that broke a call's protocol."""
+    whether it drains, the strikes of the peer hosts that broke a call's protocol, and the
+    process's reservations for large messages being received (``held``)."""
 
-    def __init__(self, logger: logging.Logger) -> None:
+    def __init__(self, logger: logging.Logger, held: HeldBytes) -> None:
+        self.held = held
         self.connections: set[Connection] = set()
         self.no_connections = asyncio.Event()
         self.no_connections.set()
@@ -145,6 +150,7 @@ class Connection(asyncio.Protocol):
         self.limits = limits
         self.loop = asyncio.get_running_loop()
         self.windows = ConnectionWindows(self._send)
+        self.held = HeldBytes(limits.held_per_connection, peers.held)
         self._transport: asyncio.Transport | None = None
         self._reader = FrameReader()
         self._calls: dict[int, RpcContext] = {}
@@ -171,6 +177,9 @@ class Connection(asyncio.Protocol):
         self._penalty: asyncio.TimerHandle | None = None  # reading paused till it fires
         self._yielding = False  # a read cut short: it goes on in the next pass
         self._slice_end = 0.0
+        self._self_dependent = False  # the header block in progress: HEADERS depending on itself
+        self._streams_opened = 0  # since the start (see _idle_check)
+        self._idle_seen = -1  # streams opened at the last idle check, -1 if it was not idle
 
     # -- asyncio.Protocol --
 
@@ -190,6 +199,8 @@ class Connection(asyncio.Protocol):
             frame(SETTINGS, 0, 0, payload) + window_update(0, CONNECTION_WINDOW - DEFAULT_WINDOW)
         )
         self._timers.append(self.loop.call_later(limits.handshake_timeout, self._handshake_expired))
+        if limits.idle_timeout:
+            self._timers.append(self.loop.call_later(limits.idle_timeout, self._idle_check))
         age = limits.max_connection_age
         if age:
             self._timers.append(self.loop.call_later(age * random.uniform(0.9, 1.1), self.go_away))
@@ -374,9 +385,12 @@ class Connection(asyncio.Protocol):
                     if not call.answered:
                         self._count_rapid_reset()
             elif kind == GOAWAY:
+                check_goaway(stream_id, payload)
                 self._closing_by_peer()
             elif kind == PRIORITY:
-                check_priority(stream_id, payload)
+                code = priority_error(stream_id, payload)
+                if code:
+                    self._stream_error(stream_id, code)
             elif kind == PUSH_PROMISE:
                 raise H2ConnectionError(PROTOCOL_ERROR, "a client may not push")
             # unknown frame types are ignored (RFC 9113 section 4.1)
@@ -444,8 +458,9 @@ class Connection(asyncio.Protocol):
     def _on_headers(self, flags: int, stream_id: int, payload: bytes) -> None:
         if not stream_id or not stream_id & 1:
             raise H2ConnectionError(PROTOCOL_ERROR, "HEADERS on a stream a client may not open")
-        fragment = headers_payload(flags, payload)
+        fragment, depends_on_itself = headers_payload(flags, stream_id, payload)
         self._block.begin(stream_id, flags)
+        self._self_dependent = depends_on_itself
         self._header_part(flags, fragment)
 
     def _header_part(self, flags: int, fragment: bytes) -> None:
@@ -473,6 +488,12 @@ class Connection(asyncio.Protocol):
         if stream_id <= self._last_stream:
             raise H2ConnectionError(STREAM_CLOSED, "HEADERS on a closed stream")
         self._last_stream = stream_id
+        self._streams_opened += 1
+        if self._self_dependent or malformed_request(headers) is not None:
+            # a stream error (RFC 9113 5.3.1, 8.1.1): no request, so no refill either
+            self._spend_control()
+            self._send(rst_stream(stream_id, PROTOCOL_ERROR))
+            return
         limit = self.limits.max_streams_per_connection
         if self._goaway_sent or (limit and len(self._calls) >= limit):
             # a stream refused is no request: it spends the budget instead of refilling it
@@ -522,9 +543,35 @@ class Connection(asyncio.Protocol):
                 return
         self._flush_blocked()
 
+    def _stream_error(self, stream_id: int, code: int) -> None:
+        """RST_STREAM of ``code`` (RFC 9113 5.4.2); the stream's call, if any, ends."""
+        call = self._calls.get(stream_id)
+        if call is not None:
+            self._reset(call, code)
+        else:
+            self._send(rst_stream(stream_id, code))
+
     def _closing_by_peer(self) -> None:
         # The peer opens no new streams; the ones it has finish. Nothing else to do.
         return
+
+    def _idle_check(self) -> None:
+        """Every ``idle_timeout``: a connection that had no stream open at the last check
+        and has opened none since, and has none now, is asked to go away (between one and
+        two timeouts without a stream). One timer a connection, nothing on the hot path."""
+        if self._closing or self._goaway_announced:
+            return
+        idle = not self._calls and not self._parked
+        if idle and self._idle_seen == self._streams_opened:
+            self._peers.log.info(
+                "HTTP/2 connection from %s asked to go away: no stream for %g s",
+                self._host or "?",
+                self.limits.idle_timeout,
+            )
+            self.go_away()
+            return
+        self._idle_seen = self._streams_opened if idle else -1
+        self._timers.append(self.loop.call_later(self.limits.idle_timeout, self._idle_check))
 
     def _handshake_expired(self) -> None:
         if not self._reader.preface_seen and self._transport is not None:

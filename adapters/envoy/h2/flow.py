@@ -3,7 +3,12 @@
 Receiving: a stream may have ``STREAM_WINDOW`` bytes in flight to us, the connection
 ``CONNECTION_WINDOW``. The connection's window is given back as bytes arrive (each stream's
 own window bounds what waits unread); a stream's as its messages are read, in steps of
-``CREDIT_BATCH``, so a handler that does not read stops its peer within one window.
+``CREDIT_BATCH``, so a handler that does not read stops its peer within one window. Bytes of
+a message not yet whole are not given back either, but for a message too large to arrive
+within the window (``UNRESERVED_MESSAGE``): it is given window once its whole size is
+reserved in ``HeldBytes``, within a bound per connection and one per process, so a peer
+that starts large messages and never ends them holds at most that (and a window per
+stream waiting for a reservation).
 
 Sending: what the peer's windows and frame size allow goes at once; the rest waits on its
 stream (``StreamWindows.pending``) until a WINDOW_UPDATE or SETTINGS opens the windows.
@@ -30,7 +35,9 @@ __all__ = [
     "CONNECTION_WINDOW",
     "CREDIT_BATCH",
     "STREAM_WINDOW",
+    "UNRESERVED_MESSAGE",
     "ConnectionWindows",
+    "HeldBytes",
     "StreamWindows",
 ]
 
@@ -39,6 +46,11 @@ __all__ = [
 STREAM_WINDOW = 1 << 20
 CONNECTION_WINDOW = 16 << 20
 CREDIT_BATCH = STREAM_WINDOW // 4  # window returned in steps of at least this
+# A message up to this size (its 5-byte prefix included) arrives within its stream's window
+# however much of the window waits to be given back (less than CREDIT_BATCH once the
+# messages before it are read); a larger one needs window for its first bytes, given once
+# its size is reserved.
+UNRESERVED_MESSAGE = STREAM_WINDOW - CREDIT_BATCH
 
 
 class StreamWindows:
@@ -171,3 +183,61 @@ class ConnectionWindows:
         self.send += increment
         if self.send > MAX_WINDOW:
             raise H2ConnectionError(FLOW_CONTROL_ERROR, "connection window too large")
+
+
+class HeldBytes:
+    """Bytes reserved for messages larger than ``UNRESERVED_MESSAGE`` while they arrive: at
+    most ``limit``, and within the parent's (a connection's within the process's). A
+    reservation that does not fit waits, in turn with every other of the process; each
+    release grants the waiting ones that now fit. A message is reserved whole, so a stream
+    that got its reservation can always finish: streams never wait on each other's
+    halves."""
+
+    __slots__ = ("_parent", "_waiting", "limit", "used")
+
+    def __init__(self, limit: int, parent: HeldBytes | None = None) -> None:
+        self.limit = limit
+        self.used = 0
+        self._parent = parent
+        # on the process's: what waits, in turn (the key is the stream's call)
+        self._waiting: dict[object, tuple[HeldBytes, int, Callable[[], None]]] = {}
+
+    @property
+    def _root(self) -> HeldBytes:
+        return self._parent if self._parent is not None else self
+
+    def _fits(self, size: int) -> bool:
+        parent = self._parent
+        if parent is not None and parent.used + size > parent.limit:
+            return False
+        return self.used + size <= self.limit
+
+    def _take(self, size: int) -> None:
+        self.used += size
+        if self._parent is not None:
+            self._parent.used += size
+
+    def reserve(self, key: object, size: int, granted: Callable[[], None]) -> bool:
+        """Reserves ``size`` bytes now (True), or queues the reservation (False):
+        ``granted()`` is called once it is made."""
+        if self._fits(size):
+            self._take(size)
+            return True
+        self._root._waiting[key] = (self, size, granted)
+        return False
+
+    def release(self, key: object, size: int) -> None:
+        """Gives back ``key``'s reservation of ``size`` bytes (0: it had none; a reservation
+        still waiting is dropped)."""
+        root = self._root
+        root._waiting.pop(key, None)
+        if not size:
+            return
+        self.used -= size
+        if self._parent is not None:
+            self._parent.used -= size
+        for waiting, (held, wanted, granted) in list(root._waiting.items()):
+            if held._fits(wanted):
+                del root._waiting[waiting]
+                held._take(wanted)
+                granted()

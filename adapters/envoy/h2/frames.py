@@ -48,12 +48,13 @@ __all__ = [
     "WINDOW_UPDATE",
     "FrameReader",
     "H2ConnectionError",
+    "check_goaway",
     "check_ping",
-    "check_priority",
     "check_rst_stream",
     "frame",
     "goaway",
     "headers_payload",
+    "priority_error",
     "rst_stream",
     "settings_entries",
     "unpad",
@@ -126,30 +127,52 @@ def unpad(payload: bytes) -> bytes:
     return payload[1 : len(payload) - payload[0]]
 
 
-def headers_payload(flags: int, payload: bytes) -> bytes:
-    """A HEADERS frame's header block fragment: without padding and priority fields."""
+def headers_payload(flags: int, stream_id: int, payload: bytes) -> tuple[bytes, bool]:
+    """A HEADERS frame's header block fragment, without padding and priority fields, and
+    whether its priority makes the stream depend on itself (a stream error, RFC 9113
+    5.3.1: the block must still be decoded, for the HPACK table)."""
     if flags & PADDED:
         payload = unpad(payload)
+    itself = False
     if flags & PRIORITY_FLAG:
         if len(payload) < 5:
             raise H2ConnectionError(PROTOCOL_ERROR, "bad priority")
+        itself = int.from_bytes(payload[:4], "big") & MAX_WINDOW == stream_id
         payload = payload[5:]
-    return payload
+    return payload, itself
 
 
 def check_ping(stream_id: int, payload: bytes) -> None:
-    if len(payload) != 8 or stream_id:
-        raise H2ConnectionError(FRAME_SIZE_ERROR, "bad PING")
+    if stream_id:
+        raise H2ConnectionError(PROTOCOL_ERROR, "PING on a stream")
+    if len(payload) != 8:
+        raise H2ConnectionError(FRAME_SIZE_ERROR, "PING of a bad length")
 
 
 def check_rst_stream(stream_id: int, payload: bytes) -> None:
-    if len(payload) != 4 or not stream_id:
-        raise H2ConnectionError(PROTOCOL_ERROR, "bad RST_STREAM")
+    if len(payload) != 4:
+        raise H2ConnectionError(FRAME_SIZE_ERROR, "RST_STREAM of a bad length")
+    if not stream_id:
+        raise H2ConnectionError(PROTOCOL_ERROR, "RST_STREAM on stream 0")
 
 
-def check_priority(stream_id: int, payload: bytes) -> None:
-    if len(payload) != 5 or not stream_id:
-        raise H2ConnectionError(PROTOCOL_ERROR, "bad PRIORITY")
+def check_goaway(stream_id: int, payload: bytes) -> None:
+    if stream_id:
+        raise H2ConnectionError(PROTOCOL_ERROR, "GOAWAY on a stream")
+    if len(payload) < 8:
+        raise H2ConnectionError(FRAME_SIZE_ERROR, "GOAWAY of a bad length")
+
+
+def priority_error(stream_id: int, payload: bytes) -> int:
+    """A PRIORITY frame's stream error (0: none): FRAME_SIZE_ERROR for a length but 5,
+    PROTOCOL_ERROR for a stream depending on itself (RFC 9113 6.3, 5.3.1)."""
+    if not stream_id:
+        raise H2ConnectionError(PROTOCOL_ERROR, "PRIORITY on stream 0")
+    if len(payload) != 5:
+        return FRAME_SIZE_ERROR
+    if int.from_bytes(payload[:4], "big") & MAX_WINDOW == stream_id:
+        return PROTOCOL_ERROR
+    return 0
 
 
 def window_increment(payload: bytes) -> int:

@@ -31,6 +31,7 @@ __all__ = [
     "MAX_HEADER_LIST_SIZE",
     "HeaderAssembly",
     "HeaderDecoder",
+    "malformed_request",
     "never_indexed",
 ]
 
@@ -45,6 +46,37 @@ TABLE_SIZE_UPDATES = 2  # at the start of a block, at most (RFC 7541 4.2)
 _DECODE_UNIT = 25e-6  # seconds of decoding a budget unit pays for
 
 Headers = list[tuple[bytes, bytes]]
+
+
+_PSEUDO = {b":method": 1, b":scheme": 2, b":path": 4, b":authority": 8}
+_REQUIRED = 1 | 2 | 4
+# connection-specific fields (RFC 9113 8.2.2); TE may only say "trailers"
+_CONNECTION_FIELDS = frozenset(
+    (b"connection", b"keep-alive", b"proxy-connection", b"transfer-encoding", b"upgrade")
+)
+
+
+def malformed_request(headers: Headers) -> str | None:
+    """Why a request's header list is malformed (RFC 9113 8.2 and 8.3), or None: a
+    pseudo-header a request has not, twice, or after a regular field; no ``:method``,
+    ``:scheme`` or ``:path``; a field name with upper case; a connection-specific field."""
+    seen = 0
+    regular = False
+    for name, value in headers:
+        if name[:1] == b":":
+            bit = _PSEUDO.get(name, 0)
+            if not bit or seen & bit or regular:
+                return f"pseudo-header {name[:32]!r} unknown, repeated or late"
+            seen |= bit
+            continue
+        regular = True
+        if not name.islower() and name != name.lower():
+            return "upper case in a field name"
+        if name in _CONNECTION_FIELDS or (name == b"te" and value != b"trailers"):
+            return f"connection-specific field {name.decode('latin-1')}"
+    if seen & _REQUIRED != _REQUIRED:
+        return "no :method, :scheme or :path"
+    return None
 
 
 def never_indexed(headers: list[tuple[str, str]]) -> bytes:

@@ -11,6 +11,7 @@ import ssl
 
 from adapters.envoy.h2.calls import CallRegistry, MethodHandler
 from adapters.envoy.h2.connection import CLOSE_LINGER, Connection, ConnectionSet
+from adapters.envoy.h2.flow import HeldBytes
 from adapters.envoy.h2.limits import H2Limits
 
 __all__ = ["H2GrpcServer"]
@@ -39,7 +40,7 @@ class H2GrpcServer:
         self._ssl = ssl_context
         self._reuse_port = reuse_port
         self._calls = CallRegistry(handlers, limits.max_concurrent_rpcs)
-        self._peers = ConnectionSet(logger)
+        self._peers = ConnectionSet(logger, HeldBytes(limits.held_per_process))
         self._server: asyncio.Server | None = None
         self._handoff: socket.socket | None = None
         self._adopting: set[asyncio.Task[None]] = set()
