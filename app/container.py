@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import socket
 from collections.abc import Callable
-from pathlib import Path
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from dependency_injector import containers, providers
 
 from adapters.envoy.extproc import StreamLimits
-from adapters.envoy.server import GrpcServers
+from adapters.envoy.server import GrpcServers, ServerOptions
 from adapters.envoy.tls import (
     ServerCertificate,
     load_certificate,
@@ -85,29 +85,34 @@ def _certificate(settings: Settings) -> ServerCertificate | None:
     return self_signed_certificate()
 
 
-def _client_ca(settings: Settings) -> bytes | None:
-    if settings.grpc_client_ca_file is None:
-        return None
-    return load_client_ca(settings.grpc_client_ca_file)
-
-
-def _cipher_suites(settings: Settings) -> tuple[str, ...]:
-    return tuple(CIPHER_SUITES[name] for name in settings.tls_cipher_suites)
-
-
-def _reload_from(settings: Settings) -> Path | None:
-    return settings.cert_path if settings.enable_cert_reload else None
-
-
 #: A worker's collectors wait for the supervisor's next poll result as long as it takes.
 RELAYED_POLL_TIMEOUT = 365 * 86400.0
 
 
+@dataclass(frozen=True, slots=True)
+class ProcessRole:
+    """What this process is, chosen once: alone (the default); a worker of a pod (``link``
+    to its supervisor, which feeds it, and ``handoff``, the socket on which the supervisor
+    hands it accepted connections); or the supervisor (``hub``, which tees its data layer
+    to the workers)."""
+
+    link: WorkerLink | None = None
+    handoff: socket.socket | None = None
+    hub: SupervisorHub | None = None
+
+    @property
+    def worker(self) -> bool:
+        return self.link is not None
+
+
+_ALONE = ProcessRole()
+
+
 def _endpoint_source(
-    settings: Settings, objectives: ObjectiveSink, link: WorkerLink | None = None
+    settings: Settings, objectives: ObjectiveSink, role: ProcessRole
 ) -> EndpointSource:
-    if link is not None:  # a worker: the supervisor discovers for the pod
-        return link.endpoint_source(objectives)
+    if role.link is not None:  # a worker: the supervisor discovers for the pod
+        return role.link.endpoint_source(objectives)
     if settings.static_endpoints:
         return StaticEndpointSource(parse_endpoint_list(settings.static_endpoints))
     from app.kubernetes import kubernetes_source  # imports the Kubernetes client lazily
@@ -246,6 +251,42 @@ def _handle(
     )
 
 
+def _server_options(
+    settings: Settings, role: ProcessRole, certificate: ServerCertificate | None
+) -> ServerOptions:
+    """The ext_proc and health servers' options from the flags. A worker serves no health
+    port (its supervisor serves the pod's) and shares the ext_proc port."""
+    return ServerOptions(
+        host=settings.bind_address,
+        grpc_port=settings.grpc_port,
+        health_port=None if role.worker else settings.grpc_health_port,
+        health_on_extproc_port=settings.health_checking,
+        transport=settings.extproc_transport,
+        certificate=certificate,
+        reload_certificate_from=settings.cert_path if settings.enable_cert_reload else None,
+        client_ca=(
+            load_client_ca(settings.grpc_client_ca_file)
+            if settings.grpc_client_ca_file is not None
+            else None
+        ),
+        cipher_suites=tuple(CIPHER_SUITES[name] for name in settings.tls_cipher_suites),
+        limits=StreamLimits(
+            max_request_body_bytes=settings.max_request_body_bytes,
+            max_response_buffer_bytes=settings.max_response_buffer_bytes,
+            idle_timeout=settings.stream_idle_timeout,
+            max_unrouted_streams=settings.max_unrouted_streams,
+            protocol_error_pause=settings.protocol_error_pause,
+        ),
+        max_concurrent_streams=settings.max_concurrent_streams,
+        max_streams_per_connection=settings.max_streams_per_connection,
+        max_receive_message_length=settings.grpc_max_recv_msg_size,
+        max_send_message_length=settings.grpc_max_send_msg_size,
+        shared_port=role.worker,
+        handoff=role.handoff,
+        stream_metrics=settings.enable_grpc_stream_metrics,
+    )
+
+
 def _metric_catalogue(settings: Settings) -> tuple[Metric, ...]:
     """What /metrics exports: the ext_proc stream metrics only with
     ``--enable-grpc-stream-metrics``, as the llm-d router."""
@@ -318,8 +359,7 @@ def _collectors(
     settings: Settings,
     observer: Observer,
     flow_controller: FlowController | None,
-    link: WorkerLink | None = None,
-    hub: SupervisorHub | None = None,
+    role: ProcessRole = _ALONE,
 ) -> Collectors:
     """Polling sources feed the collectors; notification sources run beside them. Endpoint
     events reach the extractors of the configured endpoint-notification-sources or, when
@@ -329,6 +369,7 @@ def _collectors(
     worker's sources are the relayed ones of the same names (``link``): the model servers
     are polled and watched once per pod, and parsed once when the workers only need the
     metrics snapshots (``app.metrics_relay``)."""
+    link, hub = role.link, role.hub
 
     def polling(binding: SourceBinding) -> SourceBinding:
         if link is not None:
@@ -415,11 +456,8 @@ class Container(containers.DeclarativeContainer):
     objectives = providers.Singleton(ObjectiveStore)
     request_states = providers.Singleton(RequestStates)
     registry = providers.Singleton(_registry, settings)
-    # --- workers (app/workers): a worker's link to its supervisor, the supervisor's hub ---
-    worker_link: providers.Provider[WorkerLink | None] = providers.Object(None)
-    #: a worker's unix socket on which its supervisor hands over accepted connections
-    connection_handoff: providers.Provider[socket.socket | None] = providers.Object(None)
-    hub: providers.Provider[SupervisorHub | None] = providers.Object(None)
+    # alone, a worker of a pod, or its supervisor (app/workers)
+    role: providers.Provider[ProcessRole] = providers.Object(_ALONE)
     # --- observability (spec section 9): one Observer for the domain and the adapters ---
     metrics_observer = providers.Singleton(
         PrometheusObserver, providers.Callable(_metric_catalogue, settings)
@@ -451,7 +489,7 @@ class Container(containers.DeclarativeContainer):
         prefix_index=prefix_index,
         authorizer=metrics_authorizer,
         pages=pprof_pages,
-        loopback_metrics=providers.Callable(lambda link: link is not None, worker_link),
+        loopback_metrics=role.provided.worker,
     )
     # --- end observability ---
     handle = providers.Singleton(
@@ -474,9 +512,9 @@ class Container(containers.DeclarativeContainer):
         _request_control, config, settings, scheduling_observer, flow_controller, observer
     )
     collectors = providers.Singleton(
-        _collectors, config, datastore, settings, observer, flow_controller, worker_link, hub
+        _collectors, config, datastore, settings, observer, flow_controller, role
     )
-    endpoint_source = providers.Singleton(_endpoint_source, settings, objectives, worker_link)
+    endpoint_source = providers.Singleton(_endpoint_source, settings, objectives, role)
     processor = providers.Singleton(
         Director,
         datastore=datastore,
@@ -503,54 +541,19 @@ class Container(containers.DeclarativeContainer):
     leader_elector = providers.Singleton(_leader_elector, settings)
     servers = providers.Singleton(
         GrpcServers,
-        processor=processor,
-        host=settings.provided.bind_address,
-        grpc_port=settings.provided.grpc_port,
-        health_port=providers.Callable(
-            lambda settings, link: None if link is not None else settings.grpc_health_port,
-            settings,
-            worker_link,
-        ),
-        certificate=certificate,
-        health_on_extproc_port=settings.provided.health_checking,
+        processor,
+        providers.Callable(_server_options, settings, role, certificate),
         observer=observer,
-        limits=providers.Factory(
-            StreamLimits,
-            max_request_body_bytes=settings.provided.max_request_body_bytes,
-            max_response_buffer_bytes=settings.provided.max_response_buffer_bytes,
-            idle_timeout=settings.provided.stream_idle_timeout,
-            max_unrouted_streams=settings.provided.max_unrouted_streams,
-            protocol_error_pause=settings.provided.protocol_error_pause,
-        ),
-        max_concurrent_streams=settings.provided.max_concurrent_streams,
-        reload_certificate_from=providers.Callable(_reload_from, settings),
-        max_receive_message_length=settings.provided.grpc_max_recv_msg_size,
-        max_send_message_length=settings.provided.grpc_max_send_msg_size,
         leader=providers.Callable(_leader_check, leader_elector),
-        shared_port=providers.Callable(lambda link: link is not None, worker_link),
-        handoff=connection_handoff,
-        max_streams_per_connection=settings.provided.max_streams_per_connection,
-        client_ca=providers.Callable(_client_ca, settings),
-        transport=settings.provided.extproc_transport,
-        cipher_suites=providers.Callable(_cipher_suites, settings),
-        stream_metrics=settings.provided.enable_grpc_stream_metrics,
     )
 
 
-def build_container(
-    settings: Settings,
-    *,
-    worker_link: WorkerLink | None = None,
-    connection_handoff: socket.socket | None = None,
-) -> Container:
-    """The process's container; ``worker_link``: a worker's, fed by its supervisor;
-    ``connection_handoff``: the socket on which its supervisor hands it connections."""
+def build_container(settings: Settings, role: ProcessRole | None = None) -> Container:
+    """The process's container, for its ``role`` (default: a process serving alone)."""
     container = Container()
     container.settings.override(settings)
-    if worker_link is not None:
-        container.worker_link.override(providers.Object(worker_link))
-    if connection_handoff is not None:
-        container.connection_handoff.override(providers.Object(connection_handoff))
+    if role is not None:
+        container.role.override(providers.Object(role))
     return container
 
 
@@ -558,8 +561,7 @@ def build_supervisor_container(settings: Settings, hub: SupervisorHub) -> Contai
     """The supervisor's container (``--workers``): only its data layer is used (endpoint
     discovery, the model servers' polls, notification watches), teed into ``hub``; it
     serves no request, so it has no flow controller and no shared-state client."""
-    container = build_container(settings)
-    container.hub.override(providers.Object(hub))
+    container = build_container(settings, ProcessRole(hub=hub))
     container.redis_client.override(providers.Object(None))
     container.flow_controller.override(providers.Object(None))
     container.objectives.override(providers.Object(hub.objectives(ObjectiveStore())))

@@ -52,7 +52,6 @@ from domain.requestcontrol.plugins.prefix_producer import (
     PrefixCacheParameters,
 )
 from domain.sharedstate.shared_kv_index import SharedKVBlockIndex
-from ports.endpoints import EndpointEvent, EndpointEventKind
 from ports.tokenizer import ChatTemplateError, TokenizerError
 
 if TYPE_CHECKING:
@@ -220,42 +219,13 @@ def _precise_prefix_cache_producer(
         observer=handle.observer,
         data_parallel_size=events.data_parallel_size,
     )
-    datastore = handle.datastore
-    for endpoint in datastore.endpoints():  # already known (a config reload)
-        subscriptions.add(endpoint.info)
-
-    def on_endpoint_event(event: EndpointEvent) -> None:
-        subscriptions.on_endpoint_event(event)
-        if isinstance(index, SharedKVBlockIndex) and event.kind is EndpointEventKind.ADD_OR_UPDATE:
-            for key in subscriptions.keys(event.endpoint.name):
-                index.follow(key)  # warm from the shared copy before any event
-
-    def start() -> None:
-        if isinstance(index, SharedKVBlockIndex):
-            index.start()
-            for endpoint in datastore.endpoints():
-                for key in subscriptions.keys(endpoint.name):
-                    index.follow(key)
-        # endpoints seen before the event loop ran, and any that joined meanwhile
-        for endpoint in datastore.endpoints():
-            if subscriptions.subscriber(endpoint.name) is None:
-                subscriptions.add(endpoint.info)
-        subscriptions.start_pending()
-
-    async def stop() -> None:
-        await subscriptions.close()
-        if isinstance(index, SharedKVBlockIndex):
-            await index.stop()  # releases its writer leases: another process takes over
-
     producer = PrecisePrefixCacheProducer(
         TypedName(PRECISE_PREFIX_CACHE_PRODUCER, name),
         parameters,
         keyer=keyer,
         index=index,
         observer=handle.observer,
-        endpoint_listener=on_endpoint_event,
-        start=start,
-        stop=stop,
+        feed=subscriptions,
         # chat and other requests it cannot key: the approximate path, for that request
         fallback=ApproxPrefixCacheProducer(
             TypedName(APPROX_PREFIX_CACHE_PRODUCER, f"{name}/approximate-fallback"),
@@ -265,9 +235,9 @@ def _precise_prefix_cache_producer(
         adapters=adapters,
         # speculative entries shared by the pool's processes (Redis with --redis-url)
         shared=handle.prefix_index,
-        datastore=datastore,
+        datastore=handle.datastore,
     )
-    datastore.subscribe(producer.on_endpoint_event)
+    handle.datastore.subscribe(producer.on_endpoint_event)
     return producer
 
 

@@ -22,6 +22,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from ports.endpoints import EndpointEvent, EndpointInfo
+
 __all__ = [
     "DATA_PARALLEL_RANK_HEADER",
     "AllBlocksCleared",
@@ -31,6 +33,7 @@ __all__ = [
     "KVBlockIndex",
     "KVBlockStore",
     "KVEvent",
+    "KVEventFeed",
     "KVEventSink",
     "StoredBlock",
     "rank_key",
@@ -102,6 +105,29 @@ class KVEventSink(Protocol):
 
     def forget(self, endpoint: str) -> None:
         """``endpoint`` left the pool: drop everything known about it."""
+        ...
+
+
+class KVEventFeed(Protocol):
+    """The model servers' KV-event streams, one subscription per endpoint (per engine with
+    data parallelism), feeding a sink. ``add`` is idempotent for an endpoint at the same
+    address; before the event loop runs it only remembers the endpoint, and
+    ``start_pending`` (on the loop) subscribes to those remembered."""
+
+    def add(self, info: EndpointInfo) -> None: ...
+
+    def on_endpoint_event(self, event: EndpointEvent, _endpoint: object = None) -> None:
+        """A datastore listener: subscribe to an added endpoint, drop a deleted one."""
+        ...
+
+    def keys(self, endpoint: str) -> list[str]:
+        """The sink's names of ``endpoint``'s engines (itself, or one per rank)."""
+        ...
+
+    def start_pending(self) -> None: ...
+
+    async def close(self) -> None:
+        """End every subscription."""
         ...
 
 

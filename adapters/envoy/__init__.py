@@ -2,7 +2,7 @@
 
 from adapters.envoy.extproc import ExtProcServicer
 from adapters.envoy.health import HealthServicer
-from adapters.envoy.server import GrpcServers
+from adapters.envoy.server import GrpcServers, ServerOptions
 from adapters.envoy.tls import ServerCertificate, load_certificate, self_signed_certificate
 
 __all__ = [
@@ -10,6 +10,7 @@ __all__ = [
     "GrpcServers",
     "HealthServicer",
     "ServerCertificate",
+    "ServerOptions",
     "load_certificate",
     "self_signed_certificate",
 ]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import socket
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,7 @@ from adapters.envoy.extproc import (
     add_extproc_servicer,
     serialize_reply,
 )
-from adapters.envoy.h2grpc import H2GrpcServer, MethodHandler
+from adapters.envoy.h2 import H2GrpcServer, H2Limits, MethodHandler
 from adapters.envoy.health import HealthServicer
 from adapters.envoy.tls import (
     CertificateReloader,
@@ -31,10 +32,10 @@ from adapters.envoy.tls import (
 from ports.observer import Observer
 from ports.requests import RequestProcessor
 
-__all__ = ["TRANSPORTS", "GrpcServers"]
+__all__ = ["TRANSPORTS", "GrpcServers", "ServerOptions"]
 
 #: ``--extproc-transport``: what serves the ext_proc port. ``grpcio`` is grpc.aio;
-#: ``native`` is ``adapters.envoy.h2grpc``, a third of its CPU per message (docs/decisions/0020).
+#: ``native`` is ``adapters.envoy.h2``, a third of its CPU per message (docs/decisions/0020).
 TRANSPORTS = ("grpcio", "native")
 
 logger = logging.getLogger(__name__)
@@ -59,84 +60,92 @@ _SHARED_PORT_OPTIONS = [
 ]
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ServerOptions:
+    """Where ``GrpcServers`` listens, what it accepts, and how much.
+
+    ``grpc_port`` serves ext_proc and ``health_port`` health (``None``: no health port, a
+    worker: its supervisor serves the pod's; ``health_on_extproc_port``: health on the
+    ext_proc port too). ``transport`` picks the ext_proc server (``TRANSPORTS``); the health
+    port is grpc.aio.
+
+    TLS: ``certificate`` (``None``: plaintext); with ``reload_certificate_from`` (a directory
+    of ``tls.crt`` and ``tls.key``) a renewed certificate is served to new connections
+    (``CertificateReloader``); with ``client_ca`` (PEM CA certificates) a client must present
+    a certificate signed by one of them (mTLS): a peer without one fails the handshake,
+    before gRPC makes a call of its streams. ``cipher_suites`` (OpenSSL names) limit the
+    native transport's TLS 1.2 suites (grpc.aio reads ``GRPC_SSL_CIPHER_SUITES`` instead).
+
+    Limits: ``limits`` bound each stream; past ``max_concurrent_streams`` ext_proc streams
+    (0: no limit) a new one is refused with ``RESOURCE_EXHAUSTED``. One HTTP/2 connection
+    may open at most ``max_streams_per_connection`` ext_proc streams at once
+    (SETTINGS_MAX_CONCURRENT_STREAMS; 0: no limit): a peer holding many streams on a few
+    connections cannot flood the queue of calls gRPC holds before the server takes them,
+    where past its hard limit (3,000) every new stream, Envoy's too, is cancelled; Envoy
+    opens more connections when one is full. The message size limits apply to the ext_proc
+    server.
+
+    A worker's: ``shared_port``, the ext_proc port is shared with the pod's other workers, so
+    each connection is asked to reconnect now and then; with ``handoff`` (the native
+    transport) the server takes the connections the pod's supervisor accepts and hands over
+    on that unix socket, without listening itself, else it binds with ``SO_REUSEPORT``.
+    ``stream_metrics``: the ext_proc stream metrics (``--enable-grpc-stream-metrics``).
+    """
+
+    host: str
+    grpc_port: int
+    health_port: int | None
+    health_on_extproc_port: bool = False
+    transport: str = "native"
+    certificate: ServerCertificate | None = None
+    reload_certificate_from: Path | None = None
+    client_ca: bytes | None = None
+    cipher_suites: tuple[str, ...] = ()
+    limits: StreamLimits | None = None
+    max_concurrent_streams: int = 0
+    max_streams_per_connection: int = 0
+    max_receive_message_length: int = 64 * 1024 * 1024
+    max_send_message_length: int = 64 * 1024 * 1024
+    shared_port: bool = False
+    handoff: socket.socket | None = None
+    stream_metrics: bool = False
+
+
 class GrpcServers:
-    """Serves ext_proc on ``grpc_port`` and health on ``health_port``.
+    """Serves ext_proc and health for ``processor`` as ``options`` say (``ServerOptions``).
 
     ``start`` binds both (raising ``OSError`` naming the port if it cannot);
     ``drain`` turns readiness to NOT_SERVING, refuses new streams and waits up to
-    ``grace`` seconds for in-flight streams before cancelling them. ``limits`` bound each
-    stream; past ``max_concurrent_streams`` ext_proc streams (0: no limit) a new one is
-    refused with ``RESOURCE_EXHAUSTED``. With ``reload_certificate_from`` (a directory of
-    ``tls.crt`` and ``tls.key``) a renewed certificate is served to new connections
-    (``CertificateReloader``). With ``client_ca`` (PEM CA certificates) a client must present
-    a certificate signed by one of them (mTLS): a peer without one fails the handshake,
-    before gRPC makes a call of its streams. The message size limits apply to the ext_proc
-    server. With ``leader`` (leader election), readiness also needs ``leader()``
-    (``HealthServicer``). ``shared_port``: the ext_proc port is shared with the pod's other
-    workers, so each connection is asked to reconnect now and then; with ``handoff`` (the
-    native transport) the server takes the connections the pod's supervisor accepts and
-    hands over on that unix socket, without listening itself, else it binds with
-    ``SO_REUSEPORT``; ``health_port`` None serves no health port (a worker: its
-    supervisor serves the pod's). One HTTP/2 connection may open at most
-    ``max_streams_per_connection`` ext_proc streams at once (SETTINGS_MAX_CONCURRENT_STREAMS;
-    0: no limit): a peer holding many streams on a few connections cannot flood the queue of
-    calls gRPC holds before the server takes them, where past its hard limit (3,000) every
-    new stream, Envoy's too, is cancelled; Envoy opens more connections when one is full.
-    ``transport`` picks the ext_proc server (``TRANSPORTS``); the health port is grpc.aio.
-    ``cipher_suites`` (OpenSSL names) limit the native transport's TLS 1.2 suites (grpc.aio
-    reads ``GRPC_SSL_CIPHER_SUITES`` instead).
+    ``grace`` seconds for in-flight streams before cancelling them. With ``leader`` (leader
+    election), readiness also needs ``leader()`` (``HealthServicer``).
     """
 
     def __init__(
         self,
-        *,
         processor: RequestProcessor,
-        host: str,
-        grpc_port: int,
-        health_port: int | None,
-        certificate: ServerCertificate | None,
-        health_on_extproc_port: bool = False,
+        options: ServerOptions,
+        *,
         observer: Observer | None = None,
-        limits: StreamLimits | None = None,
-        max_concurrent_streams: int = 0,
-        reload_certificate_from: Path | None = None,
-        max_receive_message_length: int = 64 * 1024 * 1024,
-        max_send_message_length: int = 64 * 1024 * 1024,
         leader: Callable[[], bool] | None = None,
-        shared_port: bool = False,
-        handoff: socket.socket | None = None,
-        max_streams_per_connection: int = 0,
-        client_ca: bytes | None = None,
-        transport: str = "native",
-        cipher_suites: tuple[str, ...] = (),
-        stream_metrics: bool = False,
     ) -> None:
-        self._ciphers = cipher_suites
-        if transport not in TRANSPORTS:
-            raise ValueError(f"transport must be one of {TRANSPORTS}, not {transport!r}")
-        self._transport_kind = transport
-        self._shared_port = shared_port
-        self._handoff = handoff
-        self._max_receive = max_receive_message_length
-        self._max_send = max_send_message_length
-        self._host = host
-        self._grpc_port = grpc_port
-        self._health_port = health_port
-        self._certificate = certificate
+        o = self._o = options
+        if o.transport not in TRANSPORTS:
+            raise ValueError(f"transport must be one of {TRANSPORTS}, not {o.transport!r}")
         self.reloader: CertificateReloader | None = None
-        if certificate is not None and reload_certificate_from is not None:
-            self.reloader = CertificateReloader(reload_certificate_from, certificate, client_ca)
-        self._client_ca = client_ca
+        if o.certificate is not None and o.reload_certificate_from is not None:
+            self.reloader = CertificateReloader(
+                o.reload_certificate_from, o.certificate, o.client_ca
+            )
         self._extproc_options = [
-            *(_SHARED_PORT_OPTIONS if shared_port else _OPTIONS),
-            ("grpc.max_receive_message_length", max_receive_message_length),
-            ("grpc.max_send_message_length", max_send_message_length),
+            *(_SHARED_PORT_OPTIONS if o.shared_port else _OPTIONS),
+            ("grpc.max_receive_message_length", o.max_receive_message_length),
+            ("grpc.max_send_message_length", o.max_send_message_length),
         ]
         self.health = HealthServicer(processor.ready, leader)
-        self._extproc = ExtProcServicer(processor, observer, limits, stream_metrics=stream_metrics)
-        self._max_concurrent_streams = max_concurrent_streams or None
-        self._max_streams_per_connection = max_streams_per_connection
-        self._health_on_extproc_port = health_on_extproc_port
+        self._extproc = ExtProcServicer(
+            processor, observer, o.limits, stream_metrics=o.stream_metrics
+        )
+        self._max_concurrent_streams = o.max_concurrent_streams or None
         self._servers: list[Any] = []
         self.bound_grpc_port = 0
         self.bound_health_port = 0
@@ -150,7 +159,7 @@ class GrpcServers:
                 streaming=True,
             )
         }
-        if self._health_on_extproc_port:
+        if self._o.health_on_extproc_port:
             for method, request in (
                 ("Check", health_pb2.HealthCheckRequest),
                 ("List", health_pb2.HealthListRequest),
@@ -163,56 +172,56 @@ class GrpcServers:
                     streaming=False,
                 )
         if self.reloader is not None:
-            context = reloading_ssl_context(self.reloader, self._ciphers)
-        elif self._certificate is not None:
-            context = ssl_context(self._certificate, self._client_ca, self._ciphers)
+            context = reloading_ssl_context(self.reloader, self._o.cipher_suites)
+        elif self._o.certificate is not None:
+            context = ssl_context(self._o.certificate, self._o.client_ca, self._o.cipher_suites)
         else:
             context = None
-        return H2GrpcServer(
-            handlers,
-            ssl_context=context,
+        limits = H2Limits(
             max_concurrent_rpcs=self._max_concurrent_streams or 0,
-            max_streams_per_connection=self._max_streams_per_connection,
-            max_receive_message_length=self._max_receive,
-            max_send_message_length=self._max_send,
-            max_connection_age=SHARED_PORT_CONNECTION_AGE_MS / 1000 if self._shared_port else 0.0,
-            reuse_port=self._shared_port,
+            max_streams_per_connection=self._o.max_streams_per_connection,
+            max_receive_message_length=self._o.max_receive_message_length,
+            max_send_message_length=self._o.max_send_message_length,
+            max_connection_age=SHARED_PORT_CONNECTION_AGE_MS / 1000 if self._o.shared_port else 0.0,
+        )
+        return H2GrpcServer(
+            handlers, limits=limits, ssl_context=context, reuse_port=self._o.shared_port
         )
 
     async def _start_native(self) -> Any:
         server = self._native_server()
-        if self._handoff is not None:
-            server.start_handed(self._handoff)
-            self.bound_grpc_port = self._grpc_port
+        if self._o.handoff is not None:
+            server.start_handed(self._o.handoff)
+            self.bound_grpc_port = self._o.grpc_port
             return server
-        address = f"{self._host}:{self._grpc_port}"
+        address = f"{self._o.host}:{self._o.grpc_port}"
         try:
-            self.bound_grpc_port = await server.start(self._host, self._grpc_port)
+            self.bound_grpc_port = await server.start(self._o.host, self._o.grpc_port)
         except OSError as exc:
             raise OSError(f"--grpc-port: cannot listen on {address}: {exc}") from exc
         return server
 
     async def start(self) -> None:
-        if self._transport_kind == "native":
+        if self._o.transport == "native":
             extproc_server = await self._start_native()
             await self._start_health(extproc_server)
             return
         options = list(self._extproc_options)
-        if self._max_streams_per_connection:
-            options.append(("grpc.max_concurrent_streams", self._max_streams_per_connection))
+        if self._o.max_streams_per_connection:
+            options.append(("grpc.max_concurrent_streams", self._o.max_streams_per_connection))
         extproc_server = grpc.aio.server(
             options=options, maximum_concurrent_rpcs=self._max_concurrent_streams
         )
         add_extproc_servicer(self._extproc, extproc_server)
-        if self._health_on_extproc_port:
+        if self._o.health_on_extproc_port:
             health_pb2_grpc.add_HealthServicer_to_server(self.health, extproc_server)
-        address = f"{self._host}:{self._grpc_port}"
+        address = f"{self._o.host}:{self._o.grpc_port}"
         try:
             if self.reloader is not None:
                 credentials = self.reloader.credentials()
                 self.bound_grpc_port = extproc_server.add_secure_port(address, credentials)
-            elif self._certificate is not None:
-                credentials = server_credentials(self._certificate, self._client_ca)
+            elif self._o.certificate is not None:
+                credentials = server_credentials(self._o.certificate, self._o.client_ca)
                 self.bound_grpc_port = extproc_server.add_secure_port(address, credentials)
             else:
                 self.bound_grpc_port = extproc_server.add_insecure_port(address)
@@ -223,20 +232,20 @@ class GrpcServers:
         await self._start_health(extproc_server)
 
     async def _start_health(self, extproc_server: Any) -> None:
-        if self._health_port is None:
+        if self._o.health_port is None:
             if isinstance(extproc_server, grpc.aio.Server):
                 await extproc_server.start()
             self._servers = [extproc_server]
             logger.info(
                 "ext_proc serving on %s:%d (%s, shared port)",
-                self._host,
+                self._o.host,
                 self.bound_grpc_port,
                 self._transport(),
             )
             return
         health_server = grpc.aio.server(options=_OPTIONS)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, health_server)
-        health_address = f"{self._host}:{self._health_port}"
+        health_address = f"{self._o.host}:{self._o.health_port}"
         try:
             self.bound_health_port = health_server.add_insecure_port(health_address)
         except RuntimeError as exc:
@@ -250,10 +259,10 @@ class GrpcServers:
         self._servers = [extproc_server, health_server]
         logger.info(
             "ext_proc serving on %s:%d (%s), health on %s:%d",
-            self._host,
+            self._o.host,
             self.bound_grpc_port,
             self._transport(),
-            self._host,
+            self._o.host,
             self.bound_health_port,
         )
 
@@ -261,7 +270,7 @@ class GrpcServers:
         """With ``handoff``: the connections taken off it so far, those open that still take
         new streams, and the ext_proc calls started so far (what the supervisor weighs when
         it hands the next connection); else None."""
-        if self._handoff is None or not self._servers:
+        if self._o.handoff is None or not self._servers:
             return None
         server = self._servers[0]
         if not isinstance(server, H2GrpcServer):
@@ -269,14 +278,14 @@ class GrpcServers:
         return server.handed_received, server.accepting_connections(), server.calls_started
 
     def _transport(self) -> str:
-        native = ["native transport"] if self._transport_kind == "native" else []
-        if self._certificate is None:
+        native = ["native transport"] if self._o.transport == "native" else []
+        if self._o.certificate is None:
             return ", ".join(("plaintext", *native))
         return ", ".join(
             (
                 "TLS",
                 *native,
-                *(["client certificates required"] if self._client_ca is not None else []),
+                *(["client certificates required"] if self._o.client_ca is not None else []),
                 *(["certificate reloaded when renewed"] if self.reloader else []),
             )
         )

@@ -22,7 +22,7 @@ import socket
 import sys
 
 from adapters.workerlink import WorkerLink
-from app.container import build_container
+from app.container import ProcessRole, build_container
 from app.lifecycle import StartupError, run_process
 from app.runner import serve
 from app.settings import Settings
@@ -56,7 +56,7 @@ async def _main(settings: Settings, role: WorkerRole, stop: asyncio.Event) -> in
     except OSError as exc:
         raise StartupError(f"cannot reach the supervisor at {role.socket_path}: {exc}") from exc
     handoff = socket.socket(fileno=role.handoff_fd) if role.handoff_fd >= 0 else None
-    container = build_container(settings, worker_link=link, connection_handoff=handoff)
+    container = build_container(settings, ProcessRole(link=link, handoff=handoff))
 
     async def stop_when_lost() -> None:
         await link.lost.wait()

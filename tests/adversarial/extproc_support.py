@@ -12,7 +12,7 @@ from typing import Any
 import grpc
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
-from adapters.envoy.server import GrpcServers
+from adapters.envoy.server import GrpcServers, ServerOptions
 from domain.datalayer.attributes import IN_FLIGHT_LOAD, InFlightLoad
 from domain.datastore import Datastore
 from domain.requestcontrol.director import Director
@@ -151,12 +151,14 @@ async def extproc_server(processor: Any, **options: Any) -> AsyncIterator[str]:
     keyword arguments, e.g. ``limits``), served by ``TRANSPORT``; yields its address."""
     options.setdefault("transport", TRANSPORT[0])
     servers = GrpcServers(
-        processor=processor,
-        host="127.0.0.1",
-        grpc_port=0,
-        health_port=0,
-        certificate=None,
-        **options,
+        processor,
+        ServerOptions(
+            host="127.0.0.1",
+            grpc_port=0,
+            health_port=0,
+            certificate=None,
+            **options,
+        ),
     )
     await servers.start()
     try:

@@ -12,15 +12,15 @@ more) and that requests through a real Envoy are routed to the pool.
 from __future__ import annotations
 
 import json
+import urllib.error
 import urllib.request
 from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
-import grpc
 import pytest
-from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1 import health_pb2
 
 from tests.integration.observability.otlp_receiver import OtlpReceiver
 from tests.simulator.config import DEFAULT_MODEL
@@ -28,6 +28,7 @@ from tests.simulator.server import INSTANCE_HEADER
 from tests.support.charts import (
     GIE_DEFAULT_PLUGINS,
     LLMD_DEFAULT_PLUGINS,
+    LLMD_LATENCY_PREDICTOR_PLUGINS,
     LLMD_PAYLOAD_AGNOSTIC,
     RELEASE,
     ChartPod,
@@ -43,7 +44,15 @@ from tests.support.kube_api import (
     pod,
     write_kubeconfig,
 )
-from tests.support.stack import Stack, StackOptions, free_port, metric_sum, wait_for
+from tests.support.stack import (
+    Stack,
+    StackOptions,
+    free_port,
+    health_status,
+    metric_sum,
+    replica_metrics_urls,
+    wait_for,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -89,18 +98,6 @@ def chart_stack(
             yield stack
 
 
-def health(port: int, service: str) -> int | None:
-    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
-        try:
-            return int(
-                health_pb2_grpc.HealthStub(channel)
-                .Check(health_pb2.HealthCheckRequest(service=service), timeout=2)
-                .status
-            )
-        except grpc.RpcError:
-            return None
-
-
 def served_by(stack: Stack, count: int, headers: Mapping[str, str] | None = None) -> Counter[str]:
     """Sends ``count`` chat completions through Envoy; the simulators that answered."""
     served: Counter[str] = Counter()
@@ -129,7 +126,7 @@ def test_the_references_chart_with_its_default_values(tmp_path: Path) -> None:
         assert stack.epp is not None
         # the chart's probes: service "inference-extension" on the health port
         wait_for(
-            lambda: health(stack.epp_health_port, "inference-extension") == SERVING,
+            lambda: health_status(stack.epp_health_port, "inference-extension") == SERVING,
             timeout=30,
             what="the readiness probe of the reference's chart",
         )
@@ -146,7 +143,7 @@ def test_the_llm_d_charts_default_values(tmp_path: Path) -> None:
         tmp_path, llmd_args(), {"default-plugins.yaml": LLMD_DEFAULT_PLUGINS}
     ) as stack:
         wait_for(
-            lambda: health(stack.epp_health_port, "inference-extension") == SERVING,
+            lambda: health_status(stack.epp_health_port, "inference-extension") == SERVING,
             timeout=30,
             what="the readiness probe of the llm-d router's chart",
         )
@@ -157,7 +154,7 @@ def test_the_llm_d_chart_with_its_flags_exports_the_llm_d_metric_names(tmp_path:
     args = llmd_args(flags=[("enable-grpc-stream-metrics", "true"), ("v", "2")], metrics_auth=False)
     with chart_stack(tmp_path, args, {"default-plugins.yaml": LLMD_DEFAULT_PLUGINS}) as stack:
         wait_for(
-            lambda: health(stack.epp_health_port, "inference-extension") == SERVING,
+            lambda: health_status(stack.epp_health_port, "inference-extension") == SERVING,
             timeout=30,
             what="the readiness probe of the llm-d router's chart",
         )
@@ -181,7 +178,9 @@ def test_the_llm_d_chart_with_3_replicas_tracing_and_the_payload_agnostic_config
 ) -> None:
     receiver = OtlpReceiver().start()
     try:
-        args = llmd_args(replicas=3, tracing=True, plugins_file="payload-agnostic.yaml")
+        args = llmd_args(
+            replicas=3, tracing=True, plugins_file="payload-agnostic.yaml", metrics_auth=False
+        )
         env = {
             **tracing_env("llm-d-router/epp", receiver.endpoint),
             "OTEL_BSP_SCHEDULE_DELAY": "50",
@@ -194,11 +193,21 @@ def test_the_llm_d_chart_with_3_replicas_tracing_and_the_payload_agnostic_config
             health_ports = [ports[1] for ports in stack.replica_ports]
             # liveness: every replica; readiness: the one that holds the Lease
             wait_for(
-                lambda: [health(p, "readiness") for p in health_ports].count(SERVING) == 1,
+                lambda: [health_status(p) for p in health_ports].count(SERVING) == 1,
                 timeout=30,
                 what="one replica (the leader) to be ready",
             )
-            assert [health(p, "liveness") for p in health_ports] == [SERVING] * 3
+            assert [health_status(p, "liveness") for p in health_ports] == [SERVING] * 3
+            # Envoy here balances over all three (a Service would hold only the ready one):
+            # each must know the pool before it is sent a request
+            wait_for(
+                lambda: all(
+                    metric_sum(url, "inference_pool_ready_pods") == len(POD_IPS)
+                    for url in replica_metrics_urls(stack)
+                ),
+                timeout=30,
+                what="every replica to know the pool's pods",
+            )
             assert sum(served_by(stack, 12, {"traceparent": SAMPLED}).values()) == 12
             spans = receiver.wait_for(
                 lambda spans: any(s.name == "gateway.request" for s in spans),
@@ -208,3 +217,36 @@ def test_the_llm_d_chart_with_3_replicas_tracing_and_the_payload_agnostic_config
             assert {s.service_name for s in spans} == {"llm-d-router/epp"}
     finally:
         receiver.stop()
+
+
+def test_the_llm_d_charts_latency_predictor_values(tmp_path: Path) -> None:
+    # router.latencyPredictor.enabled: its default-plugins.yaml as the chart renders it
+    configs = {"default-plugins.yaml": LLMD_LATENCY_PREDICTOR_PLUGINS}
+    with chart_stack(tmp_path, llmd_args(metrics_auth=False), configs) as stack:
+        wait_for(
+            lambda: health_status(stack.epp_health_port, "inference-extension") == SERVING,
+            timeout=30,
+            what="the readiness probe of the llm-d router's chart",
+        )
+        assert sum(served_by(stack, 12, {"x-slo-ttft-ms": "2000"}).values()) == 12
+        # every answer taught the predictor and left a receipt
+        count = "inference_objective_request_ttft_seconds_count"
+        wait_for(
+            lambda: metric_sum(stack.epp_metrics_url, count) >= 12,
+            timeout=10,
+            what="the observed TTFT of every request",
+        )
+        errors = "inference_extension_latency_prediction_error_seconds_count"
+        assert metric_sum(stack.epp_metrics_url, errors) >= 12
+        # an absurd SLO is the client's error, naming the header
+        request = urllib.request.Request(
+            f"{stack.url}/v1/chat/completions",
+            data=json.dumps(
+                {"model": DEFAULT_MODEL, "messages": [{"role": "user", "content": "hi"}]}
+            ).encode(),
+            headers={"content-type": "application/json", "x-slo-ttft-ms": "-1"},
+        )
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(request, timeout=30)
+        assert refused.value.code == 400
+        assert b"x-slo-ttft-ms: must be a number of milliseconds" in refused.value.read()

@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 
-from adapters.envoy.server import TRANSPORTS, GrpcServers
+from adapters.envoy.server import TRANSPORTS, GrpcServers, ServerOptions
 from adapters.envoy.tls import ServerCertificate
 from ports.requests import RequestProcessor
 
@@ -28,13 +28,15 @@ async def start_servers(request: pytest.FixtureRequest) -> AsyncIterator[StartSe
         health_on_extproc_port: bool = False,
     ) -> GrpcServers:
         servers = GrpcServers(
-            processor=processor,
-            host="127.0.0.1",
-            grpc_port=0,
-            health_port=0,
-            certificate=certificate,
-            health_on_extproc_port=health_on_extproc_port,
-            transport=str(request.param),
+            processor,
+            ServerOptions(
+                host="127.0.0.1",
+                grpc_port=0,
+                health_port=0,
+                certificate=certificate,
+                health_on_extproc_port=health_on_extproc_port,
+                transport=str(request.param),
+            ),
         )
         await servers.start()
         started.append(servers)

@@ -13,7 +13,7 @@ import grpc
 import pytest
 from cryptography import x509
 
-from adapters.envoy.server import TRANSPORTS, GrpcServers
+from adapters.envoy.server import TRANSPORTS, GrpcServers, ServerOptions
 from adapters.envoy.tls import (
     ServerCertificate,
     load_certificate,
@@ -55,14 +55,16 @@ async def _reloading_servers(
         datastore.apply(endpoint_event(ip))
     datastore.mark_synced()
     servers = GrpcServers(
-        processor=configured_director(datastore),
-        host="127.0.0.1",
-        grpc_port=0,
-        health_port=0,
-        certificate=load_certificate(directory),
-        reload_certificate_from=directory,
-        client_ca=client_ca,
-        transport=transport,
+        configured_director(datastore),
+        ServerOptions(
+            host="127.0.0.1",
+            grpc_port=0,
+            health_port=0,
+            certificate=load_certificate(directory),
+            reload_certificate_from=directory,
+            client_ca=client_ca,
+            transport=transport,
+        ),
     )
     await servers.start()
     return servers
@@ -128,14 +130,16 @@ def test_the_reloader_keeps_serving_when_the_files_vanish(tmp_path: Path) -> Non
     _write(tmp_path, "tls.crt", pair.certificate_pem)
     _write(tmp_path, "tls.key", pair.private_key_pem)
     servers = GrpcServers(
-        processor=configured_director(Datastore()),
-        host="127.0.0.1",
-        grpc_port=0,
-        health_port=0,
-        certificate=ServerCertificate(
-            certificate_pem=pair.certificate_pem, private_key_pem=pair.private_key_pem
+        configured_director(Datastore()),
+        ServerOptions(
+            host="127.0.0.1",
+            grpc_port=0,
+            health_port=0,
+            certificate=ServerCertificate(
+                certificate_pem=pair.certificate_pem, private_key_pem=pair.private_key_pem
+            ),
+            reload_certificate_from=tmp_path,
         ),
-        reload_certificate_from=tmp_path,
     )
     reloader = servers.reloader
     assert reloader is not None

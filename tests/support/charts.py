@@ -22,6 +22,7 @@ from pathlib import Path
 __all__ = [
     "GIE_DEFAULT_PLUGINS",
     "LLMD_DEFAULT_PLUGINS",
+    "LLMD_LATENCY_PREDICTOR_PLUGINS",
     "LLMD_PAYLOAD_AGNOSTIC",
     "RELEASE",
     "ChartPod",
@@ -121,75 +122,18 @@ def tracing_env(service: str, endpoint: str = "http://localhost:4317") -> dict[s
     }
 
 
+#: The charts' EndpointPickerConfig files, rendered by hand (the files say from what).
+FIXTURES = Path(__file__).resolve().parents[1] / "unit" / "config" / "fixtures"
 #: The reference chart's ``default-plugins.yaml`` for vLLM over HTTP.
-GIE_DEFAULT_PLUGINS = """\
-apiVersion: inference.networking.x-k8s.io/v1alpha1
-kind: EndpointPickerConfig
-plugins:
-- type: queue-scorer
-- type: kv-cache-utilization-scorer
-- type: prefix-cache-scorer
-- type: metrics-data-source
-  parameters:
-    scheme: "http"
-    path: "/metrics"
-    insecureSkipVerify: true
-- type: core-metrics-extractor
-schedulingProfiles:
-- name: default
-  plugins:
-  - pluginRef: queue-scorer
-    weight: 2
-  - pluginRef: kv-cache-utilization-scorer
-    weight: 2
-  - pluginRef: prefix-cache-scorer
-    weight: 3
-"""
-
+GIE_DEFAULT_PLUGINS = (FIXTURES / "gie-chart" / "default-plugins.yaml").read_text()
 #: The llm-d router chart's ``default-plugins.yaml`` for vLLM over HTTP.
-LLMD_DEFAULT_PLUGINS = """\
-apiVersion: llm-d.ai/v1alpha1
-kind: EndpointPickerConfig
-plugins:
-- type: queue-scorer
-- type: kv-cache-utilization-scorer
-- type: prefix-cache-scorer
-- type: metrics-data-source
-  parameters:
-    scheme: "http"
-    path: "/metrics"
-    insecureSkipVerify: true
-- type: core-metrics-extractor
-schedulingProfiles:
-- name: default
-  plugins:
-  - pluginRef: queue-scorer
-    weight: 2
-  - pluginRef: kv-cache-utilization-scorer
-    weight: 2
-  - pluginRef: prefix-cache-scorer
-    weight: 3
-"""
-
+LLMD_DEFAULT_PLUGINS = (FIXTURES / "llm-d-router-chart" / "default-plugins.yaml").read_text()
+#: The llm-d router chart's ``default-plugins.yaml`` with ``router.latencyPredictor.enabled``.
+LLMD_LATENCY_PREDICTOR_PLUGINS = (
+    FIXTURES / "llm-d-router-chart" / "default-plugins-latency-predictor.yaml"
+).read_text()
 #: The llm-d router chart's ``payload-agnostic.yaml``.
-LLMD_PAYLOAD_AGNOSTIC = """\
-apiVersion: llm-d.ai/v1alpha1
-kind: EndpointPickerConfig
-plugins:
-- type: passthrough-parser
-- type: active-request-scorer
-- type: session-affinity-scorer
-requestHandler:
-  parsers:
-  - pluginRef: passthrough-parser
-schedulingProfiles:
-- name: default
-  plugins:
-  - pluginRef: active-request-scorer
-    weight: 1
-  - pluginRef: session-affinity-scorer
-    weight: 1
-"""
+LLMD_PAYLOAD_AGNOSTIC = (FIXTURES / "llm-d-router-chart" / "payload-agnostic.yaml").read_text()
 
 
 @dataclass

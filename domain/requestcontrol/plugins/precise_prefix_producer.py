@@ -46,7 +46,7 @@ import asyncio
 import functools
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from domain.datalayer.attributes import PREFIX_CACHE_MATCH_INFO, PrefixCacheMatchInfo
@@ -66,8 +66,8 @@ from domain.requesthandling.openai import ApiKind
 from domain.scheduling.load import PREFIX_BLOCKS, PREFIX_BLOCKS_OWNER, PrefixBlocks
 from domain.scheduling.types import Candidate, InferenceRequest, SchedulingResult
 from domain.sharedstate.shared_kv_index import SharedKVBlockIndex
-from ports.endpoints import EndpointEvent
-from ports.kv_events import DATA_PARALLEL_RANK_HEADER, rank_key
+from ports.endpoints import EndpointEvent, EndpointEventKind
+from ports.kv_events import DATA_PARALLEL_RANK_HEADER, KVEventFeed, rank_key
 from ports.metric_catalogue import KV_KEYS_UNKEYED, PREFIX_INDEXER_HIT_RATIO
 from ports.observer import NoopObserver, Observer
 from ports.prefix_index import ClaimingPrefixIndex, PrefixIndex
@@ -223,14 +223,18 @@ class PrecisePrefixCacheParameters:
             raise ValueError("tokenizationCacheChars: must be >= 0")
 
 
+_ADD_OR_UPDATE = EndpointEventKind.ADD_OR_UPDATE
+
+
 class PrecisePrefixCacheProducer(ProducerPlugin, ConsumerPlugin, BackgroundPlugin):
     """DataProducer + PlacementClaimer + PreRequest writing ``PrefixCacheMatchInfo`` from
     the events' index (and, for a prompt cold everywhere, the pool's shared speculative
     entries: ``shared``, the Handle's prefix index; ``None`` or ``speculativeTtl`` 0: none).
 
-    Background work (the app's ``start``/``stop``): ``start`` subscribes to the endpoints'
-    events and starts the shared index (its warm load from the store); ``stop`` ends them
-    (and releases the shared index's writer leases). ``ready``: the shared index loaded
+    Its background work is its own (the app calls ``start``/``stop``): ``start`` subscribes
+    the ``feed`` to the endpoints' events and starts the shared index (its warm load from
+    the store); ``stop`` ends the subscriptions and releases the shared index's writer
+    leases. ``ready``: the shared index loaded
     its copy of the endpoints known so far (at once with the in-memory index)."""
 
     def __init__(
@@ -241,9 +245,7 @@ class PrecisePrefixCacheProducer(ProducerPlugin, ConsumerPlugin, BackgroundPlugi
         keyer: PromptKeyer,
         index: InMemoryKVBlockIndex | SharedKVBlockIndex,
         observer: Observer | None = None,
-        endpoint_listener: Callable[[EndpointEvent], None] | None = None,
-        start: Callable[[], None] | None = None,
-        stop: Callable[[], Awaitable[None]] | None = None,
+        feed: KVEventFeed | None = None,
         fallback: ApproxPrefixCacheProducer | None = None,
         adapters: LoraAdapterNames | None = None,
         shared: PrefixIndex | None = None,
@@ -257,9 +259,9 @@ class PrecisePrefixCacheProducer(ProducerPlugin, ConsumerPlugin, BackgroundPlugi
         self._observer = observer if observer is not None else NoopObserver()
         self._block = keyer.block_size
         self._warned: set[str] = set()
-        self._endpoint_listener = endpoint_listener
-        self._start = start
-        self._stop = stop
+        self._feed = feed
+        self._started = feed is None  # nothing to start without one
+        self._stopped = False
         self.fallback = fallback
         self.adapters = adapters if adapters is not None else LoraAdapterNames()
         # speculative entries shared by the pool's processes (None: this process only)
@@ -269,9 +271,15 @@ class PrecisePrefixCacheProducer(ProducerPlugin, ConsumerPlugin, BackgroundPlugi
         self._window = parameters.speculative_ttl / 2
 
     def on_endpoint_event(self, event: EndpointEvent, _endpoint: object = None) -> None:
-        """A datastore listener (owned by this plugin, so a config reload drops it)."""
-        if self._endpoint_listener is not None:
-            self._endpoint_listener(event)
+        """A datastore listener (owned by this plugin, so a config reload drops it): the
+        feed follows the pool, and the shared index warms a new endpoint from the store's
+        copy before any of its events."""
+        if self._feed is None or self._stopped:
+            return
+        self._feed.on_endpoint_event(event)
+        if isinstance(self.index, SharedKVBlockIndex) and event.kind is _ADD_OR_UPDATE:
+            for key in self._feed.keys(event.endpoint.name):
+                self.index.follow(key)
 
     @property
     def typed_name(self) -> TypedName:
@@ -408,15 +416,33 @@ class PrecisePrefixCacheProducer(ProducerPlugin, ConsumerPlugin, BackgroundPlugi
         return ids, hashing(ids)
 
     async def start(self) -> None:
-        if self._start is not None:
-            start, self._start = self._start, None
-            start()
+        """Starts the shared index (its warm load of the endpoints known so far) and
+        subscribes to the events of every endpoint: those seen before the event loop ran,
+        and any that joined meanwhile."""
+        if self._started or self._stopped or self._feed is None:
+            return
+        self._started = True
+        feed = self._feed
+        endpoints = self._datastore.endpoints() if self._datastore is not None else ()
+        if isinstance(self.index, SharedKVBlockIndex):
+            self.index.start()
+            for endpoint in endpoints:
+                for key in feed.keys(endpoint.name):
+                    self.index.follow(key)
+        feed.start_pending()
+        for endpoint in endpoints:
+            feed.add(endpoint.info)  # idempotent for one already subscribed
 
     async def stop(self) -> None:
-        self._start = None  # a stopped producer does not start again
-        if self._stop is not None:
-            stop, self._stop = self._stop, None
-            await stop()
+        """Ends the subscriptions, then releases the shared index's writer leases (another
+        process takes over). A stopped producer does not start again."""
+        if self._stopped:
+            return
+        self._stopped = True
+        if self._feed is not None:
+            await self._feed.close()
+        if isinstance(self.index, SharedKVBlockIndex):
+            await self.index.stop()
 
     def ready(self) -> bool:
         index = self.index
@@ -425,7 +451,7 @@ class PrecisePrefixCacheProducer(ProducerPlugin, ConsumerPlugin, BackgroundPlugi
     async def prepare_request_data(
         self, request: InferenceRequest, candidates: Sequence[Candidate]
     ) -> None:
-        if self._start is not None:  # not started by the app (a test, a reload race)
+        if not self._started:  # not started by the app (a test, a reload race)
             await self.start()
         keys = await self._keys(request, candidates)
         if keys is None and self.fallback is not None:

@@ -15,7 +15,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from kubernetes.client import ApiClient
 
-from adapters.envoy.server import GrpcServers
+from adapters.envoy.server import GrpcServers, ServerOptions
 from adapters.kubernetes.leader import LeaderElector
 from domain.datastore import Datastore
 from tests.bench.leader_failover import failover
@@ -135,11 +135,13 @@ async def test_a_lost_lease_flips_readiness_and_the_stream_in_flight_finishes(
     datastore.mark_synced()
     a = _elector(client, "epp-a")
     servers = GrpcServers(
-        processor=configured_director(datastore),
-        host="127.0.0.1",
-        grpc_port=0,
-        health_port=0,
-        certificate=None,
+        configured_director(datastore),
+        ServerOptions(
+            host="127.0.0.1",
+            grpc_port=0,
+            health_port=0,
+            certificate=None,
+        ),
         leader=a.leader,
     )
     await servers.start()

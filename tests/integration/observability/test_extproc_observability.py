@@ -12,7 +12,7 @@ import grpc
 import pytest
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
-from adapters.envoy.server import GrpcServers
+from adapters.envoy.server import GrpcServers, ServerOptions
 from ports.errors import ErrorCode, RequestError
 from ports.observer import REQUEST_ID
 from ports.requests import InboundRequest, RoutingDecision
@@ -54,11 +54,13 @@ async def observed() -> AsyncIterator[Observed]:
 
     processor = FakeProcessor(decide)
     servers = GrpcServers(
-        processor=processor,
-        host="127.0.0.1",
-        grpc_port=0,
-        health_port=0,
-        certificate=None,
+        processor,
+        ServerOptions(
+            host="127.0.0.1",
+            grpc_port=0,
+            health_port=0,
+            certificate=None,
+        ),
         observer=observer,
     )
     await servers.start()
