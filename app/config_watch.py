@@ -3,11 +3,15 @@
 Every ``interval`` seconds the file is read (through symlinks, so a ConfigMap volume's
 ``..data`` swap is seen like an edit); when its text differs from the running config's, the
 new text is loaded in full (YAML, schema, every plugin built with fresh state) before
-anything changes. Only a config that loads replaces the running one, in one assignment on
-the event loop: requests already routing finish with the plugins they started with (the
-Director's exchanges keep their ``RequestControl``), new ones get the new plugins. A config
-that does not load is logged with the entry at fault, and the running one stays; so does a
-file that cannot be read.
+anything changes. The YAML and the schema are checked in a worker thread (a large file
+does not stall routing), within the size and depth limits of ``app.config.decoding``; the
+plugins are built on the event loop. Only a config that loads replaces the running one, in
+one assignment on the event loop: requests already routing finish with the plugins they
+started with (the Director's exchanges keep their ``RequestControl``), new ones get the
+new plugins. A config that does not load, whatever the exception, is logged as one line
+with the entry at fault, and the running one stays; so does a file that cannot be read,
+and an empty one (or one of only comments): it is refused, not taken as the built-in
+default (a ConfigMap emptied by mistake must not silently reset every replica).
 
 What a reload changes: the plugins and their parameters, the scheduling profiles, the
 profile handler, the parser, the saturation detector, the data producers, admitters and
@@ -29,15 +33,19 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from app.config.decoding import parse_yaml
-from app.config.loader import ConfigError, LoadedConfig, load_config
+from app.config.decoding import MAX_CONFIG_BYTES
+from app.config.loader import (
+    ConfigError,
+    LoadedConfig,
+    ParsedConfig,
+    build_config,
+    parse_config,
+)
 from app.config.overrides import ConfigOverrides
-from app.plugins import PluginLoadError
 from domain.datastore.store import Datastore
 from domain.plugins.base import PluginRegistry
 from domain.plugins.handle import Handle
 from domain.plugins.hooks import BackgroundPlugin
-from domain.plugins.plugin import PluginConfigError
 from domain.requestcontrol.director import Director, RequestControl
 
 __all__ = ["RESTART_SECTIONS", "ConfigWatcher"]
@@ -48,9 +56,26 @@ logger = logging.getLogger(__name__)
 RESTART_SECTIONS = ("featureGates", "flowControl", "dataLayer")
 
 
-def _sections(text: str | None) -> dict[str, Any]:
-    raw = parse_yaml(text) or {}
+def _sections(document: dict[str, Any] | None) -> dict[str, Any]:
+    raw = document or {}
     return {name: raw.get(name) for name in RESTART_SECTIONS}
+
+
+def _read(path: Path) -> str:
+    """The file's text; past ``MAX_CONFIG_BYTES`` only that much and one byte more (the
+    parse refuses it), so a huge file is never read whole every interval."""
+    with path.open("rb") as file:
+        data = file.read(MAX_CONFIG_BYTES + 1)
+    return data.decode("utf-8", "surrogateescape")
+
+
+def _one_line(exc: BaseException) -> str:
+    """``exc`` as one log line: its message, prefixed with its type unless it is a config
+    error (whose message already names the entry at fault)."""
+    text = " ".join(str(exc).split())
+    if isinstance(exc, ConfigError):
+        return text
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 class ConfigWatcher:
@@ -73,7 +98,7 @@ class ConfigWatcher:
     ) -> None:
         self._path = path
         self._text = running_text
-        self._sections = _sections(running_text)
+        self._sections = _sections(parse_config(running_text).document)
         self._running = running
         self._registry = registry
         self._handle = handle
@@ -91,47 +116,51 @@ class ConfigWatcher:
         while True:
             await asyncio.sleep(self._interval)
             try:
-                text = await asyncio.to_thread(self._path.read_text)
-            except OSError as exc:
-                if not self._unreadable:
-                    self._unreadable = True
-                    logger.error(
-                        "config %s unreadable, keeping the running one: %s", self._path, exc
-                    )
-                continue
-            self._unreadable = False
-            old = self._running
-            if self.offer(text):
-                await _restart_background(old, self._running)
+                await self.check()
+            except Exception as exc:  # the watcher outlives anything one reload does
+                logger.error(
+                    "config %s: reload failed, keeping the running one: %s",
+                    self._path,
+                    _one_line(exc),
+                )
+
+    async def check(self) -> bool:
+        """Reads the file once and applies it if it changed and loads; whether it did."""
+        try:
+            text = await asyncio.to_thread(_read, self._path)
+        except OSError as exc:
+            if not self._unreadable:
+                self._unreadable = True
+                logger.error("config %s unreadable, keeping the running one: %s", self._path, exc)
+            return False
+        self._unreadable = False
+        old = self._running
+        if not await self.offer(text):
+            return False
+        await _restart_background(old, self._running)
+        return True
 
     @property
     def running(self) -> LoadedConfig:
         """The config in use."""
         return self._running
 
-    def offer(self, text: str) -> bool:
-        """Applies ``text`` if it differs from the running config and loads; whether it did."""
+    async def offer(self, text: str) -> bool:
+        """Applies ``text`` if it differs from the running config and loads; whether it did.
+        Any exception refuses it: logged as one line, the running config kept."""
         if text == self._text:
             return False
         self._text = text  # a refused text is not retried until the file changes again
         try:
-            sections = _sections(text)
-            changed = [name for name in RESTART_SECTIONS if sections[name] != self._sections[name]]
-            if changed:
-                raise ConfigError(f"{', '.join(changed)}: changed, which needs a restart")
-            handle = dataclasses.replace(self._handle, plugins={})
-            try:
-                loaded = load_config(
-                    text, registry=self._registry, handle=handle, overrides=self._overrides
-                )
-                control = self._build_control(loaded)
-            except BaseException:
-                # the half-built plugins must not go on hearing of endpoints
-                self._datastore.unsubscribe_owned_by(list(handle.plugins.values()))
-                raise
-        except (ConfigError, PluginLoadError, PluginConfigError, ValueError) as exc:
+            parsed = await asyncio.to_thread(parse_config, text)
+            if self._text is not text:
+                return False  # a newer text was offered meanwhile
+            loaded, control = self._load(parsed)
+        except Exception as exc:
             self.refusals += 1
-            logger.error("config %s not reloaded, keeping the running one: %s", self._path, exc)
+            logger.error(
+                "config %s not reloaded, keeping the running one: %s", self._path, _one_line(exc)
+            )
             return False
         old = self._running
         self._director.control = control  # the swap: new requests use the new plugins
@@ -146,6 +175,28 @@ class ConfigWatcher:
         )
         return True
 
+    def _load(self, parsed: ParsedConfig) -> tuple[LoadedConfig, RequestControl]:
+        """Builds ``parsed`` (on the event loop); raises when it must be refused."""
+        if parsed.document is None:
+            raise ConfigError(
+                "the file is empty (or only comments): refused, not taken as the built-in "
+                "default config"
+            )
+        sections = _sections(parsed.document)
+        changed = [name for name in RESTART_SECTIONS if sections[name] != self._sections[name]]
+        if changed:
+            raise ConfigError(f"{', '.join(changed)}: changed, which needs a restart")
+        handle = dataclasses.replace(self._handle, plugins={})
+        try:
+            loaded = build_config(
+                parsed, registry=self._registry, handle=handle, overrides=self._overrides
+            )
+            return loaded, self._build_control(loaded)
+        except BaseException:
+            # the half-built plugins must not go on hearing of endpoints
+            self._datastore.unsubscribe_owned_by(list(handle.plugins.values()))
+            raise
+
 
 async def _restart_background(old: LoadedConfig, new: LoadedConfig) -> None:
     """Stop the replaced plugins' background work, then start the new plugins' (stopping
@@ -158,4 +209,7 @@ async def _restart_background(old: LoadedConfig, new: LoadedConfig) -> None:
                 logger.exception("%s: stopping the replaced plugin failed", plugin.typed_name)
     for plugin in new.plugins.values():
         if isinstance(plugin, BackgroundPlugin):
-            await plugin.start()
+            try:
+                await plugin.start()
+            except Exception as exc:
+                logger.error("%s: starting failed: %s", plugin.typed_name, _one_line(exc))

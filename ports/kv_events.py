@@ -52,11 +52,12 @@ def rank_key(endpoint: str, rank: int) -> str:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class BlockStored:
-    """A run of blocks became cached: ``block_hashes[0]`` follows ``parent_block_hash``."""
+    """A run of blocks became cached: ``block_hashes[0]`` follows ``parent_block_hash``.
+    (The engine's event also carries the blocks' token ids; the index is keyed by the
+    hashes, so they are not kept: a 16 MB event of token ids would be 16 M objects.)"""
 
     block_hashes: tuple[int, ...]
     parent_block_hash: int | None
-    token_ids: tuple[int, ...]
     block_size: int
     lora_id: int | None = None
     medium: str | None = None

@@ -37,6 +37,7 @@ __all__ = [
     "KV_EVENTS_ERRORS",
     "KV_EVENTS_GAPS",
     "KV_EVENTS_LAG",
+    "KV_EVENTS_SUBSCRIPTION_STATE",
     "KV_EVENTS_TRUSTED",
     "KV_GATE_HELD",
     "KV_GATE_WAIT",
@@ -601,6 +602,17 @@ KV_KEYS_UNKEYED = CounterMetric(
     labels=("reason",),
 )
 
+# --- KV-event subscriptions: each endpoint's state ---
+
+#: One series per state (``connecting``, ``following``, ``untrusted``, ``restarting``) of
+#: each endpoint; the current one is 1, the others 0; removed when the endpoint leaves.
+KV_EVENTS_SUBSCRIPTION_STATE = GaugeMetric(
+    name="inference_extension_kv_events_subscription_state",
+    help="1 for the state an endpoint's KV-event subscription is in (connecting, following, "
+    "untrusted: stream broken, restarting: the subscriber failed), else 0.",
+    labels=("endpoint", "state"),
+)
+
 # --- the pool's spread, under the llm-d router's names ---
 
 POOL_STD_DEV_KV_CACHE = GaugeMetric(
@@ -765,6 +777,7 @@ CATALOGUE: tuple[Metric, ...] = (
     KV_EVENTS_GAPS,
     KV_EVENTS_ERRORS,
     KV_EVENTS_TRUSTED,
+    KV_EVENTS_SUBSCRIPTION_STATE,
     KV_KEYS_UNKEYED,
     POOL_STD_DEV_KV_CACHE,
     POOL_STD_DEV_QUEUE_SIZE,

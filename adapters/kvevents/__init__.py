@@ -6,7 +6,7 @@ subscriber per endpoint of the pool.
 """
 
 from adapters.kvevents.decode import DecodedBatch, KVEventDecodeError, decode_batch
-from adapters.kvevents.subscriber import KVEventSubscriber, SubscriberConfig
+from adapters.kvevents.subscriber import KVEventSubscriber, SubscriberConfig, SubscriptionState
 from adapters.kvevents.subscriptions import KVEventSubscriptions
 
 __all__ = [
@@ -15,5 +15,6 @@ __all__ = [
     "KVEventSubscriber",
     "KVEventSubscriptions",
     "SubscriberConfig",
+    "SubscriptionState",
     "decode_batch",
 ]

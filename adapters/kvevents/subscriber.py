@@ -21,14 +21,24 @@ leave a block the server no longer holds. So:
 
 Hostile or broken publishers: messages larger than ``max_message_bytes`` make ZMQ drop
 the connection; at most ``receive_hwm`` messages queue; malformed payloads and events
-are counted and logged once per endpoint; the loop yields every ``yield_every`` messages
-so a flood cannot starve the event loop.
+are counted and logged once per endpoint (a payload that does not decode at all, for any
+reason, drops the endpoint's entries: its changes are unknown). A batch is decoded and
+applied in steps (``decode.iter_batch``: pieces of at most ``decode.PIECE_HASHES``
+hashes, about a millisecond of work each), and the subscriber yields to the event loop
+whenever ``slice_seconds`` of work passed since it last did, so neither a flood of small
+messages nor one message of a million hashes holds the loop.
+
+A subscriber whose ``run`` fails is restarted by ``KVEventSubscriptions`` after calling
+``failed``: its endpoint is distrusted until the first message after the restart, which
+drops what was known (events were missed meanwhile) and follows the stream from there.
+Its state (``SubscriptionState``) is on ``/metrics``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import enum
 import logging
 import time
 from dataclasses import dataclass
@@ -37,21 +47,36 @@ import zmq
 import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
-from adapters.kvevents.decode import KVEventDecodeError, decode_batch
+from adapters.kvevents.decode import DecodedBatch, iter_batch
 from ports.kv_events import AllBlocksCleared, KVEventSink
 from ports.metric_catalogue import (
     KV_EVENTS,
     KV_EVENTS_ERRORS,
     KV_EVENTS_GAPS,
     KV_EVENTS_LAG,
+    KV_EVENTS_SUBSCRIPTION_STATE,
     KV_EVENTS_TRUSTED,
 )
 from ports.observer import NoopObserver, Observer
 
-__all__ = ["KVEventSubscriber", "SubscriberConfig"]
+__all__ = ["KVEventSubscriber", "SubscriberConfig", "SubscriptionState"]
 
 _log = logging.getLogger(__name__)
 _END_OF_REPLAY = (-1).to_bytes(8, "big", signed=True)
+_DONE = DecodedBatch(0.0, (), None)  # the end of a batch's steps
+
+
+class SubscriptionState(enum.Enum):
+    """Where an endpoint's subscription is (``..._kv_events_subscription_state``)."""
+
+    CONNECTING = "connecting"
+    """Not connected to the publisher (yet, or since the connection was lost)."""
+    FOLLOWING = "following"
+    """Connected, the stream unbroken: the endpoint's entries are used."""
+    UNTRUSTED = "untrusted"
+    """Connected, the stream broken (a gap being replayed): its entries are not used."""
+    RESTARTING = "restarting"
+    """The subscriber failed and restarts after a backoff: its entries are not used."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -64,7 +89,11 @@ class SubscriberConfig:
     reconnect_interval_max: float = 5.0
     max_message_bytes: int = 16 * 1024 * 1024
     receive_hwm: int = 10_000
-    yield_every: int = 64
+    slice_seconds: float = 0.002
+    """The most event-loop time taken between two yields (one piece may take longer)."""
+    restart_backoff: float = 0.25
+    """Seconds before a failed subscriber is restarted, doubled per failure in a row."""
+    restart_backoff_max: float = 30.0
 
 
 class KVEventSubscriber:
@@ -91,18 +120,71 @@ class KVEventSubscriber:
         self._expected: int | None = None
         self._lost = False
         self._disconnected = False
+        self._connected = False
+        self._state: SubscriptionState | None = None
         self._logged: set[str] = set()
+        self._slice_started = 0.0
         self.batches = 0
         self.gaps = 0
         self.resets = 0
         self.replays = 0
+        self.failures = 0
 
     @property
     def trusted(self) -> bool:
         return not self._lost
 
+    @property
+    def state(self) -> SubscriptionState | None:
+        return self._state
+
+    def failed(self) -> None:
+        """``run`` failed and will be restarted: the endpoint is distrusted meanwhile, and
+        the first message after the restart drops what was known."""
+        self.failures += 1
+        self._disconnected = True
+        self._connected = False
+        if not self._lost:
+            self._lost = True
+            self._sink.lost(self.endpoint)
+            self._observer.gauge(KV_EVENTS_TRUSTED, {"endpoint": self.endpoint}, 0)
+        self._set_state(SubscriptionState.RESTARTING)
+
+    def forget_metrics(self) -> None:
+        """The endpoint left: its series go from ``/metrics``."""
+        labels = {"endpoint": self.endpoint}
+        self._observer.gauge(KV_EVENTS_TRUSTED, labels, float("nan"))
+        for state in SubscriptionState:
+            self._observer.gauge(
+                KV_EVENTS_SUBSCRIPTION_STATE, {**labels, "state": state.value}, float("nan")
+            )
+        self._state = None
+
+    def _set_state(self, state: SubscriptionState) -> None:
+        if state is self._state:
+            return
+        self._state = state
+        for each in SubscriptionState:
+            self._observer.gauge(
+                KV_EVENTS_SUBSCRIPTION_STATE,
+                {"endpoint": self.endpoint, "state": each.value},
+                1 if each is state else 0,
+            )
+
+    def _update_state(self) -> None:
+        if not self._connected:
+            self._set_state(SubscriptionState.CONNECTING)
+        elif self._lost:
+            self._set_state(SubscriptionState.UNTRUSTED)
+        else:
+            self._set_state(SubscriptionState.FOLLOWING)
+
     async def run(self) -> None:
         """Receive until cancelled."""
+        self._connected = False
+        self._update_state()
+        if not self._lost:
+            self._observer.gauge(KV_EVENTS_TRUSTED, {"endpoint": self.endpoint}, 1)
         config = self._config
         sub = self._ctx.socket(zmq.SUB)
         sub.setsockopt(zmq.LINGER, 0)
@@ -111,7 +193,7 @@ class KVEventSubscriber:
         sub.setsockopt(zmq.RECONNECT_IVL, max(1, int(config.reconnect_interval * 1000)))
         sub.setsockopt(zmq.RECONNECT_IVL_MAX, max(1, int(config.reconnect_interval_max * 1000)))
         sub.setsockopt(zmq.SUBSCRIBE, config.topic_filter)
-        monitor = sub.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        monitor = sub.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
         sub.connect(self.address)
         try:
             async with asyncio.TaskGroup() as group:
@@ -127,19 +209,33 @@ class KVEventSubscriber:
         while True:
             message = parse_monitor_message(await monitor.recv_multipart())
             if message["event"] == zmq.EVENT_DISCONNECTED:
-                self._disconnected = self._expected is not None
+                self._connected = False
+                self._disconnected = self._disconnected or self._expected is not None
                 self._mark_lost("disconnected")
+            elif message["event"] == zmq.EVENT_CONNECTED:
+                self._connected = True
+            self._update_state()
 
     async def _receive(self, sub: zmq.asyncio.Socket) -> None:
-        count = 0
+        self._slice_started = time.monotonic()
         while True:
-            frames = await sub.recv_multipart()
+            # not copied: a 16 MB payload copied into a new bytes object cost the loop
+            # 3-18 ms (the page faults of fresh memory); the frames are read in place
+            message = await sub.recv_multipart(copy=False)
+            frames: list[bytes | memoryview] = [frame.buffer for frame in message]
             await self._handle(frames)
-            count += 1
-            if count % self._config.yield_every == 0:
-                await asyncio.sleep(0)
+            await self._pause()
 
-    async def _handle(self, frames: list[bytes]) -> None:
+    async def _pause(self) -> None:
+        """Yield to the event loop when this subscriber's slice of it is spent."""
+        if time.monotonic() - self._slice_started >= self._config.slice_seconds:
+            await asyncio.sleep(0)
+            self._slice_started = time.monotonic()
+
+    async def _handle(self, frames: list[bytes | memoryview]) -> None:
+        if not self._connected:  # the monitor's event may come after the first message
+            self._connected = True
+            self._update_state()
         if len(frames) != 3 or len(frames[1]) != 8:
             self._error("malformed", f"a message of {len(frames)} frames")
             return
@@ -150,9 +246,9 @@ class KVEventSubscriber:
             # cannot be told apart, so what was known goes.
             self._disconnected = False
             self._reset()
-            self._apply(frames[2])
+            await self._apply(frames[2])
         elif expected is None or seq == expected:
-            self._apply(frames[2])
+            await self._apply(frames[2])
             if self._lost:
                 self._set_trusted()
         elif seq > expected:
@@ -163,35 +259,49 @@ class KVEventSubscriber:
             else:
                 self.replays += 1
                 for payload in missing:
-                    self._apply(payload)
+                    await self._apply(payload)
                 self._set_trusted()
-            self._apply(frames[2])
+            await self._apply(frames[2])
         else:
             # the publisher restarted: its numbering and its engine's cache start afresh
             self._reset()
-            self._apply(frames[2])
+            await self._apply(frames[2])
         self._expected = seq + 1
 
-    def _apply(self, payload: bytes) -> None:
-        labels_endpoint = self.endpoint
-        try:
-            batch = decode_batch(payload)
-        except KVEventDecodeError as exc:
-            self._error("malformed", str(exc))
-            # the batch's changes are unknown: what is known may no longer hold
-            self._reset()
-            return
+    async def _apply(self, payload: bytes | memoryview) -> None:
+        """Decode ``payload`` and hand it to the sink, a piece at a time. Whatever fails in
+        the decoding makes it a malformed batch: its changes are unknown, so what is known
+        of the endpoint is dropped (pieces already applied included)."""
+        steps = iter_batch(payload)
+        first = True
+        while True:
+            try:
+                piece = next(steps, _DONE)
+            except Exception as exc:
+                self._error("malformed", f"an undecodable batch ({exc})")
+                self._reset()
+                return
+            if piece is _DONE:
+                break
+            if piece is not None:
+                self._take(piece, first)
+                first = False
+            await self._pause()
         self.batches += 1
+
+    def _take(self, piece: DecodedBatch, first: bool) -> None:
+        endpoint = self.endpoint
         observer = self._observer
-        if batch.unknown_kinds:
-            self._error("unknown_kind", "an unknown event kind", batch.unknown_kinds)
-        if batch.malformed_events:
-            self._error("malformed", "a malformed event", batch.malformed_events)
-        for kind, number in batch.kinds.items():
-            observer.counter(KV_EVENTS, {"endpoint": labels_endpoint, "kind": kind}, number)
-        observer.histogram(KV_EVENTS_LAG, {}, max(0.0, time.time() - batch.ts))
-        if batch.events:
-            self._sink.apply(labels_endpoint, batch.events)
+        if piece.unknown_kinds:
+            self._error("unknown_kind", "an unknown event kind", piece.unknown_kinds)
+        if piece.malformed_events:
+            self._error("malformed", "a malformed event", piece.malformed_events)
+        for kind, number in piece.kinds.items():
+            observer.counter(KV_EVENTS, {"endpoint": endpoint, "kind": kind}, number)
+        if first:
+            observer.histogram(KV_EVENTS_LAG, {}, max(0.0, time.time() - piece.ts))
+        if piece.events:
+            self._sink.apply(endpoint, piece.events)
 
     async def _replay(self, start: int, end: int) -> list[bytes] | None:
         """The payloads of sequence numbers ``start .. end - 1``, or ``None``."""
@@ -235,11 +345,13 @@ class KVEventSubscriber:
             self._lost = True
             self._sink.lost(self.endpoint)
             self._observer.gauge(KV_EVENTS_TRUSTED, {"endpoint": self.endpoint}, 0)
+            self._update_state()
 
     def _set_trusted(self) -> None:
         self._lost = False
         self._sink.resynced(self.endpoint)
         self._observer.gauge(KV_EVENTS_TRUSTED, {"endpoint": self.endpoint}, 1)
+        self._update_state()
 
     def _reset(self) -> None:
         """Forget what the endpoint holds and follow its stream from here."""
@@ -247,6 +359,7 @@ class KVEventSubscriber:
         self._sink.apply(self.endpoint, (AllBlocksCleared(),))
         self._lost = False
         self._observer.gauge(KV_EVENTS_TRUSTED, {"endpoint": self.endpoint}, 1)
+        self._update_state()
 
     def _error(self, reason: str, what: str, number: int = 1) -> None:
         self._observer.counter(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 
 import zmq.asyncio
 
@@ -134,6 +135,7 @@ class KVEventSubscriptions:
                 entry[1].cancel()
                 self._ending.add(entry[1])
                 entry[1].add_done_callback(self._ending.discard)
+                entry[0].forget_metrics()
             self._sink.forget(key)
 
     async def close(self) -> None:
@@ -147,11 +149,28 @@ class KVEventSubscriptions:
                 await task
         self._ctx.term()
 
-    @staticmethod
-    async def _run(subscriber: KVEventSubscriber) -> None:
-        try:
-            await subscriber.run()
-        except asyncio.CancelledError:
-            raise
-        except Exception:
-            _log.exception("%s: KV-event subscriber failed", subscriber.endpoint)
+    async def _run(self, subscriber: KVEventSubscriber) -> None:
+        """Runs ``subscriber`` until cancelled, restarting it after each failure."""
+        config = self._config if self._config is not None else SubscriberConfig()
+        backoff = config.restart_backoff
+        while True:
+            started = time.monotonic()
+            try:
+                await subscriber.run()
+                return
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                if time.monotonic() - started >= config.restart_backoff_max:
+                    backoff = config.restart_backoff  # it had run well for a while
+                subscriber.failed()
+                _log.error(
+                    "%s: KV-event subscriber failed (%r); its entries are not used until it "
+                    "follows the stream again; restarting in %.2gs",
+                    subscriber.endpoint,
+                    exc,
+                    backoff,
+                    exc_info=subscriber.failures == 1,  # the traceback once per endpoint
+                )
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, config.restart_backoff_max)

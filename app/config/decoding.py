@@ -2,7 +2,9 @@
 
 A key repeated in one mapping, a document that is not a mapping, an unknown field or a
 value of the wrong type is a ``ConfigError`` naming where it is (a line and column for
-YAML, the config path for the schema).
+YAML, the config path for the schema). The text is bounded before it is built:
+``MAX_CONFIG_BYTES`` (a ConfigMap's limit) and ``MAX_CONFIG_DEPTH`` nested collections
+(PyYAML composes recursively: deeper text would exhaust the interpreter's stack).
 """
 
 from __future__ import annotations
@@ -16,11 +18,33 @@ from app.config.errors import ConfigError
 from app.config.parameters import render_validation_error
 from app.config.schema import EndpointPickerConfigSpec
 
-__all__ = ["decode", "parse_yaml"]
+__all__ = ["MAX_CONFIG_BYTES", "MAX_CONFIG_DEPTH", "decode", "parse_yaml"]
+
+#: The most bytes a config may have: a ConfigMap's limit (1 MiB).
+MAX_CONFIG_BYTES = 1 << 20
+#: The most levels of nested nodes a config may have (an EndpointPickerConfig has about 8).
+MAX_CONFIG_DEPTH = 64
 
 
 class _StrictLoader(yaml.SafeLoader):
-    """``yaml.SafeLoader`` that refuses a key repeated in one mapping (strict decoding)."""
+    """``yaml.SafeLoader`` that refuses a key repeated in one mapping (strict decoding) and
+    nodes nested deeper than ``MAX_CONFIG_DEPTH``."""
+
+    _depth = 0
+
+    def compose_node(self, parent: yaml.Node | None, index: int) -> yaml.Node | None:
+        if self._depth >= MAX_CONFIG_DEPTH:
+            raise yaml.composer.ComposerError(
+                None,
+                None,
+                f"nested deeper than {MAX_CONFIG_DEPTH} levels",
+                self.peek_event().start_mark,  # type: ignore[no-untyped-call]
+            )
+        self._depth += 1
+        try:
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         seen: set[Any] = set()
@@ -47,6 +71,9 @@ def parse_yaml(text: str | None) -> dict[str, Any] | None:
     """The YAML document as a mapping; ``None`` for no text, blank text or only comments."""
     if text is None or not text.strip():
         return None
+    size = len(text.encode("utf-8", "surrogatepass"))
+    if size > MAX_CONFIG_BYTES:
+        raise ConfigError(f"config: {size} bytes, more than the {MAX_CONFIG_BYTES} bytes allowed")
     try:
         raw = yaml.load(text, Loader=_StrictLoader)  # a SafeLoader subclass
     except yaml.MarkedYAMLError as exc:

@@ -67,8 +67,11 @@ __all__ = [
     "ConfigError",
     "DataLayerSpec",
     "LoadedConfig",
+    "ParsedConfig",
     "SourceSpec",
+    "build_config",
     "load_config",
+    "parse_config",
 ]
 
 logger = logging.getLogger(__name__)
@@ -169,6 +172,24 @@ class LoadedConfig:
     notices: tuple[tuple[int, str], ...] = ()
 
 
+@dataclass(frozen=True, slots=True)
+class ParsedConfig:
+    """A config's text decoded and checked against the schema, nothing built yet:
+    ``document`` is the YAML mapping (``None``: no document, the defaults), ``spec`` the
+    typed config."""
+
+    document: dict[str, Any] | None
+    spec: EndpointPickerConfigSpec
+
+
+def parse_config(text: str | None) -> ParsedConfig:
+    """The YAML and schema half of a load: pure and thread-safe (a reload runs it in a
+    worker thread), bounded in size and depth (``app.config.decoding``). ``None`` or blank
+    text, or only comments, is the no-config default. Raises ``ConfigError``."""
+    raw = parse_yaml(text)
+    return ParsedConfig(raw, decode(DEFAULT_CONFIG if raw is None else raw))
+
+
 def load_config(
     text: str | None,
     *,
@@ -177,8 +198,27 @@ def load_config(
     overrides: ConfigOverrides | None = None,
     notice_log: NoticeLog = PROCESS_NOTICES,
 ) -> LoadedConfig:
-    """Builds the configuration described by ``text`` (YAML); ``None`` or blank text (or a
-    document with nothing but comments) gives the no-config defaults.
+    """Builds the configuration described by ``text`` (YAML): ``parse_config`` then
+    ``build_config``."""
+    return build_config(
+        parse_config(text),
+        registry=registry,
+        handle=handle,
+        overrides=overrides,
+        notice_log=notice_log,
+    )
+
+
+def build_config(
+    parsed: ParsedConfig,
+    *,
+    registry: PluginRegistry,
+    handle: Handle,
+    overrides: ConfigOverrides | None = None,
+    notice_log: NoticeLog = PROCESS_NOTICES,
+) -> LoadedConfig:
+    """Builds the configuration ``parsed`` describes (on the event loop: plugins subscribe to
+    the datastore as they are built).
 
     Plugins are created with ``registry.create`` and added to ``handle`` as they are built,
     so a factory finds the plugins configured before it. ``overrides`` are the flags'
@@ -186,9 +226,7 @@ def load_config(
     through ``notice_log``, each line once (the process's log unless one is given). Raises
     ``ConfigError``.
     """
-    raw = parse_yaml(text)
-    spec = decode(DEFAULT_CONFIG if raw is None else raw)
-    loaded = _build(PluginInstances(registry, handle, overrides), spec)
+    loaded = _build(PluginInstances(registry, handle, overrides), parsed.spec)
     notice_log.say(loaded.notices)
     logger.info(
         "config loaded: %d plugin(s), profiles %s, handler %s, parser %s, saturation %s",

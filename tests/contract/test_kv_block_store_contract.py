@@ -32,7 +32,6 @@ def stored(*hashes: int, medium: str | None = None, parent: int | None = None) -
     return BlockStored(
         block_hashes=hashes,
         parent_block_hash=parent,
-        token_ids=tuple(range(16 * len(hashes))),
         block_size=16,
         medium=medium,
     )

@@ -164,7 +164,7 @@ async def test_a_reload_under_traffic_fails_no_request_and_takes_effect(
     assert "featureGates: changed, which needs a restart" in caplog.text
 
 
-def test_reloads_leave_no_listeners_of_replaced_plugins_behind(tmp_path: Path) -> None:
+async def test_reloads_leave_no_listeners_of_replaced_plugins_behind(tmp_path: Path) -> None:
     """The prefix producer and the in-flight load subscribe to endpoint changes; a hundred
     reloads must not leave a hundred generations of them subscribed."""
     path = tmp_path / "config.yaml"
@@ -186,8 +186,8 @@ def test_reloads_leave_no_listeners_of_replaced_plugins_behind(tmp_path: Path) -
     assert listening > 0
     for n in range(100):
         text = _config(f"p{n}", "prefix-cache-scorer")
-        assert watcher.offer(text)
-        assert not watcher.offer(text.replace("max-score", "no-such"))
+        assert await watcher.offer(text)
+        assert not await watcher.offer(text.replace("max-score", "no-such"))
     assert watcher.reloads == 100
     assert watcher.refusals == 100
     assert datastore.listener_count == listening

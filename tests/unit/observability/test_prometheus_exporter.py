@@ -89,6 +89,7 @@ EXPECTED: dict[str, tuple[str, set[str]]] = {
     "inference_extension_kv_events_gaps_total": ("counter", {"endpoint"}),
     "inference_extension_kv_events_errors_total": ("counter", {"endpoint", "reason"}),
     "inference_extension_kv_events_endpoint_trusted": ("gauge", {"endpoint"}),
+    "inference_extension_kv_events_subscription_state": ("gauge", {"endpoint", "state"}),
     "inference_extension_precise_prefix_unkeyed_total": ("counter", {"reason"}),
     # predicted-latency-producer: the reference's names, and the route receipts
     "inference_objective_request_ttft_seconds": ("histogram", MODEL),

@@ -7,9 +7,7 @@ from ports.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
 
 
 def stored(*hashes: int, medium: str | None = None) -> BlockStored:
-    return BlockStored(
-        block_hashes=hashes, parent_block_hash=None, token_ids=(), block_size=16, medium=medium
-    )
+    return BlockStored(block_hashes=hashes, parent_block_hash=None, block_size=16, medium=medium)
 
 
 def test_match_counts_leading_blocks_per_trusted_endpoint() -> None:

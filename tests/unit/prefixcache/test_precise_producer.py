@@ -62,9 +62,7 @@ def producer(ttl: float = 2.0) -> tuple[PrecisePrefixCacheProducer, InMemoryKVBl
 
 
 def stored(keys: Sequence[int]) -> BlockStored:
-    return BlockStored(
-        block_hashes=tuple(keys), parent_block_hash=None, token_ids=(), block_size=BLOCK
-    )
+    return BlockStored(block_hashes=tuple(keys), parent_block_hash=None, block_size=BLOCK)
 
 
 async def test_candidates_get_the_blocks_their_events_reported() -> None:
