@@ -689,6 +689,13 @@ FLAGS: tuple[Flag, ...] = (
         "1h",
         _duration,
     ),
+    _bool_flag(
+        "--redis-shared-admission",
+        _SHARED,
+        "flow control shares its flows with the pool's other processes (fairness, priority "
+        "and in-flight requests counted over the pool); false: each process's own",
+        True,
+    ),
     # workers
     _flag(
         "--workers",

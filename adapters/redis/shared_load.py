@@ -1,24 +1,33 @@
-"""``RedisSharedLoad``: the ``SharedLoad`` port on Redis (a single server or a cluster).
+"""``RedisSharedLoad``: the ``SharedLoad`` and ``SharedAdmission`` ports on Redis (a single
+server or a cluster).
 
 Keys (``P`` is the pool's key prefix; all share the hash tag ``{P}``, so one slot):
 
 - ``P:load:{P}:p:<process-id>``: a hash, endpoint name -> ``"<requests> <tokens>"``, written
   by that process only (its id is random, per instance), with a lease (``PEXPIRE lease``);
+- ``P:load:{P}:a:<process-id>``: a hash, ``"<priority> <flow key>"`` -> ``"<in flight>
+  <waiting>"``, that process's flow-control counts (``domain.flowcontrol.pool``: at most
+  ``MAX_PUBLISHED_FLOWS`` flows and one overflow entry per band), with the short lease
+  ``ADMISSION_LEASE`` (1 s): a process that dies stops counting in the others' fairness and
+  priority decisions within a second;
 - ``P:load:{P}:live``: a sorted set of process ids scored by the end of their lease (ms, the
   server's clock), itself expiring one lease after the last renewal.
 
 Between ``start()`` and ``stop()`` a background task runs one script, one round trip: it
-writes this process's changed totals (absolute values; an endpoint back at zero is
-deleted), renews its lease, drops expired process ids, and returns the sum over the other
-live processes, which becomes the local copy ``others()`` returns. It runs every
+writes this process's changed totals and flow counts (absolute values; an entry back at
+zero is deleted), renews its leases, drops expired process ids, and returns the sums over
+the other live processes, which become the local copies ``others()`` and ``flows()``
+return (``flows()`` only while its last refresh is less than ``ADMISSION_LEASE`` old;
+callbacks given to ``watch`` run when it changed). It runs every
 ``staleness`` seconds, and sooner when ``publish`` or ``remove_endpoint`` changed a total,
 though at most once per ``staleness / 4``: under traffic the others see a booking, and
 this process reads theirs, within about a quarter of ``staleness`` plus a round trip.
 A process idle for a second (no ``publish``, ``remove_endpoint`` or ``refresh``) with
-nothing booked runs it every ``idle_period`` (1 s, at most a quarter of the lease) instead:
-its totals do not change, its lease is renewed, and its next decision reads the others'
-load with ``refresh`` anyway; the first ``publish`` wakes the task again. ``publish`` and
-``remove_endpoint`` only change local state and wake the task.
+nothing booked and no flow counts runs it every ``idle_period`` (1 s, at most a quarter of
+the lease) instead: its totals do not change, its lease is renewed, and its next decision
+reads the others' load with ``refresh`` anyway; the first ``publish`` wakes the task again.
+``publish``, ``publish_flow`` and ``remove_endpoint`` only change local state and wake the
+task.
 
 On a failure the task logs once, keeps the last copy (``others()`` returns it until it is
 older than the lease, then nothing) and retries with backoff (up to one second). The first
@@ -47,15 +56,23 @@ import contextlib
 import logging
 import secrets
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from adapters.redis.connection import RedisClient
 from adapters.redis.script import LuaScript, guarded
 from ports.metric_catalogue import SHARED_STATE_ERRORS
 from ports.observer import NoopObserver, Observer
-from ports.shared_state import EndpointLoad, SharedStateError, SharedStateReplyError
+from ports.shared_state import (
+    NO_POOL_FLOWS,
+    EndpointLoad,
+    FlowCounts,
+    PoolFlows,
+    SharedStateError,
+    SharedStateReplyError,
+)
 
 __all__ = [
+    "ADMISSION_LEASE",
     "DEFAULT_LEASE",
     "DEFAULT_REFRESH_BUDGET",
     "DEFAULT_STALENESS",
@@ -67,6 +84,9 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 DEFAULT_LEASE = 10.0
+#: Seconds a process's flow counts live without a renewal (at most the lease), and how long
+#: this process uses its copy of the others' without a successful refresh.
+ADMISSION_LEASE = 1.0
 DEFAULT_STALENESS = 0.02
 #: Seconds ``refresh`` waits for its round trip (the routing budget).
 DEFAULT_REFRESH_BUDGET = 0.005
@@ -80,10 +100,12 @@ _WRITE_LOAD = {"operation": "load_write"}
 #: Seconds ``stop()`` waits for the task to end, then for the withdrawal.
 _STOP_TIMEOUT = 1.0
 
-# KEYS = live set, own hash; ARGV = own id, lease ms, process-hash key prefix, clear (0/1),
-# number of own entries expected after the writes, number of pairs to set, pairs (endpoint,
-# "r t"), then endpoints to delete.
-# Reply: a status, then (endpoint, requests, tokens) triples of the other live processes.
+# KEYS = live set, own load hash, own flow hash; ARGV = own id, lease ms, load-hash key prefix,
+# flow-hash key prefix, flow lease ms, clear (0/1), own load entries and own flow entries
+# expected after the writes, then for each table (load, flows): the number of pairs to set,
+# the number of fields to delete, the pairs (field, "a b"), the fields to delete.
+# Reply: a status, the number of load triples, the (endpoint, requests, tokens) triples of the
+# other live processes, then their ("<priority> <flow key>", in flight, waiting) triples.
 # Status: "ok"; "lost" when the own hash does not hold what was written (evicted keys, a
 # server restarted empty): the caller writes everything again next time; or an OOM error's
 # text if the server refused a write (it should not: see the first PEXPIRE): the read still
@@ -105,44 +127,59 @@ redis.call('PEXPIRE', KEYS[1], ARGV[2])
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local lease = tonumber(ARGV[2])
-if ARGV[4] == '1' then redis.call('DEL', KEYS[2]) end
-local nset = tonumber(ARGV[6])
-local i = 7
-while nset > 0 do
-  local n = math.min(nset, 500)
-  write('HSET', KEYS[2], unpack(ARGV, i, i + 2 * n - 1))
-  i = i + 2 * n
-  nset = nset - n
+if ARGV[6] == '1' then redis.call('DEL', KEYS[2], KEYS[3]) end
+local i = 9
+local function apply(key, expected, ttl)
+  local nset, ndel = tonumber(ARGV[i]), tonumber(ARGV[i + 1])
+  i = i + 2
+  while nset > 0 do
+    local n = math.min(nset, 500)
+    write('HSET', key, unpack(ARGV, i, i + 2 * n - 1))
+    i = i + 2 * n
+    nset = nset - n
+  end
+  while ndel > 0 do
+    local n = math.min(ndel, 1000)
+    redis.call('HDEL', key, unpack(ARGV, i, i + n - 1))
+    i = i + n
+    ndel = ndel - n
+  end
+  if status == 'ok' and redis.call('HLEN', key) ~= tonumber(expected) then status = 'lost' end
+  redis.call('PEXPIRE', key, ttl)
 end
-while i <= #ARGV do
-  local j = math.min(#ARGV, i + 999)
-  redis.call('HDEL', KEYS[2], unpack(ARGV, i, j))
-  i = j + 1
-end
-if status == 'ok' and redis.call('HLEN', KEYS[2]) ~= tonumber(ARGV[5]) then status = 'lost' end
-redis.call('PEXPIRE', KEYS[2], lease)
+apply(KEYS[2], ARGV[7], lease)
+apply(KEYS[3], ARGV[8], tonumber(ARGV[5]))
 write('ZADD', KEYS[1], now + lease, ARGV[1])
 redis.call('PEXPIRE', KEYS[1], lease)
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
 local ids = redis.call('ZRANGE', KEYS[1], 0, -1)
-local req, tok, order = {}, {}, {}
-for _, id in ipairs(ids) do
-  if id ~= ARGV[1] then
-    local flat = redis.call('HGETALL', ARGV[3] .. id)
-    for j = 1, #flat, 2 do
-      local r, k = string.match(flat[j + 1], '^(%d+) (%d+)$')
-      if r then
-        local ep = flat[j]
-        if req[ep] == nil then req[ep] = 0; tok[ep] = 0; order[#order + 1] = ep end
-        req[ep] = req[ep] + tonumber(r)
-        tok[ep] = tok[ep] + tonumber(k)
+local function sum(prefix)
+  local a, b, order = {}, {}, {}
+  for _, id in ipairs(ids) do
+    if id ~= ARGV[1] then
+      local flat = redis.call('HGETALL', prefix .. id)
+      for j = 1, #flat, 2 do
+        local x, y = string.match(flat[j + 1], '^(%d+) (%d+)$')
+        if x then
+          local f = flat[j]
+          if a[f] == nil then a[f] = 0; b[f] = 0; order[#order + 1] = f end
+          a[f] = a[f] + tonumber(x)
+          b[f] = b[f] + tonumber(y)
+        end
       end
     end
   end
+  return a, b, order
 end
-local out = {status}
-for _, ep in ipairs(order) do
-  out[#out + 1] = ep; out[#out + 1] = req[ep]; out[#out + 1] = tok[ep]
+local out = {status, 0}
+local a, b, order = sum(ARGV[3])
+out[2] = #order
+for _, f in ipairs(order) do
+  out[#out + 1] = f; out[#out + 1] = a[f]; out[#out + 1] = b[f]
+end
+a, b, order = sum(ARGV[4])
+for _, f in ipairs(order) do
+  out[#out + 1] = f; out[#out + 1] = a[f]; out[#out + 1] = b[f]
 end
 return out
 """,
@@ -150,21 +187,29 @@ return out
 
 
 class RedisSharedLoad:
-    """This process's in-flight totals published to Redis; the other processes' read back."""
+    """This process's in-flight totals and flow counts published to Redis; the other
+    processes' read back."""
 
     __slots__ = (
         "_active_at",
+        "_admission_lease",
         "_client",
         "_copy",
         "_copy_at",
         "_degraded",
         "_dirty",
+        "_dirty_flows",
+        "_flow_prefix",
+        "_flows",
+        "_flows_raw",
         "_idle_after",
         "_idle_period",
         "_lease",
         "_live_key",
         "_observer",
         "_own",
+        "_own_flow_key",
+        "_own_flows",
         "_own_key",
         "_process_id",
         "_process_prefix",
@@ -175,6 +220,7 @@ class RedisSharedLoad:
         "_sync",
         "_task",
         "_wake",
+        "_watchers",
     )
 
     def __init__(
@@ -198,9 +244,17 @@ class RedisSharedLoad:
         self._process_id = secrets.token_hex(8)
         self._process_prefix = f"{key_prefix}:load:{{{key_prefix}}}:p:"
         self._own_key = self._process_prefix + self._process_id
+        self._flow_prefix = f"{key_prefix}:load:{{{key_prefix}}}:a:"
+        self._own_flow_key = self._flow_prefix + self._process_id
         self._live_key = f"{key_prefix}:load:{{{key_prefix}}}:live"
+        self._admission_lease = min(ADMISSION_LEASE, lease)
         self._own: dict[str, EndpointLoad] = {}
         self._dirty: set[str] = set()
+        self._own_flows: dict[str, FlowCounts] = {}
+        self._dirty_flows: set[str] = set()
+        self._flows: PoolFlows = NO_POOL_FLOWS
+        self._flows_raw: dict[tuple[int, str], FlowCounts] = {}
+        self._watchers: list[Callable[[], None]] = []
         self._republish = True
         self._copy: dict[str, EndpointLoad] = {}
         self._copy_at = -float("inf")
@@ -242,6 +296,8 @@ class RedisSharedLoad:
         nothing booked: the background round trips are ``idle_period`` apart."""
         if time.monotonic() - self._active_at < self._idle_after:
             return False
+        if self._own_flows:
+            return False
         return not any(load.requests or load.tokens for load in self._own.values())
 
     def publish(self, endpoint: str, load: EndpointLoad) -> None:
@@ -261,6 +317,27 @@ class RedisSharedLoad:
         if self._own.pop(endpoint, None) is not None:
             self._dirty.add(endpoint)
             self._wake.set()
+
+    # SharedAdmission port
+    def publish_flow(self, priority: int, flow: str, counts: FlowCounts) -> None:
+        self._active_at = time.monotonic()
+        field = f"{priority} {flow}"
+        if counts.in_flight > 0 or counts.waiting > 0:
+            if self._own_flows.get(field) == counts:
+                return
+            self._own_flows[field] = counts
+        elif self._own_flows.pop(field, None) is None:
+            return
+        self._dirty_flows.add(field)
+        self._wake.set()
+
+    def flows(self) -> PoolFlows:
+        if time.monotonic() - self._copy_at > self._admission_lease:
+            return NO_POOL_FLOWS
+        return self._flows
+
+    def watch(self, callback: Callable[[], None]) -> None:
+        self._watchers.append(callback)
 
     async def refresh(self) -> None:
         self._active_at = time.monotonic()
@@ -300,7 +377,7 @@ class RedisSharedLoad:
             await asyncio.wait({call}, timeout=_STOP_TIMEOUT)
         try:
             pipe = self._client.pipeline(transaction=False)
-            pipe.delete(self._own_key)
+            pipe.delete(self._own_key, self._own_flow_key)
             pipe.zrem(self._live_key, self._process_id)
             await guarded("load withdraw", asyncio.wait_for(pipe.execute(), _STOP_TIMEOUT))
         except SharedStateError as error:
@@ -314,7 +391,9 @@ class RedisSharedLoad:
         others' sum is still used, and everything is written again at the next call."""
         republish = self._republish
         dirty = list(self._own) if republish else list(self._dirty)
+        dirty_flows = list(self._own_flows) if republish else list(self._dirty_flows)
         self._dirty = set()
+        self._dirty_flows = set()
         self._republish = False
         pairs: list[str] = []
         deleted: list[str] = []
@@ -324,28 +403,50 @@ class RedisSharedLoad:
                 deleted.append(endpoint)
             else:
                 pairs += (endpoint, f"{load.requests} {load.tokens}")
+        flow_pairs: list[str] = []
+        flow_deleted: list[str] = []
+        for field in dirty_flows:
+            counts = self._own_flows.get(field)
+            if counts is None:
+                flow_deleted.append(field)
+            else:
+                flow_pairs += (field, f"{counts.in_flight} {counts.waiting}")
         held = sum(1 for load in self._own.values() if load.requests or load.tokens)
         args: list[str | int] = [
             self._process_id,
             max(1, round(self._lease * 1000)),
             self._process_prefix,
+            self._flow_prefix,
+            max(1, round(self._admission_lease * 1000)),
             1 if republish else 0,
             held,
+            len(self._own_flows),
             len(pairs) // 2,
+            len(deleted),
             *pairs,
             *deleted,
+            len(flow_pairs) // 2,
+            len(flow_deleted),
+            *flow_pairs,
+            *flow_deleted,
         ]
         try:
             reply = await guarded(
-                "load sync", _SYNC.run(self._client, [self._live_key, self._own_key], args)
+                "load sync",
+                _SYNC.run(self._client, [self._live_key, self._own_key, self._own_flow_key], args),
             )
-            status, copy = _parse_loads(reply)
+            status, copy, flows = _parse_reply(reply)
         except BaseException:
             # Not written: write it again next time (everything, the store may be empty).
             self._republish = True
             raise
         self._copy = copy
         self._copy_at = time.monotonic()
+        if flows != self._flows_raw:
+            self._flows_raw = flows
+            self._flows = PoolFlows.of(flows)
+            for callback in self._watchers:
+                callback()
         if status == b"ok":
             if self._refused:
                 self._refused = False
@@ -411,19 +512,40 @@ def _retrieve(call: asyncio.Future[None]) -> None:
         call.exception()
 
 
-def _parse_loads(reply: object) -> tuple[bytes, dict[str, EndpointLoad]]:
-    """The script's status and the others' load; anything malformed is an error."""
-    if not isinstance(reply, list) or len(reply) % 3 != 1 or not isinstance(reply[0], bytes):
+def _parse_reply(
+    reply: object,
+) -> tuple[bytes, dict[str, EndpointLoad], dict[tuple[int, str], FlowCounts]]:
+    """The script's status, the others' load and their flow counts; anything malformed is
+    an error (a flow field that does not parse is skipped, as a total that does not)."""
+    if (
+        not isinstance(reply, list)
+        or len(reply) % 3 != 2
+        or not isinstance(reply[0], bytes)
+        or not isinstance(reply[1], int)
+        or not 0 <= reply[1] <= (len(reply) - 2) // 3
+    ):
         raise SharedStateReplyError(f"redis load sync: unexpected reply {reply!r:.100}")
-    result: dict[str, EndpointLoad] = {}
-    for i in range(1, len(reply), 3):
-        name, requests, tokens = reply[i : i + 3]
-        if not isinstance(name, bytes) or not isinstance(requests, int):
+    loads: dict[str, EndpointLoad] = {}
+    flows: dict[tuple[int, str], FlowCounts] = {}
+    end_of_loads = 2 + 3 * reply[1]
+    for i in range(2, len(reply), 3):
+        name, first, second = reply[i : i + 3]
+        if not isinstance(name, bytes) or not isinstance(first, int):
             raise SharedStateReplyError(f"redis load sync: unexpected reply {reply!r:.100}")
-        if not isinstance(tokens, int) or requests < 0 or tokens < 0:
+        if not isinstance(second, int) or first < 0 or second < 0:
             raise SharedStateReplyError(f"redis load sync: unexpected reply {reply!r:.100}")
         try:
-            result[name.decode()] = EndpointLoad(requests=requests, tokens=tokens)
+            text = name.decode()
         except UnicodeDecodeError as error:
-            raise SharedStateReplyError(f"redis load sync: endpoint name {error}") from error
-    return reply[0], result
+            raise SharedStateReplyError(f"redis load sync: field name {error}") from error
+        if i < end_of_loads:
+            loads[text] = EndpointLoad(requests=first, tokens=second)
+            continue
+        priority, space, flow = text.partition(" ")
+        try:
+            band = int(priority)
+        except ValueError:
+            continue
+        if space:
+            flows[(band, flow)] = FlowCounts(in_flight=first, waiting=second)
+    return reply[0], loads, flows
