@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 # tests load them through their entry points; a change to one's pyproject reinstalls.
 EXAMPLE_PROJECTS := $(wildcard examples/*/pyproject.toml)
 
-.PHONY: install redis kubectl podman check test demo demo-ha bench wheels image clean
+.PHONY: install redis kubectl podman check test demo demo-ha bench wheels image image-test clean
 
 install: $(STAMP) redis kubectl podman
 
@@ -75,12 +75,22 @@ bench: install redis
 	$(BIN)/python -m tests.bench.extproc_overhead
 	$(BIN)/python -m tests.bench.extproc_overhead --workers 1,2,auto --rounds 4 --stream-requests 500
 
-# The wheels the image installs (build/wheels): the project's and its runtime dependencies,
-# no test tools. async-timeout is one of redis's only below Python 3.11.3 (Debian's 3.11.2).
-wheels: install
-	rm -rf build/wheels
-	$(BIN)/python -m pip wheel --quiet --disable-pip-version-check --wheel-dir build/wheels \
-		. "async-timeout>=4.0.3"
+# The wheels the image installs, no test tools: build/wheels/deps (the runtime dependencies,
+# resolved again only when pyproject.toml changes; async-timeout is one of redis's only below
+# Python 3.11.3, Debian's is 3.11.2) and build/wheels/project (this project's, built every
+# time; hatchling's wheels are reproducible, so an unchanged tree gives the same bytes and the
+# image build reuses its cached layers).
+WHEELS := build/wheels
+PIP := $(BIN)/python -m pip --quiet --disable-pip-version-check
+$(WHEELS)/deps/.complete: pyproject.toml | install
+	rm -rf $(WHEELS)/deps
+	$(PIP) wheel --wheel-dir $(WHEELS)/deps . "async-timeout>=4.0.3"
+	rm -f $(WHEELS)/deps/epp-*.whl
+	@touch $@
+
+wheels: install $(WHEELS)/deps/.complete
+	rm -rf $(WHEELS)/project $(WHEELS)/*.whl
+	$(PIP) wheel --no-deps --wheel-dir $(WHEELS)/project .
 
 # The EPP's image from Containerfile, tagged with the project's version, with the first of
 # podman, docker or buildah on PATH (BASE_IMAGE=... to build on another base).
@@ -96,6 +106,10 @@ image: wheels
 	  *podman) set -x; "$$builder" build --isolation chroot $(BUILD_ARGS) -f Containerfile -t $(IMAGE) . ;; \
 	  *) set -x; "$$builder" build $(BUILD_ARGS) -f Containerfile -t $(IMAGE) . ;; \
 	esac
+
+# The image test alone (also part of `make test`), with its figures: size, seconds per step.
+image-test: install
+	$(BIN)/pytest -q -s tests/image
 
 clean:
 	rm -rf $(VENV) build .mypy_cache .ruff_cache .pytest_cache .hypothesis

@@ -45,6 +45,8 @@ __all__ = [
     "KV_INDEX_PENDING_WRITES",
     "KV_INDEX_WRITER_LEASES",
     "KV_KEYS_UNKEYED",
+    "LATENCY_PREDICTION_ERROR",
+    "LATENCY_SAMPLES_REFUSED",
     "LLMD_PREFIX",
     "MODEL_REWRITE_DECISIONS",
     "NORMALIZED_TPOT",
@@ -58,14 +60,22 @@ __all__ = [
     "POOL_STD_DEV_KV_CACHE",
     "POOL_STD_DEV_QUEUE_SIZE",
     "POOL_STD_DEV_RUNNING_REQUESTS",
+    "PREFIX_HIT_PREDICTION_ERROR",
     "PREFIX_INDEXER_HIT_BYTES",
     "PREFIX_INDEXER_HIT_RATIO",
     "PREFIX_INDEXER_SIZE",
     "PROMPT_CACHED_TOKENS",
     "REQUEST_DURATION",
     "REQUEST_ERROR_TOTAL",
+    "REQUEST_PREDICTED_TPOT",
+    "REQUEST_PREDICTED_TTFT",
     "REQUEST_SIZES",
+    "REQUEST_SLO_VIOLATION",
     "REQUEST_TOTAL",
+    "REQUEST_TPOT",
+    "REQUEST_TPOT_PREDICTION_DURATION",
+    "REQUEST_TTFT",
+    "REQUEST_TTFT_PREDICTION_DURATION",
     "RESPONSE_SIZES",
     "RUNNING_REQUESTS",
     "SCHEDULER_ATTEMPTS",
@@ -631,6 +641,79 @@ EXTPROC_STREAM_METRICS = frozenset(
     {EXTPROC_STREAMS_INFLIGHT, EXTPROC_STREAM_DURATION, EXTPROC_STREAMS}
 )
 
+# --- predicted latency (``predicted-latency-producer``): the reference's names, and the
+# route receipts (prediction against observation, per endpoint) ---
+
+_PREDICTION_DURATION_BUCKETS = (
+    0.000001, 0.000005, 0.00001, 0.00005, 0.0001, 0.0005, 0.001, 0.005, 0.01,
+)  # fmt: skip
+_PREDICTION_ERROR_BUCKETS = (
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 25.0, 60.0,
+)  # fmt: skip
+REQUEST_TTFT = HistogramMetric(
+    name="inference_objective_request_ttft_seconds",
+    help="Time to first token observed by the EPP (first response body chunk minus the "
+    "routing decision), per model.",
+    labels=_MODEL,
+    buckets=_DURATION_BUCKETS,
+)
+REQUEST_PREDICTED_TTFT = HistogramMetric(
+    name="inference_objective_request_predicted_ttft_seconds",
+    help="Time to first token predicted for the chosen endpoint, per model.",
+    labels=_MODEL,
+    buckets=_DURATION_BUCKETS,
+)
+REQUEST_TTFT_PREDICTION_DURATION = HistogramMetric(
+    name="inference_objective_request_ttft_prediction_duration_seconds",
+    help="Time spent predicting every candidate's TTFT and TPOT for one request.",
+    labels=_MODEL,
+    buckets=_PREDICTION_DURATION_BUCKETS,
+)
+REQUEST_TPOT = HistogramMetric(
+    name="inference_objective_request_tpot_seconds",
+    help="Time per output token after the first observed by the EPP, per model.",
+    labels=_MODEL,
+    buckets=_TPOT_BUCKETS,
+)
+REQUEST_PREDICTED_TPOT = HistogramMetric(
+    name="inference_objective_request_predicted_tpot_seconds",
+    help="Time per output token predicted for the chosen endpoint, per model.",
+    labels=_MODEL,
+    buckets=_TPOT_BUCKETS,
+)
+REQUEST_TPOT_PREDICTION_DURATION = HistogramMetric(
+    name="inference_objective_request_tpot_prediction_duration_seconds",
+    help="Time spent predicting every candidate's TTFT and TPOT for one request.",
+    labels=_MODEL,
+    buckets=_PREDICTION_DURATION_BUCKETS,
+)
+REQUEST_SLO_VIOLATION = CounterMetric(
+    name="inference_objective_request_slo_violation_total",
+    help="Requests whose observed TTFT or TPOT exceeded their SLO header, by type.",
+    labels=(*_MODEL, "type"),
+)
+#: The route receipts: |observed - predicted| per endpoint, for TTFT and TPOT.
+LATENCY_PREDICTION_ERROR = HistogramMetric(
+    name="inference_extension_latency_prediction_error_seconds",
+    help="Absolute error of the latency predicted for the chosen endpoint against the one "
+    "observed, per endpoint and kind (ttft, tpot).",
+    labels=("endpoint", "kind"),
+    buckets=_PREDICTION_ERROR_BUCKETS,
+)
+PREFIX_HIT_PREDICTION_ERROR = HistogramMetric(
+    name="inference_extension_prefix_hit_prediction_error_ratio",
+    help="Absolute difference between the prompt share predicted cached on the chosen "
+    "endpoint and the share its server reported cached, per endpoint.",
+    labels=("endpoint",),
+    buckets=_RATIO_BUCKETS,
+)
+LATENCY_SAMPLES_REFUSED = CounterMetric(
+    name="inference_extension_latency_samples_refused_total",
+    help="Latency observations the predictor did not learn from, by reason (out_of_range: "
+    "not within (0, 10 min]; clipped: learnt with its residual bounded).",
+    labels=("reason",),
+)
+
 #: Every metric the EPP exports, in exposition order.
 CATALOGUE: tuple[Metric, ...] = (
     REQUEST_TOTAL,
@@ -689,4 +772,14 @@ CATALOGUE: tuple[Metric, ...] = (
     EXTPROC_STREAMS_INFLIGHT,
     EXTPROC_STREAM_DURATION,
     EXTPROC_STREAMS,
+    REQUEST_TTFT,
+    REQUEST_PREDICTED_TTFT,
+    REQUEST_TTFT_PREDICTION_DURATION,
+    REQUEST_TPOT,
+    REQUEST_PREDICTED_TPOT,
+    REQUEST_TPOT_PREDICTION_DURATION,
+    REQUEST_SLO_VIOLATION,
+    LATENCY_PREDICTION_ERROR,
+    PREFIX_HIT_PREDICTION_ERROR,
+    LATENCY_SAMPLES_REFUSED,
 )

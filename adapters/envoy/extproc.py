@@ -55,7 +55,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from envoy.type.v3 import http_status_pb2
 
-from adapters.envoy.h2grpc import RpcContext
+from adapters.envoy.h2 import RpcContext
 from adapters.envoy.loglimit import LogLimiter
 from ports.errors import ErrorCode, RequestError
 from ports.metric_catalogue import (

@@ -19,7 +19,7 @@ from adapters.envoy.extproc import (
     add_extproc_servicer,
     serialize_reply,
 )
-from adapters.envoy.h2grpc import H2GrpcServer, MethodHandler
+from adapters.envoy.h2 import H2GrpcServer, H2Limits, MethodHandler
 from adapters.envoy.health import HealthServicer
 from adapters.envoy.tls import (
     CertificateReloader,
@@ -34,7 +34,7 @@ from ports.requests import RequestProcessor
 __all__ = ["TRANSPORTS", "GrpcServers"]
 
 #: ``--extproc-transport``: what serves the ext_proc port. ``grpcio`` is grpc.aio;
-#: ``native`` is ``adapters.envoy.h2grpc``, a third of its CPU per message (docs/decisions/0020).
+#: ``native`` is ``adapters.envoy.h2``, a third of its CPU per message (docs/decisions/0020).
 TRANSPORTS = ("grpcio", "native")
 
 logger = logging.getLogger(__name__)
@@ -168,15 +168,15 @@ class GrpcServers:
             context = ssl_context(self._certificate, self._client_ca, self._ciphers)
         else:
             context = None
-        return H2GrpcServer(
-            handlers,
-            ssl_context=context,
+        limits = H2Limits(
             max_concurrent_rpcs=self._max_concurrent_streams or 0,
             max_streams_per_connection=self._max_streams_per_connection,
             max_receive_message_length=self._max_receive,
             max_send_message_length=self._max_send,
             max_connection_age=SHARED_PORT_CONNECTION_AGE_MS / 1000 if self._shared_port else 0.0,
-            reuse_port=self._shared_port,
+        )
+        return H2GrpcServer(
+            handlers, limits=limits, ssl_context=context, reuse_port=self._shared_port
         )
 
     async def _start_native(self) -> Any:

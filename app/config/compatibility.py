@@ -24,7 +24,6 @@ __all__ = [
     "FEATURE_GATE_ROWS",
     "LLMD_TYPES",
     "NOOP_TYPES",
-    "NOT_YET",
     "REFERENCE_TYPES",
     "UNAVAILABLE_TYPES",
     "GateRow",
@@ -436,9 +435,6 @@ REFERENCE_TYPES: frozenset[str] = frozenset(
     }
 )
 
-#: Why a type is not available yet (the types of the predicted-latency pipeline).
-NOT_YET = "the latency predictor is not built in this EPP yet"
-
 _NOT_IMPLEMENTED = "not implemented"
 _MULTICLUSTER = "multi-cluster routing is not implemented"
 _TOKENS = (
@@ -470,8 +466,6 @@ UNAVAILABLE_TYPES: dict[str, str] = {
     "header-label-affinity-scorer": _NOT_IMPLEMENTED,
     "label-selector-filter": "generic label filters are not implemented (decode-filter, "
     "prefill-filter and encode-filter filter on llm-d.ai/role)",
-    "latency-scorer": NOT_YET,
-    "latency-slo-admitter": NOT_YET,
     "lmetric-scorer": _NOT_IMPLEMENTED,
     "load-aware-scorer": _NOT_IMPLEMENTED,
     "mm-embeddings-cache-producer": "multimodal encoder-cache affinity is not implemented",
@@ -489,7 +483,6 @@ UNAVAILABLE_TYPES: dict[str, str] = {
     "p2p-source-producer": "peer-to-peer KV-cache transfer is not implemented",
     "precise-prefix-cache-scorer": "the llm-d router's deprecated wrapper: configure "
     "precise-prefix-cache-producer and prefix-cache-scorer",
-    "predicted-latency-producer": NOT_YET,
     "priority-holdback-policy": "usage-limit policy not implemented (static-usage-limit-policy is)",
     "priority-then-time-eviction-order-policy": _EVICTION,
     "probabilistic-admitter": _NOT_IMPLEMENTED,
@@ -500,7 +493,6 @@ UNAVAILABLE_TYPES: dict[str, str] = {
     "session-affinity-scorer read the session ID themselves (sessionIdConfig)",
     "sglanghttp-parser": _PARSER,
     "sheddable-eviction-filter": _EVICTION,
-    "slo-headroom-tier-filter": NOT_YET,
     "soft-reflective-ceiling-policy": "usage-limit policy not implemented "
     "(static-usage-limit-policy is)",
     "token-producer": _TOKENS,
@@ -529,8 +521,6 @@ def unavailable_reason(type_name: str) -> str | None:
     reason = UNAVAILABLE_TYPES.get(type_name)
     if reason is None:
         return None
-    if reason == NOT_YET:
-        return f"not available yet: {reason}"
     return f"not available in this EPP: {reason}"
 
 
@@ -540,7 +530,7 @@ def _type_status(type_name: str, registered: frozenset[str]) -> tuple[Status, st
     if type_name in registered:
         return "supported", ""
     reason = UNAVAILABLE_TYPES.get(type_name, _NOT_IMPLEMENTED)
-    return "refused", ("not available yet: " + reason) if reason == NOT_YET else reason
+    return "refused", reason
 
 
 _LABELS: dict[Status, str] = {

@@ -1,7 +1,9 @@
 """Scheduling: the default picker, the scheduler profiles and the profile handler.
 
 Without ``schedulingProfiles`` the one ``default`` profile holds every filter, scorer
-(weight 1) and picker, in plugin order. A profile without a picker gets the first one. With
+(weight 1) and picker, in plugin order. A profile without a picker gets the first one. A
+profile may name a plugin of another kind (a data producer): it is skipped there, with an
+info line; a scorer no profile uses is a warning. With
 one profile and no configured handler, ``single-profile-handler`` is added; a handler that
 validates its profiles (``ValidatingProfileHandler``) is asked whether it accepts them.
 """
@@ -79,10 +81,17 @@ def build_profiles(
             is_scorer = isinstance(plugin, Scorer)
             is_picker = isinstance(plugin, Picker)
             if not (is_filter or is_scorer or is_picker):
-                raise ConfigError(
-                    f"{ref_path}.pluginRef: plugin {describe(plugin)} is not a filter, "
-                    "scorer or picker"
+                # The llm-d router's charts list a data producer among a profile's plugins
+                # (its latency-predictor config); it runs where its extension points are.
+                logger.info(
+                    "%s.pluginRef: plugin %s is not a filter, scorer or picker; it runs at its "
+                    "own extension points, not in profile %r",
+                    ref_path,
+                    describe(plugin),
+                    name,
                 )
+                referenced.add(ref.plugin_ref)
+                continue
             weight = 1.0 if ref.weight is None else ref.weight
             if not math.isfinite(weight):
                 raise ConfigError(f"{ref_path}.weight: must be a finite number")
@@ -110,9 +119,12 @@ def build_profiles(
     for plugin_name in configured:
         plugin = instances.plugins[plugin_name]
         if isinstance(plugin, Scorer) and plugin_name not in referenced:
-            raise ConfigError(
-                f'{instances.path_of(plugin)}: scorer "{plugin_name}" is not used by any '
-                "scheduling profile"
+            # A warning, as the reference and the llm-d router accept it (the llm-d chart's
+            # latency-predictor config declares scorers no profile uses).
+            logger.warning(
+                '%s: scorer "%s" is not used by any scheduling profile',
+                instances.path_of(plugin),
+                plugin_name,
             )
     return profiles
 

@@ -38,6 +38,8 @@ IN_TREE_MODULES = (
     "domain.scheduling.plugins.header_profile_handler",
     "domain.scheduling.plugins.session_affinity_filter",
     "domain.scheduling.plugins.session_affinity_scorer",
+    "domain.scheduling.plugins.latency_scorer",
+    "domain.scheduling.plugins.slo_headroom_tier_filter",
     # request control
     "domain.requestcontrol.plugins.prefix_producer",
     "domain.requestcontrol.plugins.inflight_load",
@@ -48,6 +50,8 @@ IN_TREE_MODULES = (
     "domain.requestcontrol.plugins.openai_parser",
     "domain.requestcontrol.plugins.passthrough_parser",
     "domain.requestcontrol.plugins.anthropic_parser",
+    "domain.requestcontrol.plugins.predicted_latency_producer",
+    "domain.requestcontrol.plugins.latency_slo_admitter",
     # data layer
     "domain.datalayer.plugins.core_metrics_extractor",
     "domain.datalayer.plugins.endpoint_notification_source",

@@ -293,6 +293,7 @@ class RequestExchangeState:
             objective=objective,
             fairness_id=self._labels["fairness_id"],
             received_at=self._received_at,
+            span=inbound.span,
         )
         self._labels["priority"] = str(request.priority)
         if self._control.explain_decisions:

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 from domain.datastore.endpoint import Endpoint, EndpointMetrics
 from ports.endpoints import EndpointInfo
+from ports.observer import Span
 
 if TYPE_CHECKING:
     from domain.plugins.state import RequestState
@@ -116,6 +117,9 @@ class InferenceRequest:
     fairness_id: str = "default-flow"
     #: Monotonic time (seconds) the request's body was complete at the EPP.
     received_at: float = 0.0
+    #: The gateway's span of the whole exchange (a plugin's spans are its children);
+    #: ``None`` without tracing.
+    span: Span | None = None
     scheduling_result: SchedulingResult | None = None
     explanations: dict[str, ProfileExplanation] | None = None
     #: Profile name -> (the scored candidates, their weighted totals), kept only when the

@@ -17,8 +17,8 @@ from typing import Any
 import grpc
 import pytest
 
-from adapters.envoy import h2grpc
 from adapters.envoy.extproc import StreamLimits
+from adapters.envoy.h2 import connection as h2connection
 from tests.adversarial.extproc_support import (
     CountingProcessor,
     director_over,
@@ -63,7 +63,7 @@ async def _run(channel: grpc.aio.Channel, *messages: Any) -> tuple[list[Any], gr
 async def test_a_connection_that_sent_a_second_request_waits_while_envoys_is_routed(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(h2grpc, "_PENALTY_FIRST", 3600.0)  # the pause outlasts the test
+    monkeypatch.setattr(h2connection, "PENALTY_FIRST", 3600.0)  # the pause outlasts the test
     director, datastore = director_over()
     processor = CountingProcessor(director)
     async with _served(processor, pause=3600.0) as (attacker, gateway):

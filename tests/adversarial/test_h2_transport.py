@@ -1,4 +1,4 @@
-"""The native ext_proc transport (``adapters.envoy.h2grpc``) as an attacker on the network
+"""The native ext_proc transport (``adapters.envoy.h2``) as an attacker on the network
 reaches it: a raw TCP client that frames HTTP/2 by hand, against the server in-process.
 
 Probed: the connection preface and the handshake timeout, frame sizes, header blocks split
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import socket
 import time
 from collections.abc import AsyncIterator, Callable
@@ -23,11 +24,13 @@ import grpc
 import hpack
 import pytest
 
-from adapters.envoy import h2grpc
-from adapters.envoy.h2grpc import H2GrpcServer, MethodHandler
+from adapters.envoy.h2 import H2GrpcServer, H2Limits, MethodHandler
+from adapters.envoy.h2 import connection as h2connection
+from adapters.envoy.h2 import flow as h2flow
 from tests.support.h2frames import (
     ACK,
     CANCEL,
+    COMPRESSION_ERROR,
     CONTINUATION,
     DATA,
     END_HEADERS,
@@ -37,6 +40,7 @@ from tests.support.h2frames import (
     FRAME_SIZE_ERROR,
     GOAWAY,
     HEADERS,
+    INITIAL_WINDOW_SIZE,
     PING,
     PREFACE,
     PRIORITY,
@@ -263,6 +267,8 @@ class Harness:
         loop = asyncio.get_running_loop()
         sock = socket.socket()
         sock.setblocking(False)
+        # no Nagle: a frame written after a small one leaves at once, as a gateway's does
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         if receive_buffer:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, receive_buffer)
         await loop.sock_connect(sock, ("127.0.0.1", self.port))
@@ -297,7 +303,7 @@ async def _until(condition: Callable[[], bool], within: float = DEADLINE) -> Non
 
 @contextlib.asynccontextmanager
 async def serving(**options: Any) -> AsyncIterator[Harness]:
-    server = H2GrpcServer(HANDLERS, **options)
+    server = H2GrpcServer(HANDLERS, limits=H2Limits(**options))
     harness = Harness(server, await server.start("127.0.0.1", 0))
     try:
         yield harness
@@ -416,9 +422,71 @@ async def test_rapid_reset_is_a_goaway_enhance_your_calm() -> None:
             peer.send(_rst(stream_id))
             if peer.closed:
                 break
-        # before: every stream a handler started and cancelled; after: cut past 200 resets
+        # before: every stream a handler started and cancelled; after: asked to go away past
+        # 200 resets of streams not yet answered, and refused from the final GOAWAY on
         await _expect_goaway(peer, ENHANCE_YOUR_CALM)
-        assert len(peer.of(PING)) < 300
+        # the final GOAWAY (the first names no last stream) says which streams were served
+        last = int.from_bytes(peer.of(GOAWAY)[1][3][:4], "big")
+        assert harness.server.calls_started == (last + 1) // 2 < 1_000
+        await harness.no_calls()
+        await harness.assert_serves()
+
+
+def _closed_or_echoed(peer: Peer, streams: range) -> bool:
+    return peer.closed or all(_echoed(peer, s) for s in streams)
+
+
+async def test_streams_reset_after_they_were_answered_do_not_end_the_connection() -> None:
+    # What Envoy does without ext_proc_graceful_grpc_close when its clients hang up: the
+    # stream of every abandoned request is reset, after the EPP has answered it
+    async with serving() as harness:
+        peer = await harness.connect()
+        for batch in range(8):  # 400 streams, 50 at a time: each answered, then reset
+            streams = range(1 + 100 * batch, 101 + 100 * batch, 2)
+            peer.send(
+                b"".join(peer.request(s) + frame(DATA, 0, s, message(b"chunk")) for s in streams)
+            )
+            await peer.until(functools.partial(_closed_or_echoed, peer, streams))
+            assert not peer.closed, f"cut after {50 * batch} resets: GOAWAY {peer.goaway()}"
+            peer.send(b"".join(_rst(s) for s in streams))
+        await peer.ping()
+        # before: past 200 resets outnumbering completions, GOAWAY ENHANCE_YOUR_CALM and every
+        # call on the connection failed; after: nothing to cut, the connection serves on
+        assert peer.goaway() is None
+        assert not peer.closed
+        peer.send(
+            peer.request(801, f"{SERVICE}/Unary") + frame(DATA, END_STREAM, 801, message(b"ok"))
+        )
+        assert await peer.status(801) == "0"
+        await harness.no_calls()
+
+
+async def test_rapid_reset_lets_the_calls_open_finish() -> None:
+    async with serving() as harness:
+        peer = await harness.connect()
+        # a call in progress: answered once, more to come
+        peer.send(peer.request(1) + frame(DATA, 0, 1, message(b"first")))
+        await peer.until(lambda: _echoed(peer, 1))
+        # then streams opened and reset before they are answered, 400 in one write
+        peer.send(b"".join(peer.request(s, f"{SERVICE}/Never") + _rst(s) for s in range(3, 803, 2)))
+        assert await peer.goaway_code() == ENHANCE_YOUR_CALM
+        # the GOAWAY's PING answered: the final GOAWAY names the last stream the peer opened
+        (ping,) = [f for f in peer.of(PING) if not f[1] & ACK]
+        peer.send(frame(PING, ACK, 0, ping[3]))
+        await peer.until(lambda: len(peer.of(GOAWAY)) == 2)
+        assert int.from_bytes(peer.of(GOAWAY)[-1][3][:4], "big") == 801
+        # before: the connection closed at once, the call in progress failed with it;
+        # after: it finishes, then the connection closes
+        peer.send(frame(DATA, 0, 1, message(b"second")))
+        await peer.until(lambda: _echoed(peer, 1) == message(b"first") + message(b"second"))
+        peer.send(frame(DATA, END_STREAM, 1))
+        assert await peer.status(1) == "0"
+        # a stream opened after the final GOAWAY is refused, not served
+        peer.send(peer.request(803, f"{SERVICE}/Unary"))
+        await peer.until(lambda: peer.reset(803) is not None or peer.closed)
+        assert peer.reset(803) in (None, REFUSED_STREAM)
+        assert harness.server.calls_started == 401
+        await peer.until(lambda: peer.closed)
         await harness.no_calls()
         await harness.assert_serves()
 
@@ -518,14 +586,14 @@ def _window_updates(peer: Peer, stream_id: int) -> int:
 
 
 async def test_a_handler_that_does_not_read_gets_no_more_than_its_window() -> None:
-    assert h2grpc.STREAM_WINDOW % 16_384 == 0
+    assert h2flow.STREAM_WINDOW % 16_384 == 0
     async with serving() as harness:
         peer = await harness.connect()
         # the stream's whole window in 16 KiB DATA frames, one message each, to a handler
         # that never reads them
         peer.send(peer.request(1, f"{SERVICE}/Never"))
         full = frame(DATA, 0, 1, message(b"m" * (16_384 - 5)))
-        peer.send(full * (h2grpc.STREAM_WINDOW // 16_384))
+        peer.send(full * (h2flow.STREAM_WINDOW // 16_384))
         await peer.ping()
         # nothing read, nothing credited back: the peer may send no more on this stream
         assert _window_updates(peer, 1) == 0
@@ -549,8 +617,8 @@ async def test_a_handler_that_reads_returns_the_window() -> None:
         peer.send(peer.request(1, f"{SERVICE}/Drain"))
         full = frame(DATA, 0, 1, message(b"m" * (16_384 - 5)))
         for _ in range(3):
-            peer.send(full * (h2grpc.STREAM_WINDOW // 16_384))
-            await peer.until(lambda: _window_updates(peer, 1) >= h2grpc.STREAM_WINDOW // 2)
+            peer.send(full * (h2flow.STREAM_WINDOW // 16_384))
+            await peer.until(lambda: _window_updates(peer, 1) >= h2flow.STREAM_WINDOW // 2)
         assert peer.reset(1) is None
         peer.send(frame(DATA, END_STREAM, 1))
         assert await peer.status(1) == "0"
@@ -583,7 +651,7 @@ async def test_inline_answers_a_peer_does_not_take_stop_its_stream() -> None:
     async with serving() as harness:
         peer = await harness.connect()
         size = 16_384 - 5
-        sent = [message(bytes([65 + n % 26]) * size) for n in range(h2grpc.STREAM_WINDOW // 16_384)]
+        sent = [message(bytes([65 + n % 26]) * size) for n in range(h2flow.STREAM_WINDOW // 16_384)]
         peer.send(peer.request(1, f"{SERVICE}/Inline"))
         await peer.ping()  # the handler waits in read()
         peer.send(b"".join(frame(DATA, 0, 1, m) for m in sent))
@@ -699,16 +767,14 @@ async def _push_unread_requests(harness: Harness, path: str | bytes) -> tuple[in
     assert peer.transport is not None
     peer.transport.pause_reading()  # never read again
     (connection,) = harness.server.connections
-    server_side = connection._transport
-    assert server_side is not None
     peer.send(peer.request(1, path, end_stream=True))
     block = peer.request(3, path, end_stream=True)[9:]  # the same headers, now all indexed
     stream_id, sent, peak = 3, 0, 0
     async with asyncio.timeout(DEADLINE):
         while sent < 50 * MIB and peak < 4 * BOUND:
-            peak = max(peak, server_side.get_write_buffer_size())
+            peak = max(peak, connection.write_buffer_size())
             if not peer.writable:
-                if not server_side.is_reading():
+                if not connection.reading():
                     break  # the server stopped reading: the peer can push no more
                 await asyncio.sleep(0.005)
                 continue
@@ -857,7 +923,7 @@ def _break(peer: Peer, stream_id: int, longest: float) -> None:
 async def test_a_connection_that_broke_a_call_is_not_read_while_others_are_served(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(h2grpc, "_PENALTY_FIRST", 3600.0)  # the pause outlasts the test
+    monkeypatch.setattr(h2connection, "PENALTY_FIRST", 3600.0)  # the pause outlasts the test
     async with serving() as harness:
         peer = await harness.connect()
         _break(peer, 1, 3600.0)
@@ -885,7 +951,7 @@ async def test_a_paused_connection_is_read_again_when_the_pause_ends() -> None:
 
 
 async def test_no_pause_when_the_longest_is_zero(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(h2grpc, "_PENALTY_FIRST", 3600.0)
+    monkeypatch.setattr(h2connection, "PENALTY_FIRST", 3600.0)
     async with serving() as harness:
         peer = await harness.connect()
         _break(peer, 1, 0.0)
@@ -900,11 +966,148 @@ def test_a_hosts_strikes_count_in_a_row_and_are_forgotten() -> None:
     assert [server.strike("10.0.0.1", t) for t in (0.0, 1.0, 2.0)] == [1, 2, 3]
     assert server.strike("10.0.0.2", 2.0) == 1  # another host: its own count
     # a strike within the forget window of the last one continues the count
-    assert server.strike("10.0.0.1", 2.0 + h2grpc._PENALTY_FORGET - 1) == 4
+    assert server.strike("10.0.0.1", 2.0 + h2connection.PENALTY_FORGET - 1) == 4
     # none for that long: forgotten
-    assert server.strike("10.0.0.1", 3.0 + 2 * h2grpc._PENALTY_FORGET) == 1
+    assert server.strike("10.0.0.1", 3.0 + 2 * h2connection.PENALTY_FORGET) == 1
     # the hosts kept are bounded: the one struck longest ago is forgotten first
-    for n in range(h2grpc._PENALTY_HOSTS):
+    for n in range(h2connection.PENALTY_HOSTS):
         server.strike(f"h{n}", 100.0)
     assert server.strike("10.0.0.2", 101.0) == 1
-    assert server.strike(f"h{h2grpc._PENALTY_HOSTS - 1}", 101.0) == 2
+    assert server.strike(f"h{h2connection.PENALTY_HOSTS - 1}", 101.0) == 2
+
+
+# -- work a connection can make us do: floods from one connection, normal traffic beside --
+
+NORMAL_P99 = 0.050  # seconds
+
+
+async def _normal_p99_during(harness: Harness, attack: Callable[[], Any], *, rounds: int) -> float:
+    """Runs ``attack`` ``rounds`` times (each a connection of its own, flooded until the
+    server cuts it or the round's floods are sent) while a well-behaved grpc.aio client calls
+    back to back on another connection; returns the p99 latency of the calls made meanwhile
+    (at least 10: the last calls wait for them)."""
+    latencies: list[float] = []
+
+    async def attacker() -> None:
+        for _ in range(rounds):
+            await attack()
+
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{harness.port}") as channel:
+        call: Any = channel.unary_unary(f"{SERVICE}/Unary")
+        assert await call(b"warm", timeout=DEADLINE) == b"warm"
+        flooding = asyncio.create_task(attacker())
+        try:
+            async with asyncio.timeout(60):
+                while not flooding.done() or len(latencies) < 10:
+                    started = time.monotonic()
+                    assert await call(b"normal", timeout=DEADLINE) == b"normal"
+                    latencies.append(time.monotonic() - started)
+        finally:
+            flooding.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await flooding
+    latencies.sort()
+    return latencies[int(len(latencies) * 0.99)]
+
+
+async def _flood(harness: Harness, opening: bytes, floods: list[bytes]) -> Peer:
+    """A connection that sends ``opening``, then each of ``floods`` once the server has
+    handled the last (a PING answered), until the server closes it."""
+    peer = await harness.connect()
+    peer.send(opening)
+    for n, flood in enumerate(floods):
+        if peer.closed:
+            break
+        peer.send(flood)
+        await peer.ping(n.to_bytes(8, "big"))
+    peer.close()
+    return peer
+
+
+def _in_frames(kind: int, flags: int, stream_id: int, block: bytes) -> bytes:
+    """A header block as a HEADERS frame and CONTINUATIONs of 16 KiB."""
+    parts = [block[i : i + 16_384] for i in range(0, len(block), 16_384)]
+    frames = [frame(kind, 0 if len(parts) > 1 else flags, stream_id, parts[0])]
+    for index, part in enumerate(parts[1:], start=2):
+        last = index == len(parts)
+        frames.append(frame(CONTINUATION, flags if last else 0, stream_id, part))
+    return b"".join(frames)
+
+
+async def test_a_flood_of_table_size_updates_leaves_normal_traffic_on_time() -> None:
+    # RFC 7541 4.2: at most two size updates at the start of a block. A block of 65,400
+    # one-byte updates fits the 64 KiB block cap and took 60-170 ms to decode.
+    async with serving() as harness:
+        flood = _in_frames(HEADERS, END_HEADERS | END_STREAM, 1, b"\x20" * 65_400)
+
+        async def attack() -> None:
+            peer = await _flood(harness, b"", [flood])
+            # before: decoded and answered (405); after: GOAWAY COMPRESSION_ERROR
+            assert peer.goaway() in (None, COMPRESSION_ERROR)
+
+        p99 = await _normal_p99_during(harness, attack, rounds=20)
+        assert p99 < NORMAL_P99, f"p99 {p99 * 1000:.0f} ms during 20 connections' floods"
+        # two updates at the start are allowed
+        peer = await harness.connect()
+        peer.send(frame(HEADERS, END_HEADERS, 1, b"\x20\x3f\xe1\x1f" + peer.request(1)[9:]))
+        peer.send(frame(DATA, END_STREAM, 1, message(b"x")))
+        assert await peer.status(1) == "0"
+        peer = await harness.connect()
+        peer.send(frame(HEADERS, END_HEADERS, 1, b"\x20\x20\x20" + peer.request(1)[9:]))
+        assert await peer.goaway_code() == COMPRESSION_ERROR
+
+
+async def test_a_flood_of_window_settings_leaves_normal_traffic_on_time() -> None:
+    # SETTINGS of 2,730 INITIAL_WINDOW_SIZE entries (16 KiB) over 100 open streams: 273,000
+    # window changes a frame. Now at most 32 entries a frame, the window applied once.
+    async with serving() as harness:
+        streams = b"".join(
+            frame(HEADERS, END_HEADERS, s, Peer().request(s, f"{SERVICE}/Never")[9:])
+            for s in range(1, 201, 2)
+        )
+        entries = [(INITIAL_WINDOW_SIZE, 65_535 + n % 2) for n in range(2_730)]
+
+        async def attack() -> None:
+            peer = await _flood(harness, streams, [settings(*entries)] * 50)
+            # before: each frame applied, entry by entry; after: GOAWAY ENHANCE_YOUR_CALM
+            assert peer.goaway() in (None, ENHANCE_YOUR_CALM)
+
+        p99 = await _normal_p99_during(harness, attack, rounds=3)
+        assert p99 < NORMAL_P99, f"p99 {p99 * 1000:.0f} ms during 3 connections' floods"
+        await harness.no_calls()
+        # 32 entries are a frame like any other
+        peer = await harness.connect()
+        peer.send(settings(*entries[:32]) + peer.request(1, f"{SERVICE}/Unary"))
+        peer.send(frame(DATA, END_STREAM, 1, message(b"x")))
+        assert await peer.status(1) == "0"
+
+
+def _costly_block(path: str) -> bytes:
+    """A legal request header block that is slow to decode: 150 Huffman-coded literals of
+    new names, 9 KiB compressed and just under the 16 KiB decoded limit."""
+    headers = [(":method", "POST"), (":scheme", "http"), (":path", path), (":authority", "x")]
+    headers += [("content-type", "application/grpc")]
+    headers += [(f"x-h{n:04d}", "v" * 60) for n in range(150)]
+    return hpack.Encoder().encode(headers, huffman=True)
+
+
+async def test_a_flood_of_costly_header_blocks_leaves_normal_traffic_on_time() -> None:
+    # 25 such blocks (each a request) in one write: one read of ~230 KiB, about 5 ms of
+    # decoding a block. Their decoding is charged to the connection's budget, and the loop
+    # is yielded between the frames of one read.
+    async with serving() as harness:
+        block = _costly_block(f"{SERVICE}/Missing")
+        floods = [
+            b"".join(
+                frame(HEADERS, END_HEADERS | END_STREAM, s, block) for s in range(n, n + 50, 2)
+            )
+            for n in range(1, 500, 50)
+        ]
+
+        async def attack() -> None:
+            peer = await _flood(harness, b"", floods)
+            # before: answered (UNIMPLEMENTED) for ever; after: GOAWAY ENHANCE_YOUR_CALM
+            assert peer.goaway() in (None, ENHANCE_YOUR_CALM)
+
+        p99 = await _normal_p99_during(harness, attack, rounds=3)
+        assert p99 < NORMAL_P99, f"p99 {p99 * 1000:.0f} ms during 3 connections' floods"

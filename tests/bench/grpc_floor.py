@@ -6,10 +6,12 @@ response-body reply echoing its chunk, and nothing else. A client here (grpc.aio
 SSE-sized ``response_body`` message and waits for the reply, over ``--streams`` concurrent
 streams. Prints the server's CPU per message pair: the floor under the EPP's cost per SSE
 chunk, for each ``--transports``: ``grpcio`` (grpc.aio, docs/decisions/0013), ``native``
-(``adapters.envoy.h2grpc``, docs/decisions/0020), ``inline`` (the same, each message
+(``adapters.envoy.h2``, docs/decisions/0020), ``inline`` (the same, each message
 answered in the transport's read without waking the handler, docs/decisions/0021), ``h2``
 (the same echo on the ``h2`` library's HTTP/2 state machine, when it is installed: what a
-kept library would cost) and ``socket`` (no HTTP/2, no gRPC, no protobuf: the same bytes
+kept library would cost), ``ngh2`` (the same on ``ngh2``, the binding of libnghttp2, the C
+HTTP/2 library Envoy's and curl's codecs grew from, when it is installed: what a kept native
+library would cost) and ``socket`` (no HTTP/2, no gRPC, no protobuf: the same bytes
 echoed in a uvloop protocol's ``data_received``, each message a stream id and a length
 before the chunk, streams multiplexed on one connection as gRPC's are; what a Python
 process pays per message pair for the socket and the event loop alone).
@@ -33,7 +35,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
 from adapters.envoy.extproc import _response_body_response, serialize_reply
-from adapters.envoy.h2grpc import H2GrpcServer, MethodHandler
+from adapters.envoy.h2 import H2GrpcServer, MethodHandler
 from tests.bench.load import cpu_seconds
 
 SERVICE = "envoy.service.ext_proc.v3.ExternalProcessor"
@@ -80,6 +82,9 @@ async def _serve(transport: str) -> None:
         return
     if transport == "h2":
         await _serve_h2()
+        return
+    if transport == "ngh2":
+        await _serve_ngh2()
         return
     if transport == "socket":
         await _serve_socket()
@@ -213,13 +218,61 @@ async def _serve_h2() -> None:
     await server.serve_forever()
 
 
+async def _serve_ngh2() -> None:
+    # The same echo on ngh2 (libnghttp2): framing, HPACK, flow control and window updates
+    # in C; we only cut gRPC messages. Imported by name, as h2 is (the bench extra's).
+    ngh2: Any = importlib.import_module("ngh2")
+    response = [(b":status", b"200"), (b"content-type", b"application/grpc")]
+    trailers = [(b"grpc-status", b"0")]
+
+    class Echo(asyncio.Protocol):
+        def connection_made(self, transport: Any) -> None:
+            self.transport = transport
+            self.h2 = ngh2.Connection(ngh2.Role.SERVER)
+            self.h2.initiate_connection()
+            self.partial: dict[int, bytes] = {}
+            transport.write(self.h2.data_to_send())
+
+        def data_received(self, data: bytes) -> None:
+            h2 = self.h2
+            h2.receive_data(data)
+            for event in h2.events():
+                kind = type(event)
+                if kind is ngh2.RequestReceived:
+                    self.partial[event.stream_id] = b""
+                    h2.send_response(event.stream_id, response)
+                elif kind is ngh2.DataReceived:
+                    stream = event.stream_id
+                    buffer = self.partial[stream] + event.data
+                    while len(buffer) >= 5 and len(buffer) >= 5 + int.from_bytes(buffer[1:5]):
+                        size = 5 + int.from_bytes(buffer[1:5])
+                        request = pb.ProcessingRequest.FromString(buffer[5:size])
+                        buffer = buffer[size:]
+                        reply = serialize_reply(
+                            _response_body_response(request.response_body.body, False)
+                        )
+                        h2.send_data(stream, b"\0" + len(reply).to_bytes(4) + reply)
+                    self.partial[stream] = buffer
+                    if event.end_stream:
+                        h2.send_trailers(stream, trailers)
+                elif kind is ngh2.StreamClosed:
+                    self.partial.pop(event.stream_id, None)
+            out = h2.data_to_send()
+            if out:
+                self.transport.write(out)
+
+    server = await asyncio.get_running_loop().create_server(Echo, "127.0.0.1", 0)
+    print(server.sockets[0].getsockname()[1], flush=True)
+    await server.serve_forever()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     parser.add_argument("--pairs", type=int, default=4000, help="message pairs per row")
     parser.add_argument("--streams", default="1,16", help="concurrent streams, one row each")
     parser.add_argument(
         "--transports",
-        default="grpcio,native,inline,h2,socket",
+        default="grpcio,native,inline,h2,ngh2,socket",
         help="servers to compare, one column each",
     )
     parser.add_argument("--rounds", type=int, default=3, help="alternating rounds; medians")
@@ -232,9 +285,10 @@ def main() -> None:
         asyncio.run(_serve(args.serve))
         return
     transports = args.transports.split(",")
-    if "h2" in transports and importlib.util.find_spec("h2") is None:
-        print("h2: not installed (pip install h2), column skipped")
-        transports.remove("h2")
+    for library in ("h2", "ngh2"):
+        if library in transports and importlib.util.find_spec(library) is None:
+            print(f"{library}: not installed (pip install -e '.[bench]'), column skipped")
+            transports.remove(library)
     servers: dict[str, tuple[subprocess.Popen[str], int]] = {}
     try:
         for transport in transports:

@@ -23,9 +23,11 @@ from app.config import DEFAULT_CONFIG
 __all__ = [
     "RANDOM_CONFIG",
     "SIMULATOR_PREFILL_TOKENS_PER_S",
+    "default_as_of_2026_11_25",
     "default_with_no_hit_lru",
     "default_without_freshness",
     "default_without_kv_gate",
+    "predicted_sticky_config",
     "sticky_config",
 ]
 
@@ -99,3 +101,80 @@ def default_without_kv_gate() -> str:
     config: dict[str, Any] = copy.deepcopy(DEFAULT_CONFIG)
     config["plugins"] = [p for p in config["plugins"] if p["type"] != "kv-capacity-gate"]
     return json.dumps(config)
+
+
+def default_as_of_2026_11_25() -> str:
+    """The no-config default from 2026-11-25 (decision 0026) until latency-aware routing:
+    sticky until saturated, ``metrics-freshness-filter``, ``kv-capacity-gate`` (JSON)."""
+    return json.dumps(
+        {
+            "plugins": [
+                {"type": "approx-prefix-cache-producer", "parameters": {"autoTune": False}},
+                {
+                    "type": "inflight-load-producer",
+                    "parameters": {"addEstimatedOutputTokens": False},
+                },
+                {"type": "prefix-cache-affinity-filter"},
+                {"type": "metrics-freshness-filter"},
+                {"type": "token-load-scorer"},
+                {"type": "max-score-picker"},
+                {"type": "kv-capacity-gate"},
+            ],
+            "schedulingProfiles": [
+                {
+                    "name": "default",
+                    "plugins": [
+                        {"pluginRef": "prefix-cache-affinity-filter"},
+                        {"pluginRef": "metrics-freshness-filter"},
+                        {"pluginRef": "token-load-scorer"},
+                        {"pluginRef": "max-score-picker"},
+                    ],
+                }
+            ],
+        }
+    )
+
+
+def predicted_sticky_config(
+    penalty_ms: float = 5000.0, *, gate: bool = True, tie_break: bool = False
+) -> str:
+    """Sticky until the predicted TTFT says otherwise: ``prefix-cache-affinity-filter``
+    on ``ttftSource: latencyPredictor`` with ``penalty_ms``, ``metrics-freshness-filter``,
+    ``latency-scorer`` (the lowest predicted TTFT, idle endpoints first) plus, with
+    ``tie_break``, ``token-load-scorer`` (whose scores differ by thousandths: it decides
+    between endpoints the predictions cannot tell apart), ``max-score-picker``, then
+    ``kv-capacity-gate`` unless ``gate`` is false (JSON)."""
+    plugins: list[dict[str, Any]] = [
+        {"type": "approx-prefix-cache-producer", "parameters": {"autoTune": False}},
+        {"type": "inflight-load-producer", "parameters": {"addEstimatedOutputTokens": False}},
+        {"type": "predicted-latency-producer", "parameters": {"streamingMode": True}},
+        {
+            "type": "prefix-cache-affinity-filter",
+            "parameters": {"ttftSource": "latencyPredictor", "maxTTFTPenaltyMs": penalty_ms},
+        },
+        {"type": "metrics-freshness-filter"},
+        {"type": "latency-scorer"},
+        {"type": "max-score-picker"},
+    ]
+    scorers: list[dict[str, Any]] = [{"pluginRef": "latency-scorer"}]
+    if tie_break:
+        plugins.insert(-1, {"type": "token-load-scorer"})
+        scorers.append({"pluginRef": "token-load-scorer"})
+    if gate:
+        plugins.append({"type": "kv-capacity-gate"})
+    return json.dumps(
+        {
+            "plugins": plugins,
+            "schedulingProfiles": [
+                {
+                    "name": "default",
+                    "plugins": [
+                        {"pluginRef": "prefix-cache-affinity-filter"},
+                        {"pluginRef": "metrics-freshness-filter"},
+                        *scorers,
+                        {"pluginRef": "max-score-picker"},
+                    ],
+                }
+            ],
+        }
+    )

@@ -55,7 +55,24 @@ All workloads and columns take about 10 minutes on 2 cores, ``--quick`` about 3.
 ``--modes`` may also name ``no-gate`` (the default without ``kv-capacity-gate``, the default
 until 2026-11-25), ``no-freshness`` (the default without ``metrics-freshness-filter``)
 and ``lru-0.003``, ``lru-0.01``, ``lru-0.03`` (the default plus ``no-hit-lru-scorer`` at that
-weight), the variants of decision 0014; they are not run unless named.
+weight), the variants of decision 0014; ``prev-default`` (the default of 2026-11-25 as a
+config, "sticky until saturated"), ``predicted-latency`` (the llm-d chart's
+latency-predictor config as it ships), ``predicted-sticky-N`` and ``predicted-balanced-N``
+(the affinity filter on the predicted TTFT with ``maxTTFTPenaltyMs`` N, ``latency-scorer``,
+the second with ``token-load-scorer`` as tie-break), the variants of decision 0027; they are
+not run unless named.
+
+Issue 37's workloads (``--workload``) reuse the shared-prefix prompts: ``heterogeneous`` (the
+first simulator ``--slowdown`` (2) times slower in prefill and decode), ``external-load``
+(``--external-streams`` (16) requests at a time sent straight to the first simulator,
+bypassing Envoy) and ``bursts`` (open loop: half the requests at ``--burst-rate`` (4) per
+simulated second, ``--burst-idle`` (20) s of nothing, the rest at ``--burst-factor`` (4)
+times the rate). ``--load pressure`` is the issue's cache pressure (40 groups, 240 KV blocks
+each, 48 clients), ``--load light`` 8 clients. ``--slo-ttft-ms`` and ``--slo-tpot-ms``
+(simulated) go to every request as ``x-slo-*`` headers and add the SLO attainment row; the
+hit rate is then the client's own requests' (the simulators report cached tokens), the
+EPP's TTFT prediction error after the first third of the requests is read from its
+``/metrics`` when it exports it.
 """
 
 from __future__ import annotations
@@ -64,13 +81,14 @@ import argparse
 import asyncio
 import importlib.util
 import math
+import os
 import random
 import subprocess
 import sys
 import time
 import urllib.request
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -80,13 +98,16 @@ import orjson
 from app.config import REFERENCE_DEFAULT_CONFIG_TEXT
 from tests.bench.profiles import (
     RANDOM_CONFIG,
+    default_as_of_2026_11_25,
     default_with_no_hit_lru,
     default_without_freshness,
     default_without_kv_gate,
+    predicted_sticky_config,
     sticky_config,
 )
 from tests.simulator import DEFAULT_MODEL
 from tests.simulator.server import INSTANCE_HEADER
+from tests.support.charts import LLMD_LATENCY_PREDICTOR_PLUGINS
 from tests.support.stack import Stack, StackOptions, free_port, wait_for
 
 MODES: dict[str, list[str]] = {
@@ -95,8 +116,25 @@ MODES: dict[str, list[str]] = {
     "reference": ["--config-text", REFERENCE_DEFAULT_CONFIG_TEXT],
     "random": ["--config-text", RANDOM_CONFIG],
 }
-#: Columns run only when ``--modes`` names them (decision 0014's variants of the default).
+#: Columns run only when ``--modes`` names them (decision 0014's variants of the default, and
+#: the latency-aware profiles).
 EXTRA_MODES: dict[str, list[str]] = {
+    "prev-default": ["--config-text", default_as_of_2026_11_25()],
+    "predicted-latency": ["--config-text", LLMD_LATENCY_PREDICTOR_PLUGINS],
+    **{
+        f"predicted-sticky-{penalty}": [
+            "--config-text",
+            predicted_sticky_config(float(penalty)),
+        ]
+        for penalty in (1000, 2000, 5000, 18000)
+    },
+    **{
+        f"predicted-balanced-{penalty}": [
+            "--config-text",
+            predicted_sticky_config(float(penalty), tie_break=True),
+        ]
+        for penalty in (1000, 2000, 5000)
+    },
     "no-freshness": ["--config-text", default_without_freshness()],
     "no-gate": ["--config-text", default_without_kv_gate()],
     **{
@@ -111,7 +149,15 @@ SGLANG_MODES: dict[str, str] = {
 }
 #: The bench extra's requirement (pyproject.toml), installed on first use.
 SGLANG_REQUIREMENT = "sglang-router>=0.3"
-WORKLOADS = ("shared-prefix", "multi-turn", "no-share", "zipf")
+WORKLOADS = (
+    "shared-prefix",
+    "multi-turn",
+    "no-share",
+    "zipf",
+    "heterogeneous",
+    "external-load",
+    "bursts",
+)
 
 SYSTEM_CHARS = 8000  # 2,000 pseudo-tokens = 125 blocks of 16 tokens (64 characters)
 QUESTION_CHARS = 800  # 200 pseudo-tokens
@@ -219,6 +265,17 @@ class ClientRecord:
     group_instances: dict[int, set[str]] = field(default_factory=dict)
     # how many of each group's requests each instance served (placement)
     group_requests: dict[int, Counter[str]] = field(default_factory=dict)
+    #: every answered request's time per output token after the first (ms, real)
+    tpot_ms: list[float] = field(default_factory=list)
+    #: the answered requests' TTFB (ms, real) by the instance that served them
+    ttfb_by_instance: dict[str, list[float]] = field(default_factory=dict)
+    #: the answered requests' prompt and cached prompt tokens (their streamed ``usage``)
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    #: requests sent (answered or not), for the SLO attainment
+    sent: int = 0
+    #: every answered request's (TTFB, time per output token) in ms, real
+    answered: list[tuple[float, float]] = field(default_factory=list)
 
 
 async def stream_completion(
@@ -227,16 +284,26 @@ async def stream_completion(
     group: int,
     request: dict[str, object],
     rec: ClientRecord,
+    headers: Mapping[str, str] | None = None,
 ) -> tuple[bytes, Mapping[str, str]] | None:
-    """One streamed ``/v1/completions`` request with ``request``'s fields; its TTFB,
-    latency, serving instance and group recorded in ``rec``. Returns the streamed body and
-    the response headers, or ``None`` after counting what went wrong."""
-    body = orjson.dumps({"model": DEFAULT_MODEL, "stream": True, "temperature": 0, **request})
+    """One streamed ``/v1/completions`` request with ``request``'s fields (and ``headers``
+    besides the content type); its TTFB, time per output token, latency, serving instance,
+    group and streamed usage recorded in ``rec``. Returns the streamed body and the response
+    headers, or ``None`` after counting what went wrong."""
+    body = orjson.dumps(
+        {
+            "model": DEFAULT_MODEL,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "temperature": 0,
+            **request,
+        }
+    )
+    sent = {"content-type": "application/json", **(headers or {})}
+    rec.sent += 1
     start = time.perf_counter()
     try:
-        async with session.post(
-            f"{url}/v1/completions", data=body, headers={"content-type": "application/json"}
-        ) as response:
+        async with session.post(f"{url}/v1/completions", data=body, headers=sent) as response:
             if response.status != 200:
                 rec.errors[f"HTTP {response.status}"] += 1
                 await response.read()
@@ -250,17 +317,42 @@ async def stream_completion(
             if b"[DONE]" not in text:
                 rec.errors["stream without [DONE]"] += 1
                 return None
-            headers = response.headers  # case-insensitive
+            response_headers = response.headers  # case-insensitive
     except (aiohttp.ClientError, TimeoutError) as exc:
         rec.errors[type(exc).__name__] += 1
         return None
-    instance = headers.get(INSTANCE_HEADER, "?")
+    ended = time.perf_counter()
+    instance = response_headers.get(INSTANCE_HEADER, "?")
     rec.ttfb_ms.append(ttfb * 1e3)
-    rec.latency_ms.append((time.perf_counter() - start) * 1e3)
+    rec.latency_ms.append((ended - start) * 1e3)
+    rec.ttfb_by_instance.setdefault(instance, []).append(ttfb * 1e3)
+    tokens = request.get("max_tokens")
+    tpot = 0.0
+    if isinstance(tokens, int) and tokens > 1:
+        tpot = (ended - start - ttfb) * 1e3 / (tokens - 1)
+        rec.tpot_ms.append(tpot)
+    rec.answered.append((ttfb * 1e3, tpot))
+    usage = _streamed_usage(text)
+    if usage is not None:
+        rec.prompt_tokens += usage[0]
+        rec.cached_tokens += usage[1]
     rec.instances[instance] += 1
     rec.group_instances.setdefault(group, set()).add(instance)
     rec.group_requests.setdefault(group, Counter())[instance] += 1
-    return text, headers
+    return text, response_headers
+
+
+def _streamed_usage(text: bytes) -> tuple[int, int] | None:
+    """(prompt tokens, cached prompt tokens) of a streamed response's ``usage`` event."""
+    for line in reversed(text.split(b"\n")):
+        if not line.startswith(b"data: {") or b'"usage"' not in line:
+            continue
+        usage = orjson.loads(line[6:]).get("usage")
+        if not isinstance(usage, dict):
+            continue
+        details = usage.get("prompt_tokens_details") or {}
+        return int(usage.get("prompt_tokens", 0)), int(details.get("cached_tokens") or 0)
+    return None
 
 
 async def send_one(
@@ -270,8 +362,11 @@ async def send_one(
     prompt: str,
     max_tokens: int,
     rec: ClientRecord,
+    headers: Mapping[str, str] | None = None,
 ) -> None:
-    await stream_completion(session, url, group, {"prompt": prompt, "max_tokens": max_tokens}, rec)
+    await stream_completion(
+        session, url, group, {"prompt": prompt, "max_tokens": max_tokens}, rec, headers
+    )
 
 
 async def drive(
@@ -282,10 +377,18 @@ async def drive(
 
 
 async def drive_sessions(
-    url: str, sessions: Sequence[Sequence[tuple[int, str]]], concurrency: int, max_tokens: int
+    url: str,
+    sessions: Sequence[Sequence[tuple[int, str]]],
+    concurrency: int,
+    max_tokens: int,
+    *,
+    headers: Mapping[str, str] | None = None,
+    progress: Callable[[int], Awaitable[None]] | None = None,
 ) -> tuple[ClientRecord, float]:
     """``concurrency`` closed-loop workers; each takes the next session and sends its
-    requests one after the other (a turn starts when the previous one has finished)."""
+    requests one after the other (a turn starts when the previous one has finished), with
+    ``headers``. ``progress`` is awaited with the count of requests answered so far after
+    each one (a worker waits for it)."""
     rec = ClientRecord()
     queue: asyncio.Queue[Sequence[tuple[int, str]]] = asyncio.Queue()
     for session_requests in sessions:
@@ -301,12 +404,111 @@ async def drive_sessions(
                 except asyncio.QueueEmpty:
                     return
                 for group, prompt in turns:
-                    await send_one(session, url, group, prompt, max_tokens, rec)
+                    await send_one(session, url, group, prompt, max_tokens, rec, headers)
+                    if progress is not None:
+                        await progress(rec.sent)
 
         start = time.perf_counter()
         await asyncio.gather(*(worker() for _ in range(concurrency)))
         elapsed = time.perf_counter() - start
     return rec, elapsed
+
+
+def burst_schedule(count: int, rate: float, idle: float, factor: float, seed: int) -> list[float]:
+    """Send times (simulated seconds from the start) of ``count`` requests: the first half
+    at ``rate`` requests/s, then ``idle`` seconds without any, then the rest at ``factor``
+    times the rate; exponential gaps (Poisson arrivals) drawn from ``seed``."""
+    rng = random.Random(seed)
+    times: list[float] = []
+    now = 0.0
+    steady = count // 2
+    for index in range(count):
+        if index == steady:
+            now += idle
+        current = rate if index < steady else rate * factor
+        now += rng.expovariate(current)
+        times.append(now)
+    return times
+
+
+async def drive_open_loop(
+    url: str,
+    requests: Sequence[tuple[int, str]],
+    send_at: Sequence[float],
+    max_tokens: int,
+    *,
+    headers: Mapping[str, str] | None = None,
+    progress: Callable[[int], Awaitable[None]] | None = None,
+) -> tuple[ClientRecord, float]:
+    """Each of ``requests`` sent at its time in ``send_at`` (real seconds from the start),
+    whatever is still in flight (open loop)."""
+    rec = ClientRecord()
+    connector = aiohttp.TCPConnector(limit=0)
+    timeout = aiohttp.ClientTimeout(total=300)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+
+        async def one(group: int, prompt: str, at: float) -> None:
+            await asyncio.sleep(max(0.0, start + at - loop.time()))
+            await send_one(session, url, group, prompt, max_tokens, rec, headers)
+            if progress is not None:
+                await progress(rec.sent)
+
+        await asyncio.gather(
+            *(one(group, prompt, at) for (group, prompt), at in zip(requests, send_at, strict=True))
+        )
+        elapsed = loop.time() - start
+    return rec, elapsed
+
+
+@dataclass
+class ExternalLoad:
+    """Requests sent straight to one model server, bypassing the gateway (another pool's
+    traffic, a batch job): ``streams`` closed-loop workers, each prompt its own."""
+
+    url: str
+    streams: int
+    prompt_chars: int
+    max_tokens: int
+    seed: int
+    done: int = 0
+    failed: int = 0
+
+    async def run(self, stop: asyncio.Event) -> None:
+        rng = random.Random(self.seed)
+        timeout = aiohttp.ClientTimeout(total=300)
+        connector = aiohttp.TCPConnector(limit=self.streams)
+        async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+
+            async def worker(index: int) -> None:
+                count = 0
+                while not stop.is_set():
+                    count += 1
+                    prompt = _text(rng, self.prompt_chars, f"External {index:02d}.{count:05d}:")
+                    body = orjson.dumps(
+                        {
+                            "model": DEFAULT_MODEL,
+                            "prompt": prompt,
+                            "max_tokens": self.max_tokens,
+                            "stream": True,
+                        }
+                    )
+                    try:
+                        async with session.post(
+                            f"{self.url}/v1/completions",
+                            data=body,
+                            headers={"content-type": "application/json"},
+                        ) as response:
+                            await response.read()
+                            if response.status == 200:
+                                self.done += 1
+                            else:
+                                self.failed += 1
+                    except (aiohttp.ClientError, TimeoutError):
+                        self.failed += 1
+
+            await asyncio.gather(*(worker(i) for i in range(self.streams)))
 
 
 async def sim_stats(urls: dict[str, str]) -> dict[str, dict[str, Any]]:
@@ -350,6 +552,18 @@ class Outcome:
     client_ttft_ms: tuple[float, float, float] = (math.nan, math.nan, math.nan)
     #: every request's client TTFT (ms, simulated), for figures pooled over several runs
     client_ttft_samples_ms: tuple[float, ...] = ()
+    #: the client's time per output token p50/p90 (ms, simulated)
+    client_tpot_ms: tuple[float, float] = (math.nan, math.nan)
+    #: the share of the requests sent that met every SLO given (NaN: no SLO)
+    slo_attainment: float = math.nan
+    #: per instance (sorted by name): its share of the answered requests, and the client
+    #: TTFT p90 of those (ms, simulated)
+    instance_share: tuple[float, ...] = ()
+    instance_ttft_p90_ms: tuple[float, ...] = ()
+    #: the EPP's TTFT prediction error after warm-up, p50/p90 (ms, simulated; NaN: none)
+    prediction_error_ms: tuple[float, float] = (math.nan, math.nan)
+    #: requests the external load completed straight on its server
+    external_requests: int = 0
 
 
 def simulator_args(args: argparse.Namespace) -> list[str]:
@@ -364,6 +578,7 @@ def simulator_args(args: argparse.Namespace) -> list[str]:
     ]
     if args.max_num_seqs:
         result += ["--max-num-seqs", str(args.max_num_seqs)]
+    result.append("--enable-prompt-tokens-details")
     return result
 
 
@@ -373,12 +588,35 @@ def summarise(
     elapsed: float,
     stats: dict[str, dict[str, Any]],
     time_scale: float = 0.0,
+    *,
+    slo_ms: tuple[float, float] = (0.0, 0.0),
+    prediction_error_ms: tuple[float, float] = (math.nan, math.nan),
+    external_requests: int = 0,
 ) -> Outcome:
     """One column: the client's record and the simulators' counters (``/sim/stats``);
-    with ``time_scale`` also the client's TTFB in simulated time."""
+    with ``time_scale`` also the client's TTFB and TPOT in simulated time, and the share
+    of requests within ``slo_ms`` (TTFT, TPOT in simulated ms; 0: none). The hit rate is
+    the client's own requests' (their streamed ``usage``) when the servers report cached
+    tokens, else the simulators' counters."""
+    scale = time_scale if time_scale > 0 else 1.0
     scaled = [t / time_scale for t in rec.ttfb_ms] if time_scale > 0 else []
+    tpots = [t / scale for t in rec.tpot_ms]
     hits = sum(d["prefix_cache"]["hits"] for d in stats.values())
     queries = sum(d["prefix_cache"]["queries"] for d in stats.values())
+    if rec.prompt_tokens > 0 and rec.cached_tokens > 0:
+        hits, queries = rec.cached_tokens, rec.prompt_tokens
+    slo_ttft, slo_tpot = slo_ms
+    attainment = math.nan
+    if (slo_ttft > 0 or slo_tpot > 0) and rec.sent:
+        met = sum(
+            1
+            for ttfb, tpot in rec.answered
+            if (slo_ttft <= 0 or ttfb / scale <= slo_ttft)
+            and (slo_tpot <= 0 or tpot / scale <= slo_tpot)
+        )
+        attainment = met / rec.sent
+    names = sorted(stats)
+    answered = max(1, len(rec.ttfb_ms))
     ttft = [s * 1e3 for d in stats.values() for s in d["ttft_samples"]]
     queued = sum(d["queue_time"]["count"] for d in stats.values())
     queue_mean_ms = (
@@ -399,7 +637,9 @@ def summarise(
         latency_ms_p50=percentile(rec.latency_ms, 0.5),
         per_instance={
             name: sum(d["requests"]["finished"].values()) for name, d in sorted(stats.items())
-        },
+        }
+        if not external_requests
+        else {name: rec.instances.get(name, 0) for name in names},
         evictions=sum(d["kv_cache"]["evictions"] for d in stats.values()),
         preemptions=sum(d["requests"]["preemptions"] for d in stats.values()),
         errors=dict(rec.errors),
@@ -416,6 +656,15 @@ def summarise(
             percentile(scaled, 0.99),
         ),
         client_ttft_samples_ms=tuple(scaled),
+        client_tpot_ms=(percentile(tpots, 0.5), percentile(tpots, 0.9)),
+        slo_attainment=attainment,
+        instance_share=tuple(rec.instances.get(name, 0) / answered for name in names),
+        instance_ttft_p90_ms=tuple(
+            percentile([t / scale for t in rec.ttfb_by_instance.get(name, [])], 0.9)
+            for name in names
+        ),
+        prediction_error_ms=prediction_error_ms,
+        external_requests=external_requests,
     )
 
 
@@ -425,23 +674,167 @@ def _groups_per_instance(rec: ClientRecord, instances: Sequence[str]) -> tuple[i
     return tuple(homes.get(name, 0) for name in instances)
 
 
-def run_mode(mode: str, args: argparse.Namespace, sessions: Sessions) -> Outcome:
+def run_mode(
+    mode: str, args: argparse.Namespace, sessions: Sessions, workload: str = "shared-prefix"
+) -> Outcome:
     """One column on fresh simulators: through Envoy and the EPP, or through the
-    ``sglang-router`` gateway for the ``sglang-*`` modes."""
+    ``sglang-router`` gateway for the ``sglang-*`` modes. ``workload`` ``heterogeneous``
+    slows the first simulator down (``--slowdown``), ``external-load`` sends it
+    ``--external-streams`` of its own, ``bursts`` sends the requests open loop."""
     policy = SGLANG_MODES.get(mode)
+    sim_args = simulator_args(args)
+    if workload == "heterogeneous":
+        sim_args += ["--slow-instances", "1", "--slowdown", str(args.slowdown)]
     options = StackOptions(
         simulators=args.instances,
         simulator_base_ip=args.base_ip,
-        simulator_args=simulator_args(args),
+        simulator_args=sim_args,
         epp=policy is None,
         envoy=policy is None,
         epp_args={**MODES, **EXTRA_MODES}.get(mode, ()),
     )
     with Stack.run(options) as stack:
         url = stack.url if policy is None else start_sglang_router(stack, policy)
-        rec, elapsed = asyncio.run(drive_sessions(url, sessions, args.concurrency, args.max_tokens))
+        metrics_url = stack.epp_metrics_url if policy is None else None
+        rec, elapsed, error, external = asyncio.run(
+            _drive(args, workload, sessions, url, stack, metrics_url)
+        )
         stats = asyncio.run(sim_stats(stack.simulator_urls))
-    return summarise(mode, rec, elapsed, stats, args.time_scale)
+    return summarise(
+        mode,
+        rec,
+        elapsed,
+        stats,
+        args.time_scale,
+        slo_ms=(args.slo_ttft_ms, args.slo_tpot_ms),
+        prediction_error_ms=error,
+        external_requests=external,
+    )
+
+
+#: The EPP's histogram of its TTFT prediction errors (per endpoint and kind).
+PREDICTION_ERROR = "inference_extension_latency_prediction_error_seconds"
+
+
+async def _drive(
+    args: argparse.Namespace,
+    workload: str,
+    sessions: Sessions,
+    url: str,
+    stack: Stack,
+    metrics_url: str | None,
+) -> tuple[ClientRecord, float, tuple[float, float], int]:
+    """Runs the workload (with the external load when asked); returns the client's record,
+    the time taken, the EPP's TTFT prediction error after the first third of the requests
+    (p50, p90 in simulated ms) and the external requests done."""
+    total = sum(len(s) for s in sessions)
+    # the error histogram once a third of the requests were sent (None: not yet taken)
+    warm: list[dict[float, float] | None] = []
+
+    async def progress(sent: int) -> None:
+        if metrics_url is not None and not warm and sent >= total // 3:
+            warm.append(None)
+            warm[0] = await _error_buckets(metrics_url)
+
+    headers = slo_headers(args)
+    stop = asyncio.Event()
+    external: ExternalLoad | None = None
+    background: asyncio.Task[None] | None = None
+    if workload == "external-load":
+        first = stack.simulator_urls[sorted(stack.simulator_urls)[0]]
+        external = ExternalLoad(
+            first, args.external_streams, SYSTEM_CHARS + QUESTION_CHARS, args.max_tokens, args.seed
+        )
+        background = asyncio.create_task(external.run(stop))
+    try:
+        if workload == "bursts":
+            flat = [item for s in sessions for item in s]
+            times = burst_schedule(
+                len(flat), args.burst_rate, args.burst_idle, args.burst_factor, args.seed
+            )
+            rec, elapsed = await drive_open_loop(
+                url,
+                flat,
+                [t * args.time_scale for t in times],
+                args.max_tokens,
+                headers=headers,
+                progress=progress,
+            )
+        else:
+            rec, elapsed = await drive_sessions(
+                url,
+                sessions,
+                args.concurrency,
+                args.max_tokens,
+                headers=headers,
+                progress=progress,
+            )
+    finally:
+        stop.set()
+        if background is not None:
+            await background
+    error = (math.nan, math.nan)
+    before = warm[0] if warm else None
+    if metrics_url is not None and before is not None:
+        end = await _error_buckets(metrics_url)
+        if end is not None:
+            delta = {le: end.get(le, 0.0) - before.get(le, 0.0) for le in end}
+            error = (
+                _bucket_quantile(delta, 0.5) * 1e3 / args.time_scale,
+                _bucket_quantile(delta, 0.9) * 1e3 / args.time_scale,
+            )
+    return rec, elapsed, error, external.done if external is not None else 0
+
+
+def slo_headers(args: argparse.Namespace) -> dict[str, str]:
+    """The SLO headers of every request: ``--slo-ttft-ms`` and ``--slo-tpot-ms`` are in
+    simulated time, the EPP sees real time (x the time scale)."""
+    headers: dict[str, str] = {}
+    if args.slo_ttft_ms > 0:
+        headers["x-slo-ttft-ms"] = f"{args.slo_ttft_ms * args.time_scale:g}"
+    if args.slo_tpot_ms > 0:
+        headers["x-slo-tpot-ms"] = f"{args.slo_tpot_ms * args.time_scale:g}"
+    return headers
+
+
+async def _error_buckets(metrics_url: str) -> dict[float, float] | None:
+    """The EPP's TTFT prediction-error histogram, every endpoint's summed: upper bound ->
+    cumulative count; ``None`` when the EPP does not export it."""
+    async with (
+        aiohttp.ClientSession() as session,
+        session.get(metrics_url) as response,
+    ):
+        text = (await response.read()).decode()
+    buckets: dict[float, float] = {}
+    prefix = f"{PREDICTION_ERROR}_bucket{{"
+    for line in text.splitlines():
+        if not line.startswith(prefix) or 'kind="ttft"' not in line:
+            continue
+        labels, value = line[len(prefix) :].rsplit(" ", 1)
+        bound = labels.split('le="', 1)[1].split('"', 1)[0]
+        le = math.inf if bound == "+Inf" else float(bound)
+        buckets[le] = buckets.get(le, 0.0) + float(value)
+    return buckets or None
+
+
+def _bucket_quantile(cumulative: Mapping[float, float], q: float) -> float:
+    """The ``q`` quantile of a cumulative histogram, interpolated within its bucket."""
+    bounds = sorted(cumulative)
+    total = cumulative[bounds[-1]] if bounds else 0.0
+    if total <= 0:
+        return math.nan
+    rank = q * total
+    lower_bound, lower_count = 0.0, 0.0
+    for bound in bounds:
+        count = cumulative[bound]
+        if count >= rank:
+            if math.isinf(bound):
+                return lower_bound
+            width = count - lower_count
+            share = (rank - lower_count) / width if width > 0 else 1.0
+            return lower_bound + (bound - lower_bound) * share
+        lower_bound, lower_count = bound, count
+    return lower_bound
 
 
 def sglang_router_missing() -> str | None:
@@ -545,8 +938,38 @@ def print_table(
         ),
         ("KV evictions (blocks)", [str(o.evictions) for o in outcomes]),
         ("preemptions", [str(o.preemptions) for o in outcomes]),
+        (
+            "client TPOT p50 / p90 (ms, simulated)",
+            ["{:.1f} / {:.1f}".format(*o.client_tpot_ms) for o in outcomes],
+        ),
+        (
+            "share of requests per instance",
+            [" ".join(f"{v:.0%}" for v in o.instance_share) for o in outcomes],
+        ),
+        (
+            "client TTFT p90 per instance (ms, sim.)",
+            [" ".join(f"{v:.0f}" for v in o.instance_ttft_p90_ms) for o in outcomes],
+        ),
         *extra_rows,
     ]
+    if any(not math.isnan(o.slo_attainment) for o in outcomes):
+        rows.append(
+            ("SLO attainment (of requests sent)", [f"{o.slo_attainment:.1%}" for o in outcomes])
+        )
+    if any(not math.isnan(o.prediction_error_ms[1]) for o in outcomes):
+        rows.append(
+            (
+                "TTFT prediction error p50 / p90 (ms, sim.)",
+                ["{:.0f} / {:.0f}".format(*o.prediction_error_ms) for o in outcomes],
+            )
+        )
+    if any(o.external_requests for o in outcomes):
+        rows.append(
+            (
+                "external requests (straight to the first)",
+                [str(o.external_requests) for o in outcomes],
+            )
+        )
     width = max(len(label) for label, _ in rows)
     columns = [max(len(o.mode), *(len(r[1][i]) for r in rows)) for i, o in enumerate(outcomes)]
     print(
@@ -576,14 +999,39 @@ def add_workload_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-num-seqs", type=int, default=0, help="0: the preset's")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--base-ip", default="127.0.0.200")
+    parser.add_argument(
+        "--load",
+        choices=sorted(LOADS),
+        default="default",
+        help="light: --concurrency 8; pressure: --groups 40 --num-gpu-blocks 240"
+        " --concurrency 48 (flags given explicitly win)",
+    )
+    parser.add_argument(
+        "--slo-ttft-ms", type=float, default=0.0, help="TTFT SLO of every request (simulated)"
+    )
+    parser.add_argument(
+        "--slo-tpot-ms", type=float, default=0.0, help="TPOT SLO of every request (simulated)"
+    )
+
+
+#: ``--load`` presets: flag -> value, applied unless the flag is given.
+LOADS: dict[str, dict[str, int]] = {
+    "default": {},
+    "light": {"concurrency": 8},
+    "pressure": {"groups": 40, "num_gpu_blocks": 240, "concurrency": 48},
+}
 
 
 def finish_workload_arguments(args: argparse.Namespace) -> None:
-    """Fill in the defaults that depend on ``--quick``."""
+    """Fill in the defaults that depend on ``--quick`` and ``--load``."""
     if args.rounds is None:
         args.rounds = 2 if args.quick else 6
     if args.time_scale is None:
         args.time_scale = 0.2 if args.quick else 0.5
+    given = {a.split("=", 1)[0].removeprefix("--").replace("-", "_") for a in sys.argv[1:]}
+    for name, value in LOADS[args.load].items():
+        if name not in given:
+            setattr(args, name, value)
 
 
 def describe(args: argparse.Namespace, workload: Sequence[tuple[int, str]]) -> str:
@@ -600,6 +1048,19 @@ def describe(args: argparse.Namespace, workload: Sequence[tuple[int, str]]) -> s
 
 def build_sessions(name: str, args: argparse.Namespace) -> tuple[Sessions, str]:
     """The workload ``name`` and one line describing it."""
+    if name in ("heterogeneous", "external-load", "bursts"):
+        sessions, line = build_sessions("shared-prefix", args)
+        if name == "heterogeneous":
+            return sessions, f"{line}; the first server {args.slowdown:g}x slower"
+        if name == "external-load":
+            return sessions, (
+                f"{line}; {args.external_streams} requests at a time of"
+                f" {SYSTEM_CHARS + QUESTION_CHARS} chars each straight to the first server"
+            )
+        return sessions, (
+            f"{line}; open loop instead: half at {args.burst_rate:g}/s (simulated), idle"
+            f" {args.burst_idle:g} s, the rest at {args.burst_factor:g}x that rate"
+        )
     if name == "shared-prefix":
         workload = build_workload(
             groups=args.groups,
@@ -644,8 +1105,8 @@ def main() -> None:
     parser.add_argument(
         "--workload",
         default="all",
-        choices=[*WORKLOADS, "all"],
-        help="which workload (default: all, one table each)",
+        help=f"which workloads, comma-separated (default: all, one table each): "
+        f"{', '.join(WORKLOADS)}",
     )
     parser.add_argument("--sessions", type=int, default=None, help="multi-turn (48; quick 24)")
     parser.add_argument("--turns", type=int, default=None, help="multi-turn (6; quick 4)")
@@ -654,6 +1115,27 @@ def main() -> None:
     )
     parser.add_argument("--prefixes", type=int, default=40, help="zipf")
     parser.add_argument("--zipf", type=float, default=1.1, help="zipf exponent")
+    parser.add_argument(
+        "--slowdown", type=float, default=2.0, help="heterogeneous: the slow server's factor"
+    )
+    parser.add_argument(
+        "--external-streams",
+        type=int,
+        default=16,
+        help="external-load: concurrent requests sent straight to the first server",
+    )
+    parser.add_argument(
+        "--burst-rate",
+        type=float,
+        default=4.0,
+        help="bursts: the steady rate, requests per simulated second",
+    )
+    parser.add_argument(
+        "--burst-idle", type=float, default=20.0, help="bursts: simulated seconds of idle"
+    )
+    parser.add_argument(
+        "--burst-factor", type=float, default=4.0, help="bursts: the burst's rate / the steady"
+    )
     args = parser.parse_args()
     finish_workload_arguments(args)
     if args.sessions is None:
@@ -663,6 +1145,9 @@ def main() -> None:
     if args.requests is None:
         args.requests = 100 if args.quick else 400
 
+    unknown_workloads = set(args.workload.split(",")) - {*WORKLOADS, "all"}
+    if unknown_workloads:
+        parser.error(f"--workload: unknown {', '.join(sorted(unknown_workloads))}")
     modes = args.modes.split(",")
     known = {*MODES, *EXTRA_MODES, *SGLANG_MODES}
     unknown = [m for m in modes if m not in known]
@@ -673,14 +1158,15 @@ def main() -> None:
         if missing:
             print(f"skipping the sglang columns: {missing}")
             modes = [m for m in modes if m not in SGLANG_MODES]
-    names = list(WORKLOADS) if args.workload == "all" else [args.workload]
+    names = list(WORKLOADS) if args.workload == "all" else args.workload.split(",")
+    print(f"load average {' '.join(f'{v:.2f}' for v in os.getloadavg())}", flush=True)
     for name in names:
         sessions, line = build_sessions(name, args)
         print(f"== {name}: {line}", flush=True)
         outcomes = []
         for mode in modes:
             started = time.perf_counter()
-            outcome = run_mode(mode, args, sessions)
+            outcome = run_mode(mode, args, sessions, name)
             print(f"  {mode}: done in {time.perf_counter() - started:.0f} s", flush=True)
             outcomes.append(outcome)
         print()

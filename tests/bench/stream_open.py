@@ -3,7 +3,7 @@ gateway that sends the same header block for every stream.
 
 Envoy opens one ext_proc stream per request, and after its first its HEADERS are the same
 bytes each time: fields indexed in HPACK's dynamic table and a ``:path`` literal that is not
-indexed (`adapters.envoy.h2grpc` keeps such blocks decoded, see ``_Connection._decode``). A
+indexed (`adapters.envoy.h2` keeps such blocks decoded, see ``headers.HeaderDecoder``). A
 raw HTTP/2 client here sends ``--streams`` streams (HEADERS, one message, END_STREAM) in
 batches of 100 to an ``H2GrpcServer`` in this process and waits for their statuses; it
 prints the process's CPU per stream with the decoded blocks kept and with them turned off,
@@ -23,8 +23,8 @@ from typing import Any
 import grpc
 import hpack
 
-from adapters.envoy import h2grpc
-from adapters.envoy.h2grpc import H2GrpcServer, MethodHandler
+from adapters.envoy.h2 import H2GrpcServer, MethodHandler
+from adapters.envoy.h2 import headers as h2headers
 from tests.support.h2frames import (
     DATA,
     END_HEADERS,
@@ -89,7 +89,7 @@ class _Client(asyncio.Protocol):
 
 
 async def _round(port: int, streams: int, keep: bool) -> float:
-    h2grpc._DECODED_BLOCKS = 16 if keep else 0
+    h2headers.DECODED_BLOCKS = 16 if keep else 0
     loop = asyncio.get_running_loop()
     _, client = await loop.create_connection(_Client, "127.0.0.1", port)
     assert client.transport is not None
@@ -117,10 +117,7 @@ async def _round(port: int, streams: int, keep: bool) -> float:
 
 
 async def _main(args: argparse.Namespace) -> None:
-    server = H2GrpcServer(
-        {PATH: MethodHandler(_unary, bytes, bytes, streaming=False)},
-        max_streams_per_connection=0,
-    )
+    server = H2GrpcServer({PATH: MethodHandler(_unary, bytes, bytes, streaming=False)})
     port = await server.start("127.0.0.1", 0)
     results: dict[bool, list[float]] = {True: [], False: []}
     for _ in range(args.rounds):

@@ -93,41 +93,82 @@ def _pyproject() -> dict[str, Any]:
     return tomllib.loads((ROOT / "pyproject.toml").read_text())
 
 
-def make_recipe(target: str) -> str:
-    match = re.search(rf"^{target}:.*\n((?:\t.*\n)+)", MAKEFILE.read_text(), re.MULTILINE)
-    assert match, f"no {target} target in the Makefile"
-    return match[1].replace("\\\n", " ")
+def _make_variables(text: str) -> dict[str, str]:
+    return dict(re.findall(r"^(\w+) :?= (.*)$", text, re.MULTILINE))
+
+
+def make_recipe(target: str) -> tuple[str, str]:
+    """A Makefile rule's prerequisites and recipe, with its ``$(NAME)`` variables expanded."""
+    text = MAKEFILE.read_text()
+    variables = _make_variables(text)
+
+    def expand(s: str) -> str:
+        while (new := re.sub(r"\$\((\w+)\)", lambda m: variables.get(m[1], m[0]), s)) != s:
+            s = new
+        return s
+
+    for match in re.finditer(r"^(\S+):(.*)\n((?:\t.*\n)+)", text, re.MULTILINE):
+        if expand(match[1]) == target:
+            return expand(match[2]), expand(match[3].replace("\\\n", " "))
+    raise AssertionError(f"no {target} target in the Makefile")
+
+
+def _pip_wheel(recipe: str) -> list[str]:
+    (line,) = [line for line in recipe.splitlines() if " wheel " in line]
+    return shlex.split(line)
 
 
 def test_the_image_installs_the_wheels_of_the_project_without_the_test_tools() -> None:
-    # make wheels: this directory's project, no extras (the test tools are an extra)
-    wheels = shlex.split(make_recipe("wheels").splitlines()[-1])
-    assert "wheel" in wheels
-    assert "." in wheels
-    assert not any(w.startswith(".[") for w in wheels)
-    assert wheels[wheels.index("--wheel-dir") + 1] == "build/wheels"
+    name = _pyproject()["project"]["name"]
+    # the runtime dependencies: this directory's project, no extras (the test tools are an
+    # extra), resolved again when pyproject.toml changes; the project's own wheel left out
+    prerequisites, recipe = make_recipe("build/wheels/deps/.complete")
+    assert "pyproject.toml" in prerequisites.split()
+    deps = _pip_wheel(recipe)
+    assert "." in deps
+    assert not any(w.startswith(".[") for w in deps)
+    assert deps[deps.index("--wheel-dir") + 1] == "build/wheels/deps"
+    assert f"rm -f build/wheels/deps/{name}-*.whl" in recipe
+    # the project's own wheel, every time
+    prerequisites, recipe = make_recipe("wheels")
+    assert "build/wheels/deps/.complete" in prerequisites.split()
+    project = _pip_wheel(recipe)
+    assert project[-1] == "."
+    assert "--no-deps" in project
+    assert project[project.index("--wheel-dir") + 1] == "build/wheels/project"
 
     _, stages = parse_containerfile(CONTAINERFILE.read_text())
-    (run,) = stages[0].commands("RUN")
-    steps = [s.strip() for s in run.split("&&")]
-    # the project from the wheels only: no index, so no network during the build
-    assert steps[0] == "python3 -m venv /opt/epp"
-    name = _pyproject()["project"]["name"]
-    assert steps[1] == f"/opt/epp/bin/python -m pip install --no-index --find-links /wheels {name}"
+    build = stages[0]
+    # the dependencies in one layer, the project in the next
+    assert [name for name, _ in build.instructions] == ["ENV", "COPY", "RUN", "COPY", "RUN"]
+    assert build.commands("COPY") == [
+        "build/wheels/deps /wheels/deps",
+        "build/wheels/project /wheels/project",
+    ]
+    deps_run, project_run = ([s.strip() for s in run.split("&&")] for run in build.commands("RUN"))
+    # the wheels only: no index, so no network during the build
+    assert deps_run[0] == "python3 -m venv /opt/epp"
+    assert deps_run[1] == "/opt/epp/bin/python -m pip install --no-index /wheels/deps/*.whl"
     # the protobuf-module fix-up make install applies after everything, applied last too
     make_fixups = reinstalls(make_install_recipe())
     assert make_fixups, "the Makefile's reinstall of opentelemetry-proto was not recognised"
-    (image_fixup,) = [s for s in steps if "--force-reinstall" in s]
-    offline = image_fixup.replace("--no-index --find-links /wheels ", "")
-    assert reinstalls(offline) == make_fixups, (image_fixup, make_fixups)
+    assert "--force-reinstall" in deps_run[-1]
+    offline = deps_run[-1].replace("--no-index --find-links /wheels/deps ", "")
+    assert reinstalls(offline) == make_fixups, (deps_run[-1], make_fixups)
+    # the project on them, reinstalling none of them, the set consistent
+    assert project_run[0] == (
+        "/opt/epp/bin/python -m pip install --no-index "
+        f"--find-links /wheels/deps --find-links /wheels/project {name}"
+    )
+    assert project_run[1] == "/opt/epp/bin/python -m pip check"
     # no pip left in the virtualenv, and the installed EPP starts far enough to say its version
-    assert steps[-2] == "/opt/epp/bin/python -m pip uninstall --yes pip"
-    assert steps[-1] == "/opt/epp/bin/epp --version"
+    assert project_run[-2] == "/opt/epp/bin/python -m pip uninstall --yes pip"
+    assert project_run[-1] == "/opt/epp/bin/epp --version"
 
 
 def test_the_build_context_is_the_wheels_only() -> None:
     _, stages = parse_containerfile(CONTAINERFILE.read_text())
-    assert stages[0].commands("COPY") == ["build/wheels /wheels"]
+    assert all(c.startswith("build/wheels/") for c in stages[0].commands("COPY"))
     allowed = [
         line for line in (ROOT / ".dockerignore").read_text().splitlines() if line[:1] in "*!"
     ]

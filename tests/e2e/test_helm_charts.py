@@ -12,6 +12,7 @@ more) and that requests through a real Envoy are routed to the pool.
 from __future__ import annotations
 
 import json
+import urllib.error
 import urllib.request
 from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
@@ -27,6 +28,7 @@ from tests.simulator.server import INSTANCE_HEADER
 from tests.support.charts import (
     GIE_DEFAULT_PLUGINS,
     LLMD_DEFAULT_PLUGINS,
+    LLMD_LATENCY_PREDICTOR_PLUGINS,
     LLMD_PAYLOAD_AGNOSTIC,
     RELEASE,
     ChartPod,
@@ -202,3 +204,36 @@ def test_the_llm_d_chart_with_3_replicas_tracing_and_the_payload_agnostic_config
             assert {s.service_name for s in spans} == {"llm-d-router/epp"}
     finally:
         receiver.stop()
+
+
+def test_the_llm_d_charts_latency_predictor_values(tmp_path: Path) -> None:
+    # router.latencyPredictor.enabled: its default-plugins.yaml as the chart renders it
+    configs = {"default-plugins.yaml": LLMD_LATENCY_PREDICTOR_PLUGINS}
+    with chart_stack(tmp_path, llmd_args(metrics_auth=False), configs) as stack:
+        wait_for(
+            lambda: health_status(stack.epp_health_port, "inference-extension") == SERVING,
+            timeout=30,
+            what="the readiness probe of the llm-d router's chart",
+        )
+        assert sum(served_by(stack, 12, {"x-slo-ttft-ms": "2000"}).values()) == 12
+        # every answer taught the predictor and left a receipt
+        count = "inference_objective_request_ttft_seconds_count"
+        wait_for(
+            lambda: metric_sum(stack.epp_metrics_url, count) >= 12,
+            timeout=10,
+            what="the observed TTFT of every request",
+        )
+        errors = "inference_extension_latency_prediction_error_seconds_count"
+        assert metric_sum(stack.epp_metrics_url, errors) >= 12
+        # an absurd SLO is the client's error, naming the header
+        request = urllib.request.Request(
+            f"{stack.url}/v1/chat/completions",
+            data=json.dumps(
+                {"model": DEFAULT_MODEL, "messages": [{"role": "user", "content": "hi"}]}
+            ).encode(),
+            headers={"content-type": "application/json", "x-slo-ttft-ms": "-1"},
+        )
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(request, timeout=30)
+        assert refused.value.code == 400
+        assert b"x-slo-ttft-ms: must be a number of milliseconds" in refused.value.read()

@@ -12,7 +12,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from adapters.envoy.h2grpc import H2GrpcServer, MethodHandler
+from adapters.envoy.h2 import H2GrpcServer, MethodHandler
 from adapters.envoy.health import HealthServicer
 from adapters.workerlink import ConnectionDispatcher
 from adapters.workerlink.hub import HandedConnections

@@ -2,6 +2,7 @@
 
     python -m tests.simulator --instances 3 --base-ip 127.0.0.2 --port 8000
     python -m tests.simulator --preset h100-8b --time-scale 0.1 --num-gpu-blocks 4096
+    python -m tests.simulator --instances 4 --preset h100-8b --slow-instances 1 --slowdown 2
 
 Prints ``ready <name> <url>`` per instance once all of them listen. Without ``--preset``
 the defaults are those of ``SimulatorConfig()`` (no simulated delays); flags given
@@ -118,6 +119,18 @@ def _parser() -> argparse.ArgumentParser:
         choices=("sha256", "sha256_cbor", "xxhash", "xxhash_cbor"),
         help="default sha256",
     )
+    parser.add_argument(
+        "--slow-instances",
+        type=int,
+        default=0,
+        help="the first N instances are --slowdown times slower in prefill and decode",
+    )
+    parser.add_argument(
+        "--slowdown",
+        type=float,
+        default=2.0,
+        help="how much slower the --slow-instances are (default 2)",
+    )
     # earlier spellings, in seconds
     parser.add_argument("--ttft", type=float, help=argparse.SUPPRESS)
     parser.add_argument("--itl", type=float, help=argparse.SUPPRESS)
@@ -172,6 +185,19 @@ def config_from_args(args: argparse.Namespace) -> SimulatorConfig:
     return dataclasses.replace(base, **overrides)
 
 
+def slow_overrides(args: argparse.Namespace, config: SimulatorConfig) -> dict[int, SimulatorConfig]:
+    """The configurations of the ``--slow-instances`` (instance index -> config); raises
+    ``ValueError`` for a bad count or factor."""
+    if not 0 <= args.slow_instances <= args.instances:
+        raise ValueError(
+            f"--slow-instances must be within 0..{args.instances}, got {args.slow_instances}"
+        )
+    if args.slow_instances == 0:
+        return {}
+    slow = config.slowed(args.slowdown)
+    return dict.fromkeys(range(args.slow_instances), slow)
+
+
 def parse_config(argv: Sequence[str]) -> SimulatorConfig:
     """The configuration of a command line (exits with a usage error on bad input)."""
     parser = _parser()
@@ -197,12 +223,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     try:
+        config = config_from_args(args)
         fleet = SimulatorFleet(
             args.instances,
-            config=config_from_args(args),
+            config=config,
             base_ip=args.base_ip,
             port=args.port,
             name_prefix=args.name_prefix,
+            overrides=slow_overrides(args, config),
         )
     except ValueError as exc:
         parser.error(str(exc))

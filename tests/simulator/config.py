@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -139,6 +140,19 @@ class SimulatorConfig:
                 131_072, int(fields["block_size"]) * int(fields["num_gpu_blocks"])
             )
         return cls(**fields)
+
+    def slowed(self, factor: float) -> SimulatorConfig:
+        """This configuration ``factor`` times slower in prefill and decode (a server of an
+        older GPU generation, or one sharing its GPU): the prefill overhead, the prefill
+        time per token and the inter-token latency multiplied by ``factor`` (> 0)."""
+        if not factor > 0 or factor == float("inf"):
+            raise ValueError(f"slowdown must be a finite number > 0, got {factor}")
+        return dataclasses.replace(
+            self,
+            prefill_overhead=self.prefill_overhead * factor,
+            prefill_per_token=self.prefill_per_token * factor,
+            itl=self.itl * factor,
+        )
 
     @property
     def model_name(self) -> str:

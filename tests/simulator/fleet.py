@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from types import TracebackType
 from typing import Self
 
@@ -16,8 +16,10 @@ from tests.simulator.stats import EngineStats
 class SimulatorFleet:
     """Starts ``instances`` simulators named ``<name_prefix>-<i>`` on ``base_ip + i``.
 
-    Every instance shares ``config`` and listens on ``port`` (``0``: each picks a free one).
-    Use as ``async with SimulatorFleet(3, port=0) as fleet: ...``.
+    Every instance shares ``config`` and listens on ``port`` (``0``: each picks a free one),
+    except those ``overrides`` gives a configuration of their own (instance index ->
+    config: a slower server, for instance). Use as ``async with SimulatorFleet(3, port=0)
+    as fleet: ...``.
     """
 
     def __init__(
@@ -28,14 +30,19 @@ class SimulatorFleet:
         base_ip: str = "127.0.0.2",
         port: int = 8000,
         name_prefix: str = "sim",
+        overrides: Mapping[int, SimulatorConfig] | None = None,
     ) -> None:
         if instances < 1:
             raise ValueError(f"instances must be >= 1, got {instances}")
         first = ipaddress.ip_address(base_ip)
         shared = config if config is not None else SimulatorConfig()
+        own = overrides or {}
         self._instances = tuple(
             ModelServerSimulator(
-                shared, name=f"{name_prefix}-{index}", host=str(first + index), port=port
+                own.get(index, shared),
+                name=f"{name_prefix}-{index}",
+                host=str(first + index),
+                port=port,
             )
             for index in range(instances)
         )

@@ -22,6 +22,7 @@ from pathlib import Path
 __all__ = [
     "GIE_DEFAULT_PLUGINS",
     "LLMD_DEFAULT_PLUGINS",
+    "LLMD_LATENCY_PREDICTOR_PLUGINS",
     "LLMD_PAYLOAD_AGNOSTIC",
     "RELEASE",
     "ChartPod",
@@ -127,6 +128,10 @@ FIXTURES = Path(__file__).resolve().parents[1] / "unit" / "config" / "fixtures"
 GIE_DEFAULT_PLUGINS = (FIXTURES / "gie-chart" / "default-plugins.yaml").read_text()
 #: The llm-d router chart's ``default-plugins.yaml`` for vLLM over HTTP.
 LLMD_DEFAULT_PLUGINS = (FIXTURES / "llm-d-router-chart" / "default-plugins.yaml").read_text()
+#: The llm-d router chart's ``default-plugins.yaml`` with ``router.latencyPredictor.enabled``.
+LLMD_LATENCY_PREDICTOR_PLUGINS = (
+    FIXTURES / "llm-d-router-chart" / "default-plugins-latency-predictor.yaml"
+).read_text()
 #: The llm-d router chart's ``payload-agnostic.yaml``.
 LLMD_PAYLOAD_AGNOSTIC = (FIXTURES / "llm-d-router-chart" / "payload-agnostic.yaml").read_text()
 

@@ -15,7 +15,7 @@ from domain.plugins.state import RequestStates
 from domain.prefixcache.index import InMemoryPrefixIndex
 from domain.requestcontrol.director import Director, RequestControl
 from domain.scheduling.scheduler import Scheduler
-from ports.observer import Observer
+from ports.observer import NoopObserver, Observer
 
 __all__ = ["configured_director"]
 
@@ -41,6 +41,7 @@ def configured_director(
         prefix_index=InMemoryPrefixIndex(),
         datastore=datastore,
         rng=rng,
+        observer=observer if observer is not None else NoopObserver(),
     )
     loaded = load_config(
         config_text,

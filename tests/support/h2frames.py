@@ -1,5 +1,5 @@
 """HTTP/2 frames by hand, for the raw-frame tests and benchmarks of the native transport
-(``adapters/envoy/h2grpc.py``): frame and error codes, flags, and builders."""
+(``adapters/envoy/h2/``): frame and error codes, flags, and builders."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ DATA, HEADERS, PRIORITY, RST_STREAM, SETTINGS = 0x0, 0x1, 0x2, 0x3, 0x4
 PING, GOAWAY, WINDOW_UPDATE, CONTINUATION = 0x6, 0x7, 0x8, 0x9
 END_STREAM, ACK, END_HEADERS = 0x1, 0x1, 0x4
 PROTOCOL_ERROR, FLOW_CONTROL_ERROR, FRAME_SIZE_ERROR = 0x1, 0x3, 0x6
-REFUSED_STREAM, CANCEL, ENHANCE_YOUR_CALM = 0x7, 0x8, 0xB
+REFUSED_STREAM, CANCEL, COMPRESSION_ERROR, ENHANCE_YOUR_CALM = 0x7, 0x8, 0x9, 0xB
 INITIAL_WINDOW_SIZE = 0x4  # a SETTINGS parameter
 MAX_WINDOW = 2**31 - 1
 

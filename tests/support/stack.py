@@ -126,6 +126,7 @@ def envoy_config(
     epp_tls: bool = True,
     more_epp_ports: Sequence[int] = (),
     epp_client_certificate: tuple[Path, Path] | None = None,
+    graceful_close: bool = True,
 ) -> dict[str, Any]:
     """The shipped ``deploy/envoy/envoy.yaml`` with only ports and the EPP address changed.
 
@@ -139,8 +140,15 @@ def envoy_config(
 
     ``epp_client_certificate`` (a certificate and key file) is what Envoy presents to the
     EPP, for an EPP that requires client certificates (``--grpc-client-ca-file``).
+
+    ``graceful_close=False`` drops the ``ext_proc_graceful_grpc_close`` runtime flag: Envoy's
+    default, what a gateway whose ext_proc filter is not ours runs (the llm-d router's
+    standalone chart, say), where Envoy resets the ext_proc stream of a request whose client
+    went away instead of half-closing it.
     """
     config: dict[str, Any] = yaml.safe_load(DEPLOY_ENVOY_CONFIG.read_text())
+    if not graceful_close:
+        del config["layered_runtime"]
     config["admin"]["address"]["socket_address"].update(address="127.0.0.1", port_value=admin_port)
     listener = config["static_resources"]["listeners"][0]
     listener["address"]["socket_address"].update(address="127.0.0.1", port_value=listen_port)
@@ -267,6 +275,8 @@ class StackOptions:
     envoy: bool = True
     #: the run provokes ext_proc faults on purpose (Envoy's counters are not checked)
     extproc_faults: bool = False
+    #: False: Envoy without the ``ext_proc_graceful_grpc_close`` runtime flag (``envoy_config``)
+    envoy_graceful_close: bool = True
     envoy_concurrency: int = 1
     envoy_log_level: str = "warn"
     start_timeout: float = 60.0
@@ -468,6 +478,7 @@ class Stack:
                     ext_proc=ext_proc,
                     epp_tls=o.epp_tls,
                     epp_client_certificate=o.epp_client_certificate,
+                    graceful_close=o.envoy_graceful_close,
                 )
             )
         )

@@ -18,6 +18,12 @@ best non-sticky one's. Either gate opening lets every candidate pass; both at 0 
 gate off (always stick). When either side has no candidate with an ``InFlightLoad`` the
 gate has no signal and every candidate passes.
 
+With ``ttftSource: latencyPredictor`` the gate compares predicted TTFTs instead (each
+candidate's ``LatencyPredictionInfo``, from ``predicted-latency-producer``, which the loader
+adds when nothing produces it), as the llm-d router does: a candidate without a prediction
+is never the fastest of its side, so stickiness breaks when no sticky candidate has one
+and holds when no other candidate has one.
+
 With probability ``explorationProbability`` the filter passes everything, so cold
 endpoints still receive some traffic for popular prefixes (the draw uses the Handle's
 random generator, seeded in tests).
@@ -25,11 +31,18 @@ random generator, seeded in tests).
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from domain.datalayer.attributes import IN_FLIGHT_LOAD, PREFIX_CACHE_MATCH_INFO, InFlightLoad
+from domain.datalayer.attributes import (
+    IN_FLIGHT_LOAD,
+    LATENCY_PREDICTION_INFO,
+    PREFIX_CACHE_MATCH_INFO,
+    InFlightLoad,
+    LatencyPredictionInfo,
+)
 from domain.datalayer.attributes import PrefixCacheMatchInfo as _MatchInfo
 from domain.plugins.base import Plugin, PluginRegistry, TypedName
 from domain.plugins.handle import Handle
@@ -51,7 +64,7 @@ class PrefixAffinityFilterParameters:
     """``affinityThreshold`` (0.80) and ``explorationProbability`` (0), both in [0, 1];
     ``maxTTFTPenaltyMs`` (18000, >= 0; 0: that gate off); ``maxTokensInFlightPenalty`` (0,
     >= 0; 0: that gate off); ``peakPrefillThroughput`` (15928 tokens/s, > 0); ``ttftSource``
-    (``prefillThroughput``, the only source here); ``prefixMatchInfoProducerName`` and
+    (``prefillThroughput`` or ``latencyPredictor``); ``prefixMatchInfoProducerName`` and
     ``inFlightLoadProducerName``: the plugins whose data it reads (checked to produce it;
     "": whichever does)."""
 
@@ -77,13 +90,8 @@ class PrefixAffinityFilterParameters:
             raise ValueError("maxTTFTPenaltyMs: must be >= 0")
         if not self.peak_prefill_throughput > 0 or self.peak_prefill_throughput == float("inf"):
             raise ValueError("peakPrefillThroughput: must be a finite number > 0")
-        if self.ttft_source == LATENCY_PREDICTOR:
-            raise ValueError(
-                "ttftSource: latencyPredictor needs a latency predictor, which this EPP does "
-                "not have; use prefillThroughput"
-            )
-        if self.ttft_source != PREFILL_THROUGHPUT:
-            raise ValueError(f"ttftSource: must be {PREFILL_THROUGHPUT!r}")
+        if self.ttft_source not in (PREFILL_THROUGHPUT, LATENCY_PREDICTOR):
+            raise ValueError(f"ttftSource: must be {PREFILL_THROUGHPUT!r} or {LATENCY_PREDICTOR!r}")
 
 
 class PrefixAffinityFilter(ConsumerPlugin, NamedProducerConsumer):
@@ -106,12 +114,15 @@ class PrefixAffinityFilter(ConsumerPlugin, NamedProducerConsumer):
         self._penalty_ms = parameters.max_TTFT_penalty_ms
         self._penalty_tokens = parameters.max_tokens_in_flight_penalty
         self._ms_per_token = 1000.0 / parameters.peak_prefill_throughput
+        self._predicted = parameters.ttft_source == LATENCY_PREDICTOR
 
     @property
     def typed_name(self) -> TypedName:
         return self._typed_name
 
     def consumes(self) -> Sequence[str]:
+        if self._predicted and self._penalty_ms > 0:
+            return [PREFIX_CACHE_MATCH_INFO, LATENCY_PREDICTION_INFO]
         return [PREFIX_CACHE_MATCH_INFO, IN_FLIGHT_LOAD]
 
     def producer_names(self) -> Mapping[str, str]:
@@ -125,6 +136,8 @@ class PrefixAffinityFilter(ConsumerPlugin, NamedProducerConsumer):
     ) -> Sequence[Candidate]:
         if self._exploration > 0.0 and self._rng.random() < self._exploration:
             return candidates
+        if self._predicted:
+            return self._filter_on_predictions(candidates)
         threshold = self._threshold
         gated = self._penalty_ms > 0 or self._penalty_tokens > 0
         prompt = input_tokens(request, self._codec) if gated else 0
@@ -170,6 +183,35 @@ class PrefixAffinityFilter(ConsumerPlugin, NamedProducerConsumer):
         if self._penalty_ms > 0 and gap * self._ms_per_token > self._penalty_ms:
             return candidates
         if self._penalty_tokens > 0 and gap > self._penalty_tokens:
+            return candidates
+        return sticky
+
+    def _filter_on_predictions(self, candidates: Sequence[Candidate]) -> Sequence[Candidate]:
+        threshold = self._threshold
+        sticky: list[Candidate] = []
+        best_sticky = best_other = math.inf
+        others = False
+        for c in candidates:
+            attributes = c.attributes
+            info = attributes.get(PREFIX_CACHE_MATCH_INFO)
+            is_sticky = (
+                info.__class__ is _MatchInfo
+                and info.total_blocks > 0
+                and info.match_blocks / info.total_blocks >= threshold
+            )
+            prediction = attributes.get(LATENCY_PREDICTION_INFO)
+            ttft = prediction.ttft_ms if prediction.__class__ is LatencyPredictionInfo else math.inf
+            if is_sticky:
+                sticky.append(c)
+                best_sticky = min(best_sticky, ttft)
+            else:
+                others = True
+                best_other = min(best_other, ttft)
+        if not sticky:
+            return candidates
+        if not others or self._penalty_ms <= 0:
+            return sticky
+        if best_sticky - best_other > self._penalty_ms:  # inf - inf is NaN: sticky
             return candidates
         return sticky
 

@@ -105,9 +105,7 @@ GUIDE_OUTCOMES: dict[str, str | None] = {
     ),
     "context-length-aware-pd.yaml": 'plugins[5].type: plugin type "token-producer" is not',
     "precise-prefix-cache-routing.yaml": 'plugins[0].type: plugin type "tokenizer" is not',
-    "predicted-latency.yaml": (
-        'plugins[1].type: plugin type "predicted-latency-producer" is not available yet'
-    ),
+    "predicted-latency.yaml": None,
     "tiered-prefix-cache.yaml": (
         'plugins[2]: plugin "cpu-prefix-cache-producer" produces "PrefixCacheMatchInfo"'
     ),

@@ -148,13 +148,21 @@ async def test_payload_agnostic_spreads_requests_in_flight_over_the_idle_endpoin
 # -- the latency-predictor variant and bad input ---------------------------------------------
 
 
-def test_the_latency_predictor_variant_is_refused_naming_the_first_missing_type() -> None:
-    with pytest.raises(ConfigError) as caught:
-        _load(LATENCY_PREDICTOR)
-    assert str(caught.value) == (
-        'plugins[5].type: plugin type "predicted-latency-producer" is not available yet: '
-        "the latency predictor is not built in this EPP yet"
+def test_the_latency_predictor_variant_loads_with_the_latency_scorer_in_its_profile() -> None:
+    loaded = load_config(
+        LATENCY_PREDICTOR,
+        registry=build_registry(include_entry_points=False),
+        handle=plugin_handle(),
+        notice_log=NoticeLog(),
     )
+    types = {w.scorer.typed_name.type for p in loaded.profiles.values() for w in p.scorers}
+    assert "latency-scorer" in types
+
+
+async def test_a_director_wired_from_the_latency_predictor_variant_routes() -> None:
+    director = configured_director(_datastore(), LATENCY_PREDICTOR)
+    body = b'{"model":"m","prompt":"hi"}'
+    assert await _route(director, 1, path="/v1/completions", body=body) in IPS
 
 
 @pytest.mark.parametrize(

@@ -81,9 +81,6 @@ def test_the_reference_data_layer_gate_is_said_to_have_no_effect() -> None:
 @pytest.mark.parametrize(
     ("type_name", "reason"),
     [
-        ("latency-scorer", "is not available yet: the latency predictor is not built"),
-        ("slo-headroom-tier-filter", "is not available yet: the latency predictor"),
-        ("latency-slo-admitter", "is not available yet: the latency predictor"),
         ("token-producer", "is not available in this EPP: tokenization by a separate service"),
         ("program-aware-fairness", "is not available in this EPP: fairness policy not"),
         ("multicluster-queue-scorer", "is not available in this EPP: multi-cluster routing"),

@@ -522,18 +522,6 @@ def test_unused_scorer_is_fine_without_profiles() -> None:
         (
             """\
             plugins:
-            - type: hooks
-            schedulingProfiles:
-            - name: p
-              plugins:
-              - pluginRef: hooks
-            """,
-            'schedulingProfiles[0].plugins[0].pluginRef: plugin "hooks" (type hooks) is not a '
-            "filter, scorer or picker",
-        ),
-        (
-            """\
-            plugins:
             - type: random-picker
             - type: max-score-picker
             schedulingProfiles:
@@ -557,19 +545,6 @@ def test_unused_scorer_is_fine_without_profiles() -> None:
             """,
             'schedulingProfiles[0].plugins[1].pluginRef: plugin "queue-scorer" is already in '
             'profile "p"',
-        ),
-        (
-            """\
-            plugins:
-            - type: queue-scorer
-            - type: kv-cache-utilization-scorer
-            schedulingProfiles:
-            - name: p
-              plugins:
-              - pluginRef: queue-scorer
-            """,
-            'plugins[1]: scorer "kv-cache-utilization-scorer" is not used by any scheduling '
-            "profile",
         ),
         (
             """\
@@ -611,6 +586,48 @@ def test_unused_scorer_is_fine_without_profiles() -> None:
 )
 def test_profile_errors(text: str, message: str) -> None:
     assert error(text) == message
+
+
+def test_a_profile_may_name_a_plugin_that_is_not_a_scheduling_one(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # The llm-d chart's latency-predictor config lists its data producer in the profile.
+    caplog.set_level("INFO")
+    loaded = load(
+        """\
+        plugins:
+        - type: hooks
+        - type: queue-scorer
+        schedulingProfiles:
+        - name: p
+          plugins:
+          - pluginRef: hooks
+          - pluginRef: queue-scorer
+        """
+    )
+    assert scorer_weights(loaded, "p") == [("queue-scorer", 1.0)]
+    assert not loaded.profiles["p"].filters
+    assert "hooks" in names(loaded.admitters)
+    assert 'plugin "hooks" (type hooks) is not a filter, scorer or picker' in caplog.text
+
+
+def test_a_scorer_no_profile_uses_is_a_warning(caplog: pytest.LogCaptureFixture) -> None:
+    # The reference and the llm-d router accept it; the llm-d chart's latency config has some.
+    loaded = load(
+        """\
+        plugins:
+        - type: queue-scorer
+        - type: kv-cache-utilization-scorer
+        schedulingProfiles:
+        - name: p
+          plugins:
+          - pluginRef: queue-scorer
+        """
+    )
+    assert scorer_weights(loaded, "p") == [("queue-scorer", 1.0)]
+    assert 'plugins[1]: scorer "kv-cache-utilization-scorer" is not used by any scheduling' in (
+        caplog.text
+    )
 
 
 # -- profile handler -------------------------------------------------------------------------

@@ -90,6 +90,17 @@ EXPECTED: dict[str, tuple[str, set[str]]] = {
     "inference_extension_kv_events_errors_total": ("counter", {"endpoint", "reason"}),
     "inference_extension_kv_events_endpoint_trusted": ("gauge", {"endpoint"}),
     "inference_extension_precise_prefix_unkeyed_total": ("counter", {"reason"}),
+    # predicted-latency-producer: the reference's names, and the route receipts
+    "inference_objective_request_ttft_seconds": ("histogram", MODEL),
+    "inference_objective_request_predicted_ttft_seconds": ("histogram", MODEL),
+    "inference_objective_request_ttft_prediction_duration_seconds": ("histogram", MODEL),
+    "inference_objective_request_tpot_seconds": ("histogram", MODEL),
+    "inference_objective_request_predicted_tpot_seconds": ("histogram", MODEL),
+    "inference_objective_request_tpot_prediction_duration_seconds": ("histogram", MODEL),
+    "inference_objective_request_slo_violation_total": ("counter", MODEL | {"type"}),
+    "inference_extension_latency_prediction_error_seconds": ("histogram", {"endpoint", "kind"}),
+    "inference_extension_prefix_hit_prediction_error_ratio": ("histogram", {"endpoint"}),
+    "inference_extension_latency_samples_refused_total": ("counter", {"reason"}),
 }
 
 
@@ -196,6 +207,37 @@ BUCKETS: dict[str, tuple[float, ...]] = {
     ),
     "llm_d_epp_extproc_stream_duration_seconds": (
         0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0,
+    ),
+    # the reference's latency-predictor histograms: its general latency buckets for TTFT,
+    # our TPOT buckets; prediction takes microseconds here, not a sidecar's milliseconds
+    "inference_objective_request_ttft_seconds": (
+        0.005, 0.025, 0.05, 0.1, 0.2, 0.4, 0.6, 0.8, 1.0, 1.25, 1.5, 2.0, 3.0, 4.0, 5.0, 6.0,
+        8.0, 10.0, 15.0, 20.0, 30.0, 45.0, 60.0, 120.0, 180.0, 240.0, 300.0, 360.0, 480.0,
+        600.0, 900.0, 1200.0, 1800.0, 2700.0, 3600.0,
+    ),
+    "inference_objective_request_predicted_ttft_seconds": (
+        0.005, 0.025, 0.05, 0.1, 0.2, 0.4, 0.6, 0.8, 1.0, 1.25, 1.5, 2.0, 3.0, 4.0, 5.0, 6.0,
+        8.0, 10.0, 15.0, 20.0, 30.0, 45.0, 60.0, 120.0, 180.0, 240.0, 300.0, 360.0, 480.0,
+        600.0, 900.0, 1200.0, 1800.0, 2700.0, 3600.0,
+    ),
+    "inference_objective_request_ttft_prediction_duration_seconds": (
+        0.000001, 0.000005, 0.00001, 0.00005, 0.0001, 0.0005, 0.001, 0.005, 0.01,
+    ),
+    "inference_objective_request_tpot_seconds": (
+        0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0,
+    ),
+    "inference_objective_request_predicted_tpot_seconds": (
+        0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0,
+    ),
+    "inference_objective_request_tpot_prediction_duration_seconds": (
+        0.000001, 0.000005, 0.00001, 0.00005, 0.0001, 0.0005, 0.001, 0.005, 0.01,
+    ),
+    "inference_extension_prefix_hit_prediction_error_ratio": (
+        0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0,
+    ),
+    "inference_extension_latency_prediction_error_seconds": (
+        0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 25.0,
+        60.0,
     ),
 }  # fmt: skip
 

@@ -474,7 +474,7 @@ def test_the_deprecated_block_size_is_accepted_with_block_size_tokens() -> None:
         ({"max_TTFT_penalty_ms": float("nan")}, "maxTTFTPenaltyMs"),
         ({"peak_prefill_throughput": 0.0}, "peakPrefillThroughput"),
         ({"peak_prefill_throughput": float("inf")}, "peakPrefillThroughput"),
-        ({"ttft_source": "latencyPredictor"}, "ttftSource"),
+        ({"ttft_source": "queueDepth"}, "ttftSource"),
         ({"ttft_source": "guess"}, "ttftSource"),
     ],
 )

@@ -233,8 +233,8 @@ def test_the_sticky_profile_loads_with_the_new_api_group() -> None:
             "plugins[0].parameters.maxTTFTPenaltyMs: must be >= 0",
         ),
         (
-            "{type: prefix-cache-affinity-filter, parameters: {ttftSource: latencyPredictor}}",
-            "plugins[0].parameters.ttftSource: latencyPredictor needs a latency predictor",
+            "{type: prefix-cache-affinity-filter, parameters: {ttftSource: queueDepth}}",
+            "plugins[0].parameters.ttftSource: must be 'prefillThroughput' or 'latencyPredictor'",
         ),
         (
             "{type: prefix-cache-affinity-filter, parameters: {explorationProbability: 1.5}}",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.simulator.__main__ import parse_config
+from tests.simulator.__main__ import _parser, parse_config, slow_overrides
 from tests.simulator.config import H100_8B_NUM_GPU_BLOCKS, SimulatorConfig
 
 
@@ -61,6 +61,28 @@ def test_earlier_flags_in_seconds_still_work() -> None:
     assert config.prefill_overhead == 0.5
     assert config.itl == 0.25
     assert config.max_model_len == 100
+
+
+def test_slow_instances_are_the_first_ones_slowed_down() -> None:
+    args = _parser().parse_args(
+        ["--instances", "4", "--preset", "h100-8b", "--slow-instances", "1", "--slowdown", "3"]
+    )
+    config = parse_config(["--preset", "h100-8b"])
+    overrides = slow_overrides(args, config)
+    assert list(overrides) == [0]
+    assert overrides[0].prefill_per_token == pytest.approx(3 * config.prefill_per_token)
+    assert overrides[0].itl == pytest.approx(3 * config.itl)
+    assert overrides[0].num_gpu_blocks == config.num_gpu_blocks
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["--instances", "2", "--slow-instances", "3"], ["--slow-instances", "1", "--slowdown", "0"]],
+)
+def test_bad_slow_instances_are_refused(argv: list[str]) -> None:
+    args = _parser().parse_args(argv)
+    with pytest.raises(ValueError, match="slow"):
+        slow_overrides(args, SimulatorConfig())
 
 
 @pytest.mark.parametrize(

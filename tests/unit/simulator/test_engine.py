@@ -49,6 +49,20 @@ async def test_ttft_is_prefill_overhead_plus_uncached_tokens() -> None:
     assert stats.kv_cached_blocks == 62
 
 
+async def test_a_slowed_server_takes_that_much_longer_to_prefill_and_decode() -> None:
+    engine = SimulatedEngine(SimulatorConfig.h100_8b(time_scale=0.0).slowed(2.0))
+    await run(engine, "only", text_prompt(1000), 5)
+    stats = engine.stats(with_samples=True)
+    assert stats.ttft.samples == pytest.approx([2 * (0.030 + 1000 * 0.00025)])
+    assert stats.itl.sum == pytest.approx(4 * 2 * 0.012)
+
+
+def test_a_slowdown_must_be_a_finite_positive_factor() -> None:
+    for factor in (0.0, -1.0, float("inf"), float("nan")):
+        with pytest.raises(ValueError, match="slowdown"):
+            SimulatorConfig().slowed(factor)
+
+
 async def test_token_id_prompts_hit_the_cache_too() -> None:
     engine = SimulatedEngine(SimulatorConfig.h100_8b(time_scale=0.0))
     ids = PromptTokens.from_ids(tuple(range(40)))
