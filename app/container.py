@@ -262,6 +262,11 @@ def _handle(
         sessions=sessions,
         shared_state_deadline=settings.redis_deadline,
         kv_block_store=kv_block_store,
+        shared_kv_blocks=(
+            shared_load
+            if settings.redis_shared_admission and isinstance(shared_load, RedisSharedLoad)
+            else None
+        ),
         shared_degraded=shared_degraded,
     )
 

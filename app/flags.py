@@ -692,8 +692,9 @@ FLAGS: tuple[Flag, ...] = (
     _bool_flag(
         "--redis-shared-admission",
         _SHARED,
-        "flow control shares its flows with the pool's other processes (fairness, priority "
-        "and in-flight requests counted over the pool); false: each process's own",
+        "flow control and kv-capacity-gate share their state with the pool's other processes "
+        "(fairness, priority and in-flight requests counted over the pool; the KV blocks "
+        "in-flight requests hold, shared prefixes once); false: each process's own",
         True,
     ),
     # workers

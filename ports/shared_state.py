@@ -1,6 +1,6 @@
 """State shared by every EPP process of a pool (replicas and workers): the in-flight load
-each process has booked, the requests each holds in flow control, and the failure a remote
-store reports.
+each process has booked, the requests each holds in flow control, the KV blocks its
+in-flight requests hold, and the failure a remote store reports.
 
 The prefix index is shared through the ``PrefixIndex`` port (``ports.prefix_index``). A
 remote implementation of it (Redis) raises ``SharedStateError`` when the store fails or is
@@ -10,17 +10,21 @@ for the store and never fails because of it.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Protocol
 
 __all__ = [
+    "HASH_MASK",
     "NO_POOL_FLOWS",
+    "SAMPLE_MASK",
     "EndpointLoad",
     "FlowCounts",
+    "PoolBlocks",
     "PoolFlows",
     "SharedAdmission",
+    "SharedKVBlocks",
     "SharedLoad",
     "SharedStateError",
     "SharedStateReplyError",
@@ -177,4 +181,53 @@ class SharedAdmission(Protocol):
 
     def watch(self, callback: Callable[[], None]) -> None:
         """Call ``callback`` (no arguments, on the event loop) whenever ``flows`` changed."""
+        ...
+
+
+#: A prefix block hash ``h`` is in ``PoolBlocks.sampled`` when ``h & SAMPLE_MASK == 0`` (one
+#: in 16): enough to find how much of a request's chain the others hold, at a sixteenth of
+#: the hashes.
+SAMPLE_MASK = 0xF
+#: Block hashes are 64-bit; a negative one is taken modulo 2**64.
+HASH_MASK = 0xFFFF_FFFF_FFFF_FFFF
+
+
+@dataclass(frozen=True, slots=True)
+class PoolBlocks:
+    """The blocks the other processes' requests hold on one endpoint beyond this
+    process's (``count``: distinct prefix blocks this process does not hold, plus their
+    blocks that are not shared), and ``sampled``, the prefix block hashes they hold (taken
+    modulo 2**64) with ``h & SAMPLE_MASK == 0``. Block hashes are chained (each covers the
+    whole prefix before it), so a request whose block ``i`` is in ``sampled`` shares its
+    blocks ``0..i`` with a request in flight at another process."""
+
+    count: int = 0
+    sampled: frozenset[int] = frozenset()
+
+
+class SharedKVBlocks(Protocol):
+    """The KV-cache blocks the *other* EPP processes' in-flight requests hold, per
+    endpoint, with shared prefix blocks counted once over the whole pool.
+
+    Every process publishes, per endpoint, the prefix blocks its own in-flight requests
+    hold (``publish_blocks``: the block hashes that became held, ``added``, and those no
+    longer held, ``removed``, by this process) and ``own``, the blocks of its requests
+    there that are not shared (the rest of each prompt, one output block each).
+    ``kv_blocks`` is, per endpoint, the blocks the pool holds there beyond this
+    process's (``PoolBlocks``): the distinct prefix blocks of every live process that this
+    one does not hold, plus the others' ``own`` blocks, and a sample of the others' prefix
+    block hashes. An endpoint absent from it has no published blocks from another
+    process. A local copy refreshed in the background, as
+    ``SharedAdmission.flows``, and empty once that copy is older than the admission lease.
+    Synchronous, cheap and never raising, like ``SharedLoad``."""
+
+    def publish_blocks(
+        self, endpoint: str, added: Iterable[int], removed: Iterable[int], own: int
+    ) -> None:
+        """This process now also holds ``added`` on ``endpoint``, no longer ``removed``,
+        and ``own`` blocks there that are not shared."""
+        ...
+
+    def kv_blocks(self) -> Mapping[str, PoolBlocks]:
+        """Blocks the pool holds per endpoint beyond this process's (see the class)."""
         ...

@@ -1,16 +1,17 @@
 """In-memory ``SharedLoad`` and ``SharedAdmission`` implementations (``ports.shared_state``).
 
 - ``LocalSharedLoad``: one process alone, the default when no shared store is configured.
-  ``others()`` is always the same empty mapping, ``flows()`` always ``NO_POOL_FLOWS``, and
-  ``publish``/``publish_flow`` do nothing, so a caller pays one method call.
+  ``others()`` and ``kv_blocks()`` are always the same empty mapping, ``flows()`` always
+  ``NO_POOL_FLOWS``, and ``publish``/``publish_flow``/``publish_blocks`` do nothing, so a
+  caller pays one method call.
 - ``LoadBoard``: a store that several members (each one "process") share inside one
   process, for tests: ``board.member("a")`` is a ``SharedLoad`` and a ``SharedAdmission``.
   Each member's totals carry a lease of ``lease`` seconds on the board's clock, renewed by
   every ``publish`` and by ``renew()`` (what a real implementation's background task does
   every lease/3); a member whose lease lapsed drops out of every other member's
-  ``others()``. Its flow counts carry the shorter ``admission_lease`` (1 s), renewed the
-  same way. Reads are immediate (``staleness`` 0); a member's ``watch`` callbacks run as
-  soon as another member's ``publish_flow`` changed a count.
+  ``others()``. Its flow counts and KV blocks carry the shorter ``admission_lease`` (1 s),
+  renewed the same way. Reads are immediate (``staleness`` 0); a member's ``watch``
+  callbacks run as soon as another member's ``publish_flow`` changed a count.
 
 ``others()`` and ``flows()`` return the same object for as long as their content does not
 change, so a caller may compare by identity to skip work.
@@ -21,14 +22,23 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from types import MappingProxyType
 
-from ports.shared_state import NO_POOL_FLOWS, EndpointLoad, FlowCounts, PoolFlows
+from ports.shared_state import (
+    HASH_MASK,
+    NO_POOL_FLOWS,
+    SAMPLE_MASK,
+    EndpointLoad,
+    FlowCounts,
+    PoolBlocks,
+    PoolFlows,
+)
 
 __all__ = ["BoardMember", "LoadBoard", "LocalSharedLoad"]
 
 _NOTHING: Mapping[str, EndpointLoad] = MappingProxyType({})
+_NO_BLOCKS: Mapping[str, PoolBlocks] = MappingProxyType({})
 
 
 class LocalSharedLoad:
@@ -68,6 +78,15 @@ class LocalSharedLoad:
     def watch(self, callback: Callable[[], None]) -> None:
         return None
 
+    # SharedKVBlocks
+    def publish_blocks(
+        self, endpoint: str, added: Iterable[int], removed: Iterable[int], own: int
+    ) -> None:
+        return None
+
+    def kv_blocks(self) -> Mapping[str, PoolBlocks]:
+        return _NO_BLOCKS
+
 
 _NO_COUNTS = FlowCounts()
 #: The lease of a member's flow counts on a ``LoadBoard`` by default (seconds).
@@ -75,13 +94,16 @@ ADMISSION_LEASE = 1.0
 
 
 class _Entry:
-    __slots__ = ("admission_end", "flows", "lease_end", "totals")
+    __slots__ = ("admission_end", "blocks", "flows", "lease_end", "own_blocks", "totals")
 
     def __init__(self) -> None:
         self.totals: dict[str, EndpointLoad] = {}
         self.lease_end = 0.0
         self.flows: dict[tuple[int, str], FlowCounts] = {}
         self.admission_end = 0.0
+        #: endpoint -> prefix block hashes held; endpoint -> blocks not shared
+        self.blocks: dict[str, set[int]] = {}
+        self.own_blocks: dict[str, int] = {}
 
 
 class LoadBoard:
@@ -165,6 +187,50 @@ class LoadBoard:
                 )
         return summed
 
+    def _publish_blocks(
+        self,
+        process_id: str,
+        endpoint: str,
+        added: Iterable[int],
+        removed: Iterable[int],
+        own: int,
+        lease: float,
+    ) -> None:
+        entry = self._entry(process_id)
+        held = entry.blocks.setdefault(endpoint, set())
+        held.update(h & HASH_MASK for h in added)
+        held.difference_update(h & HASH_MASK for h in removed)
+        if not held:
+            del entry.blocks[endpoint]
+        if own > 0:
+            entry.own_blocks[endpoint] = own
+        else:
+            entry.own_blocks.pop(endpoint, None)
+        self._renew(process_id, lease)
+
+    def _kv_blocks(self, process_id: str) -> dict[str, PoolBlocks]:
+        now = self.clock()
+        mine = self._entries.get(process_id)
+        own_held = mine.blocks if mine is not None else {}
+        union: dict[str, set[int]] = {}
+        extra: dict[str, int] = {}
+        for pid, entry in self._entries.items():
+            if pid == process_id or entry.admission_end <= now:
+                continue
+            for endpoint, held in entry.blocks.items():
+                union.setdefault(endpoint, set()).update(held)
+            for endpoint, own in entry.own_blocks.items():
+                extra[endpoint] = extra.get(endpoint, 0) + own
+        for endpoint, held in union.items():
+            extra[endpoint] = extra.get(endpoint, 0) + len(held - own_held.get(endpoint, set()))
+        return {
+            endpoint: PoolBlocks(
+                count,
+                frozenset(h for h in union.get(endpoint, ()) if not h & SAMPLE_MASK),
+            )
+            for endpoint, count in extra.items()
+        }
+
     def _publish(self, process_id: str, endpoint: str, load: EndpointLoad, lease: float) -> None:
         entry = self._entry(process_id)
         if load.requests or load.tokens:
@@ -185,6 +251,8 @@ class LoadBoard:
                         member._changed()
         else:
             entry.totals.pop(endpoint, None)
+            entry.blocks.pop(endpoint, None)
+            entry.own_blocks.pop(endpoint, None)
 
     def _others(self, process_id: str) -> dict[str, EndpointLoad]:
         now = self.clock()
@@ -203,9 +271,9 @@ class LoadBoard:
 
 
 class BoardMember:
-    """One process's ``SharedLoad`` and ``SharedAdmission`` on a ``LoadBoard``. Between
-    ``start`` and ``stop`` a task renews its lease every third of it, as a live process
-    does."""
+    """One process's ``SharedLoad``, ``SharedAdmission`` and ``SharedKVBlocks`` on a
+    ``LoadBoard``. Between ``start`` and ``stop`` a task renews its leases every third of the
+    shorter one, as a live process does."""
 
     __slots__ = (
         "_board",
@@ -265,6 +333,15 @@ class BoardMember:
     def watch(self, callback: Callable[[], None]) -> None:
         self._watchers.append(callback)
 
+    # SharedKVBlocks
+    def publish_blocks(
+        self, endpoint: str, added: Iterable[int], removed: Iterable[int], own: int
+    ) -> None:
+        self._board._publish_blocks(self.process_id, endpoint, added, removed, own, self._lease)
+
+    def kv_blocks(self) -> Mapping[str, PoolBlocks]:
+        return MappingProxyType(self._board._kv_blocks(self.process_id))
+
     def _changed(self) -> None:
         for callback in self._watchers:
             callback()
@@ -292,5 +369,5 @@ class BoardMember:
 
     async def _renew_forever(self) -> None:
         while True:
-            await asyncio.sleep(self._lease / 3)
+            await asyncio.sleep(min(self._lease, self._board.admission_lease) / 3)
             self.renew()
