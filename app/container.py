@@ -48,7 +48,7 @@ from domain.plugins.base import PluginRegistry, plugins_with
 from domain.plugins.handle import Handle
 from domain.plugins.state import RequestStates
 from domain.prefixcache.index import InMemoryPrefixIndex
-from domain.requestcontrol.admission import FlowControlAdmission
+from domain.requestcontrol.admission import FlowControlAdmission, FlowSaturation
 from domain.requestcontrol.director import Director, RequestControl
 from domain.scheduling.observer import SchedulingObserver, SchedulingReporter
 from domain.scheduling.scheduler import Scheduler
@@ -247,6 +247,11 @@ def _handle(
         sessions=sessions,
         shared_state_deadline=settings.redis_deadline,
         kv_block_store=kv_block_store,
+        shared_kv_blocks=(
+            shared_load
+            if settings.redis_shared_admission and isinstance(shared_load, RedisSharedLoad)
+            else None
+        ),
         shared_degraded=shared_degraded,
     )
 
@@ -304,23 +309,31 @@ def _loaded_config(
 
 
 def _flow_controller(
-    loaded: LoadedConfig, datastore: Datastore, settings: Settings, observer: Observer
+    loaded: LoadedConfig,
+    datastore: Datastore,
+    settings: Settings,
+    observer: Observer,
+    shared_load: SharedLoad,
 ) -> FlowController | None:
-    """The flow controller when the ``flowControl`` gate is on, else None (legacy admission)."""
+    """The flow controller when the ``flowControl`` gate is on, else None (legacy admission);
+    it shares its flows with the pool's other processes on the shared store
+    (``--redis-shared-admission``)."""
     if loaded.flow_control is None:
         return None
-    detector = loaded.saturation_detector
-
-    def saturation() -> float:
-        return detector.saturation([Candidate(e) for e in datastore.endpoints()])
-
-    return build_flow_controller(
+    saturation = FlowSaturation(
+        loaded.saturation_detector, lambda: [Candidate(e) for e in datastore.endpoints()]
+    )
+    pooled = settings.redis_shared_admission and isinstance(shared_load, RedisSharedLoad)
+    controller = build_flow_controller(
         loaded.flow_control,
         saturation=saturation,
         plugins=loaded.plugins,
         observer=observer,
         pool_name=settings.pool_name,
+        pool=shared_load if pooled and isinstance(shared_load, RedisSharedLoad) else None,
     )
+    saturation.controller = controller
+    return controller
 
 
 def _request_control(
@@ -507,7 +520,9 @@ class Container(containers.DeclarativeContainer):
     )
     config_text = providers.Singleton(_config_text, settings)
     config = providers.Singleton(_loaded_config, config_text, registry, handle, settings)
-    flow_controller = providers.Singleton(_flow_controller, config, datastore, settings, observer)
+    flow_controller = providers.Singleton(
+        _flow_controller, config, datastore, settings, observer, shared_load
+    )
     request_control = providers.Singleton(
         _request_control, config, settings, scheduling_observer, flow_controller, observer
     )

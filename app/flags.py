@@ -690,6 +690,14 @@ FLAGS: tuple[Flag, ...] = (
         "1h",
         _duration,
     ),
+    _bool_flag(
+        "--redis-shared-admission",
+        _SHARED,
+        "flow control and kv-capacity-gate share their state with the pool's other processes "
+        "(fairness, priority and in-flight requests counted over the pool; the KV blocks "
+        "in-flight requests hold, shared prefixes once); false: each process's own",
+        True,
+    ),
     # workers
     _flag(
         "--workers",

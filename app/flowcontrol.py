@@ -14,6 +14,7 @@ from domain.flowcontrol import (
     PriorityBandConfig,
 )
 from ports.observer import Observer
+from ports.shared_state import SharedAdmission
 
 __all__ = ["build_flow_controller", "flow_control_config"]
 
@@ -75,6 +76,7 @@ def build_flow_controller(
     plugins: Mapping[str, object],
     observer: Observer,
     pool_name: str,
+    pool: SharedAdmission | None = None,
 ) -> FlowController:
     return FlowController(
         flow_control_config(spec),
@@ -82,4 +84,5 @@ def build_flow_controller(
         plugins=plugins,
         observer=observer,
         pool_name=pool_name,
+        pool=pool,
     )

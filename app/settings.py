@@ -122,6 +122,7 @@ class Settings(BaseModel):
     redis_lease: float = Field(default=10.0, gt=0)
     redis_load_staleness: float = Field(default=0.02, gt=0)
     redis_prefix_ttl: float = Field(default=3600.0, gt=0)
+    redis_shared_admission: bool = True
     # Worker processes under one supervisor (app/workers); 1: this process serves alone.
     workers: int = Field(default=1, ge=1)
 

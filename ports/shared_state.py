@@ -1,5 +1,6 @@
 """State shared by every EPP process of a pool (replicas and workers): the in-flight load
-each process has booked, and the failure a remote store reports.
+each process has booked, the requests each holds in flow control, the KV blocks its
+in-flight requests hold, and the failure a remote store reports.
 
 The prefix index is shared through the ``PrefixIndex`` port (``ports.prefix_index``). A
 remote implementation of it (Redis) raises ``SharedStateError`` when the store fails or is
@@ -9,12 +10,21 @@ for the store and never fails because of it.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Protocol
 
 __all__ = [
+    "HASH_MASK",
+    "NO_POOL_FLOWS",
+    "SAMPLE_MASK",
     "EndpointLoad",
+    "FlowCounts",
+    "PoolBlocks",
+    "PoolFlows",
+    "SharedAdmission",
+    "SharedKVBlocks",
     "SharedLoad",
     "SharedStateError",
     "SharedStateReplyError",
@@ -91,4 +101,133 @@ class SharedLoad(Protocol):
 
     async def stop(self) -> None:
         """Withdraw this process's totals (best effort) and stop the background task."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class FlowCounts:
+    """One flow's requests in flow control: dispatched and not yet done (``in_flight``),
+    and queued (``waiting``)."""
+
+    in_flight: int = 0
+    waiting: int = 0
+
+
+_NO_FLOWS: Mapping[int, Mapping[str, FlowCounts]] = MappingProxyType({})
+_NO_TOTALS: Mapping[int, int] = MappingProxyType({})
+
+
+@dataclass(frozen=True, slots=True)
+class PoolFlows:
+    """The other processes' flow counts, summed over them: ``bands`` maps a priority to
+    its flows (by the flow's shared key, ``domain.flowcontrol.pool.flow_key``) with their
+    counts. Built with ``PoolFlows.of``, which also fills the per-band totals:
+    ``waiting`` (priority -> queued requests), ``in_flight`` (all bands) and
+    ``top_waiting`` (the highest priority with a queued request, None when none)."""
+
+    bands: Mapping[int, Mapping[str, FlowCounts]] = field(default_factory=lambda: _NO_FLOWS)
+    waiting: Mapping[int, int] = field(default_factory=lambda: _NO_TOTALS)
+    in_flight: int = 0
+    top_waiting: int | None = None
+
+    @classmethod
+    def of(cls, entries: Mapping[tuple[int, str], FlowCounts]) -> PoolFlows:
+        """From (priority, flow key) -> counts; entries at zero are left out."""
+        bands: dict[int, dict[str, FlowCounts]] = {}
+        waiting: dict[int, int] = {}
+        in_flight = 0
+        for (priority, flow), counts in entries.items():
+            if counts.in_flight <= 0 and counts.waiting <= 0:
+                continue
+            bands.setdefault(priority, {})[flow] = counts
+            in_flight += max(0, counts.in_flight)
+            if counts.waiting > 0:
+                waiting[priority] = waiting.get(priority, 0) + counts.waiting
+        if not bands:
+            return NO_POOL_FLOWS
+        return cls(
+            bands=MappingProxyType({p: MappingProxyType(f) for p, f in bands.items()}),
+            waiting=MappingProxyType(waiting),
+            in_flight=in_flight,
+            top_waiting=max(waiting) if waiting else None,
+        )
+
+
+#: Nobody else's flows.
+NO_POOL_FLOWS = PoolFlows()
+
+
+class SharedAdmission(Protocol):
+    """The requests the *other* EPP processes of the pool hold in flow control, per
+    priority band and flow (fairness id): how many each has dispatched and not seen end,
+    and how many wait in its queues.
+
+    Every process publishes its own counts per flow (``publish_flow``: absolute values, as
+    ``SharedLoad.publish``); ``flows`` is the sum over the other live processes, from a
+    local copy refreshed in the background (at most ``SharedLoad.staleness`` old while
+    the store answers). A process that stops publishing drops out within a short lease
+    (a second for the Redis implementation), and the copy itself counts for no longer
+    than that: past it, ``flows`` is empty and flow control is per process until the
+    store answers again. ``watch`` registers a callback run on the event loop each time
+    the copy changed. Synchronous, cheap and never raising, like ``SharedLoad``."""
+
+    def publish_flow(self, priority: int, flow: str, counts: FlowCounts) -> None:
+        """This process's counts for flow ``flow`` of band ``priority`` are now ``counts``."""
+        ...
+
+    def flows(self) -> PoolFlows:
+        """The other processes' counts, summed (the same object until it changes)."""
+        ...
+
+    def watch(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` (no arguments, on the event loop) whenever ``flows`` changed."""
+        ...
+
+
+#: A prefix block hash ``h`` is in ``PoolBlocks.sampled`` when ``h & SAMPLE_MASK == 0`` (one
+#: in 16): enough to find how much of a request's chain the others hold, at a sixteenth of
+#: the hashes.
+SAMPLE_MASK = 0xF
+#: Block hashes are 64-bit; a negative one is taken modulo 2**64.
+HASH_MASK = 0xFFFF_FFFF_FFFF_FFFF
+
+
+@dataclass(frozen=True, slots=True)
+class PoolBlocks:
+    """The blocks the other processes' requests hold on one endpoint beyond this
+    process's (``count``: distinct prefix blocks this process does not hold, plus their
+    blocks that are not shared), and ``sampled``, the prefix block hashes they hold (taken
+    modulo 2**64) with ``h & SAMPLE_MASK == 0``. Block hashes are chained (each covers the
+    whole prefix before it), so a request whose block ``i`` is in ``sampled`` shares its
+    blocks ``0..i`` with a request in flight at another process."""
+
+    count: int = 0
+    sampled: frozenset[int] = frozenset()
+
+
+class SharedKVBlocks(Protocol):
+    """The KV-cache blocks the *other* EPP processes' in-flight requests hold, per
+    endpoint, with shared prefix blocks counted once over the whole pool.
+
+    Every process publishes, per endpoint, the prefix blocks its own in-flight requests
+    hold (``publish_blocks``: the block hashes that became held, ``added``, and those no
+    longer held, ``removed``, by this process) and ``own``, the blocks of its requests
+    there that are not shared (the rest of each prompt, one output block each).
+    ``kv_blocks`` is, per endpoint, the blocks the pool holds there beyond this
+    process's (``PoolBlocks``): the distinct prefix blocks of every live process that this
+    one does not hold, plus the others' ``own`` blocks, and a sample of the others' prefix
+    block hashes. An endpoint absent from it has no published blocks from another
+    process. A local copy refreshed in the background, as
+    ``SharedAdmission.flows``, and empty once that copy is older than the admission lease.
+    Synchronous, cheap and never raising, like ``SharedLoad``."""
+
+    def publish_blocks(
+        self, endpoint: str, added: Iterable[int], removed: Iterable[int], own: int
+    ) -> None:
+        """This process now also holds ``added`` on ``endpoint``, no longer ``removed``,
+        and ``own`` blocks there that are not shared."""
+        ...
+
+    def kv_blocks(self) -> Mapping[str, PoolBlocks]:
+        """Blocks the pool holds per endpoint beyond this process's (see the class)."""
         ...

@@ -1,24 +1,40 @@
-"""``RedisSharedLoad``: the ``SharedLoad`` port on Redis (a single server or a cluster).
+"""``RedisSharedLoad``: the ``SharedLoad`` and ``SharedAdmission`` ports on Redis (a single
+server or a cluster).
 
 Keys (``P`` is the pool's key prefix; all share the hash tag ``{P}``, so one slot):
 
 - ``P:load:{P}:p:<process-id>``: a hash, endpoint name -> ``"<requests> <tokens>"``, written
   by that process only (its id is random, per instance), with a lease (``PEXPIRE lease``);
+- ``P:load:{P}:a:<process-id>``: a hash, ``"<priority> <flow key>"`` -> ``"<in flight>
+  <waiting>"``, that process's flow-control counts (``domain.flowcontrol.pool``: at most
+  ``MAX_PUBLISHED_FLOWS`` flows and one overflow entry per band), with the short lease
+  ``ADMISSION_LEASE`` (1 s): a process that dies stops counting in the others' fairness and
+  priority decisions within a second;
+- ``P:load:{P}:k:<process-id>``: a hash, endpoint name -> the blocks that process's in-flight
+  requests hold there and share with none (``kv-capacity-gate``'s count: the rest of each
+  prompt, one output block each), and ``P:load:{P}:s:<process-id>:<endpoint>``, a set of the
+  prefix block hashes (16 hex digits) its in-flight requests hold there, all with the
+  admission lease: the pool's blocks on an endpoint are the union of the sets (shared
+  prefix blocks counted once) plus the summed hash fields;
 - ``P:load:{P}:live``: a sorted set of process ids scored by the end of their lease (ms, the
   server's clock), itself expiring one lease after the last renewal.
 
 Between ``start()`` and ``stop()`` a background task runs one script, one round trip: it
-writes this process's changed totals (absolute values; an endpoint back at zero is
-deleted), renews its lease, drops expired process ids, and returns the sum over the other
-live processes, which becomes the local copy ``others()`` returns. It runs every
+writes this process's changed totals and flow counts (absolute values; an entry back at
+zero is deleted), renews its leases, drops expired process ids, and returns the sums over
+the other live processes, which become the local copies ``others()``, ``flows()`` and
+``kv_blocks()`` return (the last two only while the last refresh is less than
+``ADMISSION_LEASE`` old;
+callbacks given to ``watch`` run when it changed). It runs every
 ``staleness`` seconds, and sooner when ``publish`` or ``remove_endpoint`` changed a total,
 though at most once per ``staleness / 4``: under traffic the others see a booking, and
 this process reads theirs, within about a quarter of ``staleness`` plus a round trip.
 A process idle for a second (no ``publish``, ``remove_endpoint`` or ``refresh``) with
-nothing booked runs it every ``idle_period`` (1 s, at most a quarter of the lease) instead:
-its totals do not change, its lease is renewed, and its next decision reads the others'
-load with ``refresh`` anyway; the first ``publish`` wakes the task again. ``publish`` and
-``remove_endpoint`` only change local state and wake the task.
+nothing booked and no flow counts runs it every ``idle_period`` (1 s, at most a quarter of
+the lease) instead: its totals do not change, its lease is renewed, and its next decision
+reads the others' load with ``refresh`` anyway; the first ``publish`` wakes the task again.
+``publish``, ``publish_flow``, ``publish_blocks`` and ``remove_endpoint`` only change local
+state and wake the task.
 
 On a failure the task logs once, keeps the last copy (``others()`` returns it until it is
 older than the lease, then nothing) and retries with backoff (up to one second). The first
@@ -36,7 +52,7 @@ writes are accepted again), and each refused round trip counts in
 ``{operation="load_write"}``. Totals that do not parse or are negative are
 skipped, so a garbage value can never make a load negative.
 
-``stop()`` cancels the task and deletes this process's hash and live entry (best effort,
+``stop()`` cancels the task and deletes this process's hashes, sets and live entry (best effort,
 bounded by the client's timeouts).
 """
 
@@ -47,15 +63,26 @@ import contextlib
 import logging
 import secrets
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
+from types import MappingProxyType
 
 from adapters.redis.connection import RedisClient
 from adapters.redis.script import LuaScript, guarded
 from ports.metric_catalogue import SHARED_STATE_ERRORS
 from ports.observer import NoopObserver, Observer
-from ports.shared_state import EndpointLoad, SharedStateError, SharedStateReplyError
+from ports.shared_state import (
+    HASH_MASK,
+    NO_POOL_FLOWS,
+    EndpointLoad,
+    FlowCounts,
+    PoolBlocks,
+    PoolFlows,
+    SharedStateError,
+    SharedStateReplyError,
+)
 
 __all__ = [
+    "ADMISSION_LEASE",
     "DEFAULT_LEASE",
     "DEFAULT_REFRESH_BUDGET",
     "DEFAULT_STALENESS",
@@ -66,7 +93,12 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
+_NO_BLOCKS: Mapping[str, PoolBlocks] = MappingProxyType({})
+
 DEFAULT_LEASE = 10.0
+#: Seconds a process's flow counts live without a renewal (at most the lease), and how long
+#: this process uses its copy of the others' without a successful refresh.
+ADMISSION_LEASE = 1.0
 DEFAULT_STALENESS = 0.02
 #: Seconds ``refresh`` waits for its round trip (the routing budget).
 DEFAULT_REFRESH_BUDGET = 0.005
@@ -80,10 +112,49 @@ _WRITE_LOAD = {"operation": "load_write"}
 #: Seconds ``stop()`` waits for the task to end, then for the withdrawal.
 _STOP_TIMEOUT = 1.0
 
-# KEYS = live set, own hash; ARGV = own id, lease ms, process-hash key prefix, clear (0/1),
-# number of own entries expected after the writes, number of pairs to set, pairs (endpoint,
-# "r t"), then endpoints to delete.
-# Reply: a status, then (endpoint, requests, tokens) triples of the other live processes.
+#: The Lua helpers of the pool's block counts (ARGV[9] to ARGV[12]: the block-hash, block-set,
+#: block-count and sampled-block-count key prefixes).
+_BLOCK_FUNCTIONS = """
+local function set_key(id, endpoint) return ARGV[10] .. id .. ':' .. endpoint end
+local function count_key(endpoint) return ARGV[11] .. endpoint end
+local function sample_key(endpoint) return ARGV[12] .. endpoint end
+-- The pool's count of each prefix block per endpoint: processes holding it (and the same for
+-- the sampled ones, the hashes ending in a 0 digit).
+local function hold(e, h)
+  redis.call('HINCRBY', count_key(e), h, 1)
+  if string.byte(h, 16) == 48 then redis.call('HINCRBY', sample_key(e), h, 1) end
+end
+local function unhold(e, h)
+  if redis.call('HINCRBY', count_key(e), h, -1) <= 0 then redis.call('HDEL', count_key(e), h) end
+  if string.byte(h, 16) == 48 and redis.call('HINCRBY', sample_key(e), h, -1) <= 0 then
+    redis.call('HDEL', sample_key(e), h)
+  end
+end
+-- Take back every block process ``id`` holds (its sets and block hash go).
+local function withdraw(id)
+  local key = ARGV[9] .. id
+  for _, e in ipairs(redis.call('HKEYS', key)) do
+    local members = set_key(id, e)
+    for _, h in ipairs(redis.call('SMEMBERS', members)) do unhold(e, h) end
+    redis.call('DEL', members)
+  end
+  redis.call('DEL', key)
+end
+"""
+
+# KEYS = live set, own load hash, own flow hash, own block hash, the set of processes holding
+# blocks (scored by the end of their admission lease); ARGV = own id, lease ms, load-hash key
+# prefix, flow-hash key prefix, flow lease ms, clear (0/1), own load entries and own flow
+# entries expected after the writes, block-hash key prefix, block-set key prefix, block-count
+# key prefix, sampled-block-count key prefix,
+# then for each table (load, flows): the number of pairs to set, the number of fields to
+# delete, the pairs (field, "a b"), the fields to delete; then the blocks: own block-hash
+# entries expected after the writes, the number of endpoints changed, and for each: its name,
+# its blocks not shared, the number of hashes added and removed, those hashes.
+# Reply: a status, the number of load triples, the number of flow triples, the (endpoint,
+# requests, tokens) triples of the other live processes, their ("<priority> <flow key>", in
+# flight, waiting) triples, then (endpoint, blocks beyond this process's, the sampled hashes
+# the others hold there, concatenated) triples.
 # Status: "ok"; "lost" when the own hash does not hold what was written (evicted keys, a
 # server restarted empty): the caller writes everything again next time; or an OOM error's
 # text if the server refused a write (it should not: see the first PEXPIRE): the read still
@@ -105,76 +176,200 @@ redis.call('PEXPIRE', KEYS[1], ARGV[2])
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local lease = tonumber(ARGV[2])
-if ARGV[4] == '1' then redis.call('DEL', KEYS[2]) end
-local nset = tonumber(ARGV[6])
-local i = 7
-while nset > 0 do
-  local n = math.min(nset, 500)
-  write('HSET', KEYS[2], unpack(ARGV, i, i + 2 * n - 1))
-  i = i + 2 * n
-  nset = nset - n
+"""
+    + _BLOCK_FUNCTIONS
+    + """-- Processes whose blocks lapsed (no round trip for the admission lease): take them back.
+for _, id in ipairs(redis.call('ZRANGEBYSCORE', KEYS[5], '-inf', now)) do
+  if id ~= ARGV[1] then withdraw(id) end
+  redis.call('ZREM', KEYS[5], id)
 end
-while i <= #ARGV do
-  local j = math.min(#ARGV, i + 999)
-  redis.call('HDEL', KEYS[2], unpack(ARGV, i, j))
-  i = j + 1
+if ARGV[6] == '1' then
+  withdraw(ARGV[1])
+  redis.call('DEL', KEYS[2], KEYS[3])
 end
-if status == 'ok' and redis.call('HLEN', KEYS[2]) ~= tonumber(ARGV[5]) then status = 'lost' end
-redis.call('PEXPIRE', KEYS[2], lease)
+local i = 13
+local function apply(key, expected, ttl)
+  local nset, ndel = tonumber(ARGV[i]), tonumber(ARGV[i + 1])
+  i = i + 2
+  while nset > 0 do
+    local n = math.min(nset, 500)
+    write('HSET', key, unpack(ARGV, i, i + 2 * n - 1))
+    i = i + 2 * n
+    nset = nset - n
+  end
+  while ndel > 0 do
+    local n = math.min(ndel, 1000)
+    redis.call('HDEL', key, unpack(ARGV, i, i + n - 1))
+    i = i + n
+    ndel = ndel - n
+  end
+  if status == 'ok' and redis.call('HLEN', key) ~= tonumber(expected) then status = 'lost' end
+  redis.call('PEXPIRE', key, ttl)
+end
+apply(KEYS[2], ARGV[7], lease)
+apply(KEYS[3], ARGV[8], tonumber(ARGV[5]))
+do
+  local expected, changed = tonumber(ARGV[i]), tonumber(ARGV[i + 1])
+  i = i + 2
+  for _ = 1, changed do
+    local e, own = ARGV[i], tonumber(ARGV[i + 1])
+    local nadd, nrem = tonumber(ARGV[i + 2]), tonumber(ARGV[i + 3])
+    i = i + 4
+    local key = set_key(ARGV[1], e)
+    for j = i, i + nadd - 1 do
+      if redis.call('SADD', key, ARGV[j]) == 1 then hold(e, ARGV[j]) end
+    end
+    i = i + nadd
+    for j = i, i + nrem - 1 do
+      if redis.call('SREM', key, ARGV[j]) == 1 then unhold(e, ARGV[j]) end
+    end
+    i = i + nrem
+    if own > 0 then write('HSET', KEYS[4], e, own)
+    else
+      redis.call('HDEL', KEYS[4], e)
+      for _, h in ipairs(redis.call('SMEMBERS', key)) do unhold(e, h) end
+      redis.call('DEL', key)
+    end
+  end
+  local held = redis.call('HKEYS', KEYS[4])
+  if status == 'ok' and #held ~= expected then status = 'lost' end
+  for _, e in ipairs(held) do
+    redis.call('PEXPIRE', set_key(ARGV[1], e), lease)
+    redis.call('PEXPIRE', count_key(e), lease)
+    redis.call('PEXPIRE', sample_key(e), lease)
+  end
+  redis.call('PEXPIRE', KEYS[4], lease)
+  if #held > 0 then
+    write('ZADD', KEYS[5], now + tonumber(ARGV[5]), ARGV[1])
+    redis.call('PEXPIRE', KEYS[5], lease)
+  else
+    redis.call('ZREM', KEYS[5], ARGV[1])
+  end
+end
 write('ZADD', KEYS[1], now + lease, ARGV[1])
 redis.call('PEXPIRE', KEYS[1], lease)
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
 local ids = redis.call('ZRANGE', KEYS[1], 0, -1)
-local req, tok, order = {}, {}, {}
-for _, id in ipairs(ids) do
+local function sum(prefix)
+  local a, b, order = {}, {}, {}
+  for _, id in ipairs(ids) do
+    if id ~= ARGV[1] then
+      local flat = redis.call('HGETALL', prefix .. id)
+      for j = 1, #flat, 2 do
+        local x, y = string.match(flat[j + 1], '^(%d+) (%d+)$')
+        if x then
+          local f = flat[j]
+          if a[f] == nil then a[f] = 0; b[f] = 0; order[#order + 1] = f end
+          a[f] = a[f] + tonumber(x)
+          b[f] = b[f] + tonumber(y)
+        end
+      end
+    end
+  end
+  return a, b, order
+end
+local out = {status, 0, 0}
+local a, b, order = sum(ARGV[3])
+out[2] = #order
+for _, f in ipairs(order) do
+  out[#out + 1] = f; out[#out + 1] = a[f]; out[#out + 1] = b[f]
+end
+a, b, order = sum(ARGV[4])
+out[3] = #order
+for _, f in ipairs(order) do
+  out[#out + 1] = f; out[#out + 1] = a[f]; out[#out + 1] = b[f]
+end
+-- The others' blocks per endpoint: their unshared blocks, plus the pool's distinct prefix
+-- blocks (the count hash's fields) that this one's set does not hold; and the pool's
+-- sampled prefix blocks (this process's among them: it holds their whole chain anyway).
+local own, endpoints = {}, {}
+for _, id in ipairs(redis.call('ZRANGE', KEYS[5], 0, -1)) do
   if id ~= ARGV[1] then
-    local flat = redis.call('HGETALL', ARGV[3] .. id)
+    local flat = redis.call('HGETALL', ARGV[9] .. id)
     for j = 1, #flat, 2 do
-      local r, k = string.match(flat[j + 1], '^(%d+) (%d+)$')
-      if r then
-        local ep = flat[j]
-        if req[ep] == nil then req[ep] = 0; tok[ep] = 0; order[#order + 1] = ep end
-        req[ep] = req[ep] + tonumber(r)
-        tok[ep] = tok[ep] + tonumber(k)
+      local e, n = flat[j], tonumber(flat[j + 1])
+      if n and n >= 0 then
+        if own[e] == nil then own[e] = 0; endpoints[#endpoints + 1] = e end
+        own[e] = own[e] + n
       end
     end
   end
 end
-local out = {status}
-for _, ep in ipairs(order) do
-  out[#out + 1] = ep; out[#out + 1] = req[ep]; out[#out + 1] = tok[ep]
+for _, e in ipairs(endpoints) do
+  local extra = redis.call('HLEN', count_key(e)) - redis.call('SCARD', set_key(ARGV[1], e))
+  out[#out + 1] = e; out[#out + 1] = own[e] + math.max(0, extra)
+  out[#out + 1] = table.concat(redis.call('HKEYS', sample_key(e)))
 end
 return out
 """,
 )
 
 
+# KEYS = the set of processes holding blocks; ARGV = own id, block-hash key prefix, block-set
+# key prefix, block-count key prefix, sampled-block-count key prefix: takes this process's
+# blocks back from the pool's counts (at stop).
+_WITHDRAW_BLOCKS = LuaScript(
+    "blocks-withdraw",
+    """
+local ARGV = {ARGV[1], '', '', '', '', '', '', '', ARGV[2], ARGV[3], ARGV[4], ARGV[5]}
+"""
+    + _BLOCK_FUNCTIONS
+    + """
+withdraw(ARGV[1])
+redis.call('ZREM', KEYS[1], ARGV[1])
+return 1
+""",
+)
+
+
 class RedisSharedLoad:
-    """This process's in-flight totals published to Redis; the other processes' read back."""
+    """This process's in-flight totals and flow counts published to Redis; the other
+    processes' read back."""
 
     __slots__ = (
         "_active_at",
+        "_admission_lease",
+        "_block_prefix",
+        "_blocks",
+        "_blocks_added",
+        "_blocks_dirty",
+        "_blocks_removed",
         "_client",
         "_copy",
         "_copy_at",
+        "_count_prefix",
         "_degraded",
         "_dirty",
+        "_dirty_flows",
+        "_flow_prefix",
+        "_flows",
+        "_flows_raw",
+        "_holders_key",
         "_idle_after",
         "_idle_period",
+        "_kv_blocks",
         "_lease",
         "_live_key",
         "_observer",
         "_own",
+        "_own_block_key",
+        "_own_blocks",
+        "_own_flow_key",
+        "_own_flows",
         "_own_key",
         "_process_id",
         "_process_prefix",
         "_refresh_budget",
         "_refused",
         "_republish",
+        "_sample_prefix",
+        "_sampled_raw",
+        "_set_prefix",
         "_staleness",
         "_sync",
         "_task",
         "_wake",
+        "_watchers",
     )
 
     def __init__(
@@ -198,9 +393,32 @@ class RedisSharedLoad:
         self._process_id = secrets.token_hex(8)
         self._process_prefix = f"{key_prefix}:load:{{{key_prefix}}}:p:"
         self._own_key = self._process_prefix + self._process_id
+        self._flow_prefix = f"{key_prefix}:load:{{{key_prefix}}}:a:"
+        self._own_flow_key = self._flow_prefix + self._process_id
         self._live_key = f"{key_prefix}:load:{{{key_prefix}}}:live"
+        self._block_prefix = f"{key_prefix}:load:{{{key_prefix}}}:k:"
+        self._own_block_key = self._block_prefix + self._process_id
+        self._set_prefix = f"{key_prefix}:load:{{{key_prefix}}}:s:"
+        self._count_prefix = f"{key_prefix}:load:{{{key_prefix}}}:c:"
+        self._sample_prefix = f"{key_prefix}:load:{{{key_prefix}}}:t:"
+        self._holders_key = f"{key_prefix}:load:{{{key_prefix}}}:holders"
+        #: per endpoint: the prefix blocks held, the blocks not shared; what changed since
+        #: the last round trip (hashes added, removed; endpoints)
+        self._blocks: dict[str, set[int]] = {}
+        self._own_blocks: dict[str, int] = {}
+        self._blocks_added: dict[str, set[int]] = {}
+        self._blocks_removed: dict[str, set[int]] = {}
+        self._blocks_dirty: set[str] = set()
+        self._kv_blocks: Mapping[str, PoolBlocks] = _NO_BLOCKS
+        self._sampled_raw: dict[str, bytes] = {}
+        self._admission_lease = min(ADMISSION_LEASE, lease)
         self._own: dict[str, EndpointLoad] = {}
         self._dirty: set[str] = set()
+        self._own_flows: dict[str, FlowCounts] = {}
+        self._dirty_flows: set[str] = set()
+        self._flows: PoolFlows = NO_POOL_FLOWS
+        self._flows_raw: dict[tuple[int, str], FlowCounts] = {}
+        self._watchers: list[Callable[[], None]] = []
         self._republish = True
         self._copy: dict[str, EndpointLoad] = {}
         self._copy_at = -float("inf")
@@ -242,6 +460,8 @@ class RedisSharedLoad:
         nothing booked: the background round trips are ``idle_period`` apart."""
         if time.monotonic() - self._active_at < self._idle_after:
             return False
+        if self._own_flows or self._own_blocks:
+            return False
         return not any(load.requests or load.tokens for load in self._own.values())
 
     def publish(self, endpoint: str, load: EndpointLoad) -> None:
@@ -261,6 +481,67 @@ class RedisSharedLoad:
         if self._own.pop(endpoint, None) is not None:
             self._dirty.add(endpoint)
             self._wake.set()
+        held = self._blocks.get(endpoint)
+        if held or self._own_blocks.get(endpoint):
+            self.publish_blocks(endpoint, (), list(held or ()), 0)
+
+    # SharedAdmission port
+    def publish_flow(self, priority: int, flow: str, counts: FlowCounts) -> None:
+        self._active_at = time.monotonic()
+        field = f"{priority} {flow}"
+        if counts.in_flight > 0 or counts.waiting > 0:
+            if self._own_flows.get(field) == counts:
+                return
+            self._own_flows[field] = counts
+        elif self._own_flows.pop(field, None) is None:
+            return
+        self._dirty_flows.add(field)
+        self._wake.set()
+
+    def flows(self) -> PoolFlows:
+        if time.monotonic() - self._copy_at > self._admission_lease:
+            return NO_POOL_FLOWS
+        return self._flows
+
+    def watch(self, callback: Callable[[], None]) -> None:
+        self._watchers.append(callback)
+
+    # SharedKVBlocks port
+    def publish_blocks(
+        self, endpoint: str, added: Iterable[int], removed: Iterable[int], own: int
+    ) -> None:
+        self._active_at = time.monotonic()
+        held = self._blocks.setdefault(endpoint, set())
+        pending_add = self._blocks_added.setdefault(endpoint, set())
+        pending_remove = self._blocks_removed.setdefault(endpoint, set())
+        for block in added:
+            if block not in held:
+                held.add(block)
+                if block in pending_remove:
+                    pending_remove.discard(block)
+                else:
+                    pending_add.add(block)
+        for block in removed:
+            if block in held:
+                held.discard(block)
+                if block in pending_add:
+                    pending_add.discard(block)
+                else:
+                    pending_remove.add(block)
+        if not held:
+            del self._blocks[endpoint]
+        own = max(0, own)
+        if own:
+            self._own_blocks[endpoint] = own
+        else:
+            self._own_blocks.pop(endpoint, None)
+        self._blocks_dirty.add(endpoint)
+        self._wake.set()
+
+    def kv_blocks(self) -> Mapping[str, PoolBlocks]:
+        if time.monotonic() - self._copy_at > self._admission_lease:
+            return _NO_BLOCKS
+        return self._kv_blocks
 
     async def refresh(self) -> None:
         self._active_at = time.monotonic()
@@ -299,14 +580,84 @@ class RedisSharedLoad:
             # A round trip under way would write this process's totals after the withdrawal.
             await asyncio.wait({call}, timeout=_STOP_TIMEOUT)
         try:
+            if self._own_blocks:
+                await guarded(
+                    "blocks withdraw",
+                    asyncio.wait_for(
+                        _WITHDRAW_BLOCKS.run(
+                            self._client,
+                            [self._holders_key],
+                            [
+                                self._process_id,
+                                self._block_prefix,
+                                self._set_prefix,
+                                self._count_prefix,
+                                self._sample_prefix,
+                            ],
+                        ),
+                        _STOP_TIMEOUT,
+                    ),
+                )
             pipe = self._client.pipeline(transaction=False)
-            pipe.delete(self._own_key)
+            pipe.delete(self._own_key, self._own_flow_key)
             pipe.zrem(self._live_key, self._process_id)
             await guarded("load withdraw", asyncio.wait_for(pipe.execute(), _STOP_TIMEOUT))
         except SharedStateError as error:
             logger.warning("could not withdraw this process's load from redis: %s", error)
 
     # Internals
+    def _take_blocks(self, blocks: dict[str, tuple[int, bytes]]) -> None:
+        """The others' blocks from a reply; an endpoint's sample is parsed again only when
+        it changed."""
+        current = self._kv_blocks
+        fresh: dict[str, PoolBlocks] = {}
+        changed = len(blocks) != len(current)
+        for endpoint, (count, raw) in blocks.items():
+            before = self._sampled_raw.get(endpoint)
+            seen = current.get(endpoint)
+            if seen is not None and before == raw:
+                sampled = seen.sampled
+            else:
+                sampled = frozenset(int(raw[j : j + 16], 16) for j in range(0, len(raw), 16))
+                self._sampled_raw[endpoint] = raw
+            if seen is None or seen.count != count or seen.sampled is not sampled:
+                changed = True
+                fresh[endpoint] = PoolBlocks(count, sampled)
+            else:
+                fresh[endpoint] = seen
+        for endpoint in [e for e in self._sampled_raw if e not in blocks]:
+            del self._sampled_raw[endpoint]
+        if changed:
+            self._kv_blocks = MappingProxyType(fresh) if fresh else _NO_BLOCKS
+
+    def _set_key(self, endpoint: str) -> str:
+        return f"{self._set_prefix}{self._process_id}:{endpoint}"
+
+    def _block_args(self, republish: bool) -> list[str | int]:
+        """The script's block table: what changed since the last round trip (all of it
+        when republishing), the pending changes cleared."""
+        endpoints = set(self._own_blocks) | set(self._blocks) if republish else self._blocks_dirty
+        added, removed = self._blocks_added, self._blocks_removed
+        self._blocks_added, self._blocks_removed, self._blocks_dirty = {}, {}, set()
+        args: list[str | int] = [len(self._own_blocks), len(endpoints)]
+        for endpoint in endpoints:
+            if republish:
+                plus: Iterable[int] = self._blocks.get(endpoint, ())
+                minus: Iterable[int] = ()
+            else:
+                plus, minus = added.get(endpoint, ()), removed.get(endpoint, ())
+            plus_hex = [_hex(block) for block in plus]
+            minus_hex = [_hex(block) for block in minus]
+            args += (
+                endpoint,
+                self._own_blocks.get(endpoint, 0),
+                len(plus_hex),
+                len(minus_hex),
+                *plus_hex,
+                *minus_hex,
+            )
+        return args
+
     async def sync_once(self) -> None:
         """One round trip: write what changed, renew the lease, read the others' sum.
         Raises ``SharedStateError``; the background task calls it every ``staleness``.
@@ -314,7 +665,9 @@ class RedisSharedLoad:
         others' sum is still used, and everything is written again at the next call."""
         republish = self._republish
         dirty = list(self._own) if republish else list(self._dirty)
+        dirty_flows = list(self._own_flows) if republish else list(self._dirty_flows)
         self._dirty = set()
+        self._dirty_flows = set()
         self._republish = False
         pairs: list[str] = []
         deleted: list[str] = []
@@ -324,28 +677,66 @@ class RedisSharedLoad:
                 deleted.append(endpoint)
             else:
                 pairs += (endpoint, f"{load.requests} {load.tokens}")
+        flow_pairs: list[str] = []
+        flow_deleted: list[str] = []
+        for field in dirty_flows:
+            counts = self._own_flows.get(field)
+            if counts is None:
+                flow_deleted.append(field)
+            else:
+                flow_pairs += (field, f"{counts.in_flight} {counts.waiting}")
         held = sum(1 for load in self._own.values() if load.requests or load.tokens)
         args: list[str | int] = [
             self._process_id,
             max(1, round(self._lease * 1000)),
             self._process_prefix,
+            self._flow_prefix,
+            max(1, round(self._admission_lease * 1000)),
             1 if republish else 0,
             held,
+            len(self._own_flows),
+            self._block_prefix,
+            self._set_prefix,
+            self._count_prefix,
+            self._sample_prefix,
             len(pairs) // 2,
+            len(deleted),
             *pairs,
             *deleted,
+            len(flow_pairs) // 2,
+            len(flow_deleted),
+            *flow_pairs,
+            *flow_deleted,
+            *self._block_args(republish),
         ]
         try:
             reply = await guarded(
-                "load sync", _SYNC.run(self._client, [self._live_key, self._own_key], args)
+                "load sync",
+                _SYNC.run(
+                    self._client,
+                    [
+                        self._live_key,
+                        self._own_key,
+                        self._own_flow_key,
+                        self._own_block_key,
+                        self._holders_key,
+                    ],
+                    args,
+                ),
             )
-            status, copy = _parse_loads(reply)
+            status, copy, flows, blocks = _parse_reply(reply)
         except BaseException:
             # Not written: write it again next time (everything, the store may be empty).
             self._republish = True
             raise
         self._copy = copy
         self._copy_at = time.monotonic()
+        self._take_blocks(blocks)
+        if flows != self._flows_raw:
+            self._flows_raw = flows
+            self._flows = PoolFlows.of(flows)
+            for callback in self._watchers:
+                callback()
         if status == b"ok":
             if self._refused:
                 self._refused = False
@@ -395,7 +786,7 @@ class RedisSharedLoad:
             await asyncio.sleep(max(0.0, delay - (time.monotonic() - started)))
             return
         await asyncio.sleep(max(0.0, self._staleness / 4 - (time.monotonic() - started)))
-        if not self._dirty:
+        if not (self._dirty or self._dirty_flows or self._blocks_dirty):
             self._wake.clear()
             left = delay - (time.monotonic() - started)
             if left > 0:
@@ -411,19 +802,62 @@ def _retrieve(call: asyncio.Future[None]) -> None:
         call.exception()
 
 
-def _parse_loads(reply: object) -> tuple[bytes, dict[str, EndpointLoad]]:
-    """The script's status and the others' load; anything malformed is an error."""
-    if not isinstance(reply, list) or len(reply) % 3 != 1 or not isinstance(reply[0], bytes):
+def _hex(block: int) -> str:
+    """A block hash as the store keeps it: 16 lower-case hex digits."""
+    return f"{block & HASH_MASK:016x}"
+
+
+def _parse_reply(
+    reply: object,
+) -> tuple[
+    bytes,
+    dict[str, EndpointLoad],
+    dict[tuple[int, str], FlowCounts],
+    dict[str, tuple[int, bytes]],
+]:
+    """The script's status, the others' load, their flow counts and their blocks per
+    endpoint; anything malformed is an error (a flow field that does not parse is skipped,
+    as a total that does not)."""
+    if (
+        not isinstance(reply, list)
+        or len(reply) % 3 != 0
+        or not isinstance(reply[0], bytes)
+        or not isinstance(reply[1], int)
+        or not isinstance(reply[2], int)
+        or reply[1] < 0
+        or reply[2] < 0
+        or reply[1] + reply[2] > (len(reply) - 3) // 3
+    ):
         raise SharedStateReplyError(f"redis load sync: unexpected reply {reply!r:.100}")
-    result: dict[str, EndpointLoad] = {}
-    for i in range(1, len(reply), 3):
-        name, requests, tokens = reply[i : i + 3]
-        if not isinstance(name, bytes) or not isinstance(requests, int):
+    loads: dict[str, EndpointLoad] = {}
+    flows: dict[tuple[int, str], FlowCounts] = {}
+    blocks: dict[str, tuple[int, bytes]] = {}
+    end_of_loads = 3 + 3 * reply[1]
+    end_of_flows = end_of_loads + 3 * reply[2]
+    for i in range(3, len(reply), 3):
+        name, first, second = reply[i : i + 3]
+        if not isinstance(name, bytes) or not isinstance(first, int):
             raise SharedStateReplyError(f"redis load sync: unexpected reply {reply!r:.100}")
-        if not isinstance(tokens, int) or requests < 0 or tokens < 0:
+        if i >= end_of_flows and isinstance(second, bytes) and first >= 0:
+            pass  # blocks: (endpoint, count, sampled hashes)
+        elif not isinstance(second, int) or first < 0 or second < 0:
             raise SharedStateReplyError(f"redis load sync: unexpected reply {reply!r:.100}")
         try:
-            result[name.decode()] = EndpointLoad(requests=requests, tokens=tokens)
+            text = name.decode()
         except UnicodeDecodeError as error:
-            raise SharedStateReplyError(f"redis load sync: endpoint name {error}") from error
-    return reply[0], result
+            raise SharedStateReplyError(f"redis load sync: field name {error}") from error
+        if i < end_of_loads:
+            loads[text] = EndpointLoad(requests=first, tokens=second)
+            continue
+        if i >= end_of_flows:
+            if first and isinstance(second, bytes) and len(second) % 16 == 0:
+                blocks[text] = (first, second)
+            continue
+        priority, space, flow = text.partition(" ")
+        try:
+            band = int(priority)
+        except ValueError:
+            continue
+        if space:
+            flows[(band, flow)] = FlowCounts(in_flight=first, waiting=second)
+    return reply[0], loads, flows, blocks

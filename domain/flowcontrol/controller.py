@@ -40,7 +40,7 @@ import asyncio
 import logging
 import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
@@ -68,10 +68,12 @@ from domain.flowcontrol.plugins.static_usage_limit import (
     StaticUsageLimitParameters,
     StaticUsageLimitPolicy,
 )
+from domain.flowcontrol.pool import MAX_PUBLISHED_FLOWS, OVERFLOW_KEY, flow_key
 from domain.flowcontrol.queues import ListQueue, MaxMinHeap, QueueItem
 from domain.flowcontrol.types import (
     FlowControlError,
     FlowControlReason,
+    FlowKey,
     FlowRequest,
     FlowResult,
     QueueOutcome,
@@ -89,6 +91,7 @@ from ports.metric_catalogue import (
     FLOW_CONTROL_QUEUE_SIZE,
 )
 from ports.observer import NoopObserver, Observer
+from ports.shared_state import NO_POOL_FLOWS, FlowCounts, PoolFlows, SharedAdmission
 
 __all__ = ["BandStats", "FlowControlStats", "FlowController"]
 
@@ -99,6 +102,8 @@ _NO_LABELS: Mapping[str, str] = MappingProxyType({})
 
 _DISPATCHED = QueueOutcome.DISPATCHED
 _NOT_YET = QueueOutcome.NOT_YET_FINALIZED
+_ZERO = FlowCounts()
+_NO_COUNTS: Mapping[str, FlowCounts] = MappingProxyType({})
 
 
 def _default_policy(name: str) -> object | None:
@@ -137,6 +142,8 @@ class FlowControlStats:
     tracked_deadlines: int
     saturation: float | None
     bands: tuple[BandStats, ...]
+    #: requests dispatched and not yet released (``FlowController.release``)
+    in_flight: int = 0
 
     def band(self, priority: int) -> BandStats | None:
         for band in self.bands:
@@ -158,13 +165,19 @@ class _Series:
 
 
 class _Flow:
-    __slots__ = ("band", "flow_id", "idle_since", "queue")
+    __slots__ = ("band", "flow_id", "idle_since", "in_flight", "pool_key", "queue", "shared")
 
     def __init__(self, flow_id: str, band: _Band, queue: ListQueue | MaxMinHeap) -> None:
         self.flow_id = flow_id
         self.band = band
         self.queue = queue
         self.idle_since = 0.0
+        #: dispatched and not yet released
+        self.in_flight = 0
+        #: the key this flow is published under while busy (``OVERFLOW_KEY`` beyond the
+        #: cap), None while idle; ``shared``: what it contributes to the published counts
+        self.pool_key: str | None = None
+        self.shared = _ZERO
 
 
 class _Band:
@@ -185,9 +198,12 @@ class _Band:
         "newest",
         "oldest",
         "ordering",
+        "others",
+        "overflow",
         "priority",
         "queues",
         "request_ttl",
+        "shared_flows",
     )
 
     def __init__(
@@ -219,6 +235,38 @@ class _Band:
         self.newest: QueueItem | None = None
         self.idle_since = now
         self.index = 0
+        #: the other processes' flows of this band (shared key -> counts), as of the
+        #: current cycle; ``shared_flows``: this band's flows by their shared key
+        self.others: Mapping[str, FlowCounts] = _NO_COUNTS
+        self.shared_flows: dict[str, _Flow] = {}
+        #: the summed counts of this band's flows published under ``OVERFLOW_KEY``
+        self.overflow = _ZERO
+
+    # BandView: the pool's side
+    def pool_in_flight(self, flow_id: str) -> int:
+        flow = self.flows.get(flow_id)
+        if flow is None:
+            other = self.others.get(flow_key(flow_id))
+            return other.in_flight if other is not None else 0
+        own = flow.in_flight
+        if not self.others:
+            return own
+        other = self.others.get(flow.pool_key or flow_key(flow_id))
+        return own + other.in_flight if other is not None else own
+
+    def waiting_elsewhere(self) -> Iterator[tuple[str, int]]:
+        shared = self.shared_flows
+        for key, counts in self.others.items():
+            if counts.waiting <= 0:
+                continue
+            if key == OVERFLOW_KEY:
+                yield key, counts.in_flight + self.overflow.in_flight
+                continue
+            local = shared.get(key)
+            if local is None:
+                yield key, counts.in_flight
+            elif not len(local.queue):
+                yield key, counts.in_flight + local.in_flight
 
 
 class FlowController:
@@ -229,7 +277,9 @@ class FlowController:
     config's); the three default policy names fall back to in-tree instances when absent.
     Raises ``ValueError`` when a named policy is missing or of the wrong kind.
     ``clock`` is the time base of ``FlowRequest.received_at`` (monotonic seconds);
-    ``timers`` defaults to the running asyncio loop.
+    ``timers`` defaults to the running asyncio loop. ``pool`` shares this controller's
+    flows with the pool's other processes (``domain.flowcontrol.pool``); without it the
+    controller sees only its own.
     """
 
     def __init__(
@@ -243,6 +293,7 @@ class FlowController:
         timers: Timers | None = None,
         pool_name: str = "",
         fairness_label_limit: int = 1000,
+        pool: SharedAdmission | None = None,
     ) -> None:
         self._config = config
         self._saturation_fn = saturation
@@ -282,6 +333,13 @@ class FlowController:
         self._series: dict[tuple[str, int, str, str, str], _Series] = {}
         self._running = False
         self._flow_count = 0
+        self._in_flight = 0
+        #: the other processes of the pool (None: this one alone)
+        self._pool = pool
+        self._pool_flows: PoolFlows = NO_POOL_FLOWS
+        self._published = 0
+        if pool is not None:
+            pool.watch(self.notify)
 
         self._ttl_handle: TimerHandle | None = None
         self._ttl_at = _INF
@@ -338,10 +396,16 @@ class FlowController:
                     now,
                 )
         for band in list(self._order):
+            for flow in band.flows.values():
+                # What was dispatched is forgotten: its releases find no flow.
+                flow.in_flight = 0
+                self._publish(flow)
             self._flow_count -= len(band.flows)
             band.flows.clear()
+            band.shared_flows.clear()
             if not band.configured:
                 self._remove_band(band)
+        self._in_flight = 0
 
     # -- the request path ----------------------------------------------------------------
 
@@ -392,6 +456,37 @@ class FlowController:
         if self._notify_handle is None and self._queued and self._running:
             self._notify_handle = self._timers.call_soon(self._on_notify)
 
+    def release(self, key: FlowKey) -> None:
+        """A request of flow ``key`` that this controller dispatched is done (completed,
+        failed or abandoned): it no longer counts in flight, and a dispatch cycle is
+        scheduled (as ``notify``). Call once per dispatched request."""
+        band = self._bands.get(key.priority)
+        if band is None:
+            return
+        flow = band.flows.get(key.id)
+        if flow is None or flow.in_flight <= 0:
+            return  # dispatched before a stop(): not counted any more
+        flow.in_flight -= 1
+        self._in_flight -= 1
+        if not flow.in_flight and not len(flow.queue):
+            flow.idle_since = now = self._clock()
+            if not band.count:
+                band.idle_since = now
+        if flow.pool_key is not None:
+            self._publish(flow)
+        self.notify()
+
+    @property
+    def in_flight(self) -> int:
+        """Requests this controller dispatched and has not been told are done."""
+        return self._in_flight
+
+    def pool_in_flight(self) -> int:
+        """``in_flight`` plus the other processes' (as of their last shared counts)."""
+        if self._pool is None:
+            return self._in_flight
+        return self._in_flight + self._pool.flows().in_flight
+
     def stats(self) -> FlowControlStats:
         return FlowControlStats(
             running=self._running,
@@ -412,6 +507,7 @@ class FlowController:
                 )
                 for band in self._order
             ),
+            in_flight=self._in_flight,
         )
 
     # -- enqueue ---------------------------------------------------------------------------
@@ -437,7 +533,7 @@ class FlowController:
                         FlowControlReason.QUEUE_AT_CAPACITY,
                     )
                 saturation = self._read_saturation()
-                if self._may_dispatch(band, saturation):
+                if self._may_dispatch(band, saturation) and self._uncontended(band):
                     band.idle_since = start
                     return self._dispatch_now(request, band, start)
                 blocked = True  # the pool has no room for the only request: no cycle
@@ -534,16 +630,23 @@ class FlowController:
                 break
         return True
 
-    def _insert(self, band: _Band, item: QueueItem, now: float) -> None:
-        request = item.request
-        flow_id = request.flow_key.id
+    def _flow(self, band: _Band, flow_id: str) -> _Flow:
+        """The band's flow ``flow_id``, made on first use."""
         flow = band.flows.get(flow_id)
         if flow is None:
             queue = MaxMinHeap(flow_id) if band.heap_queues else ListQueue(flow_id)
             flow = _Flow(flow_id, band, queue)
             band.flows[flow_id] = flow
+            if self._pool is not None:
+                band.shared_flows[flow_key(flow_id)] = flow
             self._flow_count += 1
             self._arm_gc()
+        return flow
+
+    def _insert(self, band: _Band, item: QueueItem, now: float) -> None:
+        request = item.request
+        flow_id = request.flow_key.id
+        flow = self._flow(band, flow_id)
         queue = flow.queue
         if not len(queue):
             band.queues[flow_id] = queue
@@ -566,6 +669,8 @@ class FlowController:
             if item.expires_at < self._ttl_at:
                 self._arm_ttl(item.expires_at)
         self._series_add(item, band)
+        if self._pool is not None:
+            self._publish(flow)
 
     def _unqueue(self, item: QueueItem, now: float) -> None:
         """Removes a queued item from every structure (it is not finalized here)."""
@@ -576,6 +681,8 @@ class FlowController:
         if not len(queue):
             del band.queues[flow.flow_id]
             flow.idle_since = now
+        if self._pool is not None:
+            self._publish(flow)
         prev = item.band_prev
         nxt = item.band_next
         if prev is None:
@@ -620,6 +727,7 @@ class FlowController:
             waiter.set_result(None)
 
     def _dispatch_now(self, request: FlowRequest, band: _Band, start: float) -> FlowResult:
+        self._count_dispatch(self._flow(band, request.flow_key.id))
         self._record_enqueue(request, band.label, _DISPATCHED, start)
         elapsed = self._clock() - start
         self._record_final(request, _DISPATCHED, elapsed)
@@ -698,12 +806,18 @@ class FlowController:
             band = next(b for b in self._order if b.count)
             if not self._may_dispatch(band, self._read_saturation()):
                 break
+            if self._pool is not None:
+                flows = self._pool.flows()
+                if flows.top_waiting is not None and flows.top_waiting > band.priority:
+                    break  # another process's higher band takes the room first
+                band.others = flows.bands.get(band.priority, _NO_COUNTS)
             queue = band.fairness.pick_flow(band.fairness_state, band)
+            if queue is None:
+                break  # the policy holds the band back for now
             item = None
-            if queue is not None:
-                owned = band.queues.get(queue.flow_id)
-                if owned is not None and owned is queue:
-                    item = owned.peek_head()
+            owned = band.queues.get(queue.flow_id)
+            if owned is not None and owned is queue:
+                item = owned.peek_head()
             if item is None:
                 logger.error(
                     "flow control: fairness policy %s picked no queued flow of band %d",
@@ -712,6 +826,7 @@ class FlowController:
                 )
                 break
             now = self._clock()
+            flow: _Flow = item.owner
             self._unqueue(item, now)
             waiter = item.waiter
             if waiter is not None and waiter.cancelled():
@@ -723,9 +838,59 @@ class FlowController:
                     now,
                 )
                 continue
+            self._count_dispatch(flow)
             self._finalize(item, _DISPATCHED, None, now)
             dispatched += 1
         return dispatched
+
+    def _uncontended(self, band: _Band) -> bool:
+        """No other process holds requests waiting in ``band`` or a higher one (a new
+        request may then skip the queue and its fairness policy)."""
+        if self._pool is None:
+            return True
+        top = self._pool.flows().top_waiting
+        return top is None or top < band.priority
+
+    def _count_dispatch(self, flow: _Flow) -> None:
+        flow.in_flight += 1
+        self._in_flight += 1
+        if self._pool is not None:
+            self._publish(flow)
+
+    def _publish(self, flow: _Flow) -> None:
+        """Publish ``flow``'s counts if they changed (see ``domain.flowcontrol.pool``)."""
+        pool = self._pool
+        if pool is None:
+            return
+        in_flight = flow.in_flight
+        waiting = len(flow.queue)
+        old = flow.shared
+        if old.in_flight == in_flight and old.waiting == waiting:
+            return
+        new = FlowCounts(in_flight, waiting) if in_flight or waiting else _ZERO
+        key = flow.pool_key
+        if key is None:
+            if self._published < MAX_PUBLISHED_FLOWS:
+                key = flow_key(flow.flow_id)
+                self._published += 1
+            else:
+                key = OVERFLOW_KEY
+            flow.pool_key = key
+        flow.shared = new
+        band = flow.band
+        if key == OVERFLOW_KEY:
+            total = band.overflow
+            band.overflow = FlowCounts(
+                total.in_flight + new.in_flight - old.in_flight,
+                total.waiting + new.waiting - old.waiting,
+            )
+            pool.publish_flow(band.priority, OVERFLOW_KEY, band.overflow)
+        else:
+            pool.publish_flow(band.priority, key, new)
+        if new is _ZERO:
+            if key != OVERFLOW_KEY:
+                self._published -= 1
+            flow.pool_key = None
 
     # -- timers ----------------------------------------------------------------------------
 
@@ -797,10 +962,13 @@ class FlowController:
             idle = [
                 flow_id
                 for flow_id, flow in band.flows.items()
-                if not len(flow.queue) and now - flow.idle_since >= flow_timeout
+                if not len(flow.queue)
+                and not flow.in_flight
+                and now - flow.idle_since >= flow_timeout
             ]
             for flow_id in idle:
                 del band.flows[flow_id]
+                band.shared_flows.pop(flow_key(flow_id), None)
             self._flow_count -= len(idle)
             if (
                 not band.configured

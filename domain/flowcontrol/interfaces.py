@@ -8,9 +8,10 @@ per-band state lives in the object ``FairnessPolicy.new_state`` returns.
   whose order is not arrival order sets ``requires_priority_queue`` so its flows get a
   ``MaxMinHeap`` (otherwise a FIFO ``ListQueue``, whose head is simply the oldest item).
 - ``FairnessPolicy``: which flow of a band dispatches next, from the band's non-empty
-  queues (keyed by fairness id), given as a ``BandView``. (The method is ``pick_flow``,
-  not ``pick``: extension points are found structurally, and ``pick`` would make a
-  fairness policy look like a scheduling Picker.)
+  queues (keyed by fairness id), given as a ``BandView``, or None to dispatch nothing
+  from the band now (the controller tries again at its next cycle). (The method is
+  ``pick_flow``, not ``pick``: extension points are found structurally, and ``pick``
+  would make a fairness policy look like a scheduling Picker.)
 - ``UsageLimitPolicy``: the saturation ceiling of each band. ``priorities`` run from the
   highest to the lowest; the result has one ceiling per priority, in the same order. A
   band dispatches only while the pool's saturation is below its ceiling.
@@ -19,7 +20,7 @@ per-band state lives in the object ``FairnessPolicy.new_state`` returns.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 from domain.flowcontrol.queues import FlowQueue, QueueItem
@@ -69,6 +70,18 @@ class BandView(Protocol):
     def arrival_ordered(self) -> bool:
         """True when every queue of the band is FIFO (its ordering policy's order is
         arrival order), so ``oldest`` is also the band's best head."""
+        ...
+
+    def pool_in_flight(self, flow_id: str) -> int:
+        """The requests of flow ``flow_id`` dispatched and not yet done in the whole pool:
+        this process's count plus the other processes' (``domain.flowcontrol.pool``; this
+        process's alone when it shares nothing)."""
+        ...
+
+    def waiting_elsewhere(self) -> Iterator[tuple[str, int]]:
+        """The flows of this band with requests waiting at other processes and none here:
+        each flow's shared key and its in-flight count over the pool. Nothing when this
+        process shares nothing."""
         ...
 
 

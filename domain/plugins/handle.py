@@ -17,7 +17,7 @@ from ports.kv_events import KVBlockStore
 from ports.observer import NoopObserver, Observer
 from ports.prefix_index import BlockHasher, PrefixIndex
 from ports.sessions import SessionStore
-from ports.shared_state import SharedLoad
+from ports.shared_state import SharedKVBlocks, SharedLoad
 
 __all__ = ["Handle"]
 
@@ -35,6 +35,8 @@ class Handle:
     write of which may take ``shared_state_deadline`` seconds on the request path.
     ``kv_block_store`` is the pool's shared copy of the KV-block index (``None``: no shared
     store; ``precise-prefix-cache-producer`` then keeps its index in memory only).
+    ``shared_kv_blocks`` carries the KV blocks each process's ``kv-capacity-gate`` counts
+    (``None``: not shared; the gate counts the other processes' ``shared_load`` instead).
     ``shared_degraded`` is the process's shared-state degraded gauge, which every component
     on the shared store reports to (``None``: a plugin reports to ``observer`` alone).
     """
@@ -51,6 +53,7 @@ class Handle:
     #: Seconds a shared store may take per call on the request path (``--redis-deadline``).
     shared_state_deadline: float = 0.005
     kv_block_store: KVBlockStore | None = None
+    shared_kv_blocks: SharedKVBlocks | None = None
     shared_degraded: DegradedGauge | None = None
     plugins: dict[str, Plugin] = field(default_factory=dict)
 

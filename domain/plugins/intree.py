@@ -61,6 +61,7 @@ IN_TREE_MODULES = (
     "domain.flowcontrol.plugins.slo_deadline_ordering",
     "domain.flowcontrol.plugins.global_strict_fairness",
     "domain.flowcontrol.plugins.round_robin_fairness",
+    "domain.flowcontrol.plugins.max_min_fairness",
     "domain.flowcontrol.plugins.static_usage_limit",
 )
 

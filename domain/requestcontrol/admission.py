@@ -29,11 +29,17 @@ from domain.flowcontrol import (
     FlowResult,
     QueueOutcome,
 )
-from domain.requestcontrol.interfaces import SaturationDetector
+from domain.requestcontrol.interfaces import CapacityDetector, SaturationDetector
 from domain.scheduling.types import Candidate, InferenceRequest
 from ports.observer import NoopObserver, Observer, Span
 
-__all__ = ["Admission", "CandidateLookup", "FlowControlAdmission", "LegacyAdmission"]
+__all__ = [
+    "Admission",
+    "CandidateLookup",
+    "FlowControlAdmission",
+    "FlowSaturation",
+    "LegacyAdmission",
+]
 
 SLO_TTFT_HEADER = "x-slo-ttft-ms"
 #: The wait for flow control's verdict (attributes ``priority``, ``fairness_id``).
@@ -49,14 +55,14 @@ class Admission(Protocol):
 
     ``candidates`` looks the request's candidate endpoints up; ``parent`` is the request's
     orchestration span, for a span of any wait. ``done`` is called once for every admitted
-    request when it completes (capacity may have freed up).
+    request when it completes, whatever the outcome (capacity may have freed up).
     """
 
     async def admit(
         self, request: InferenceRequest, candidates: CandidateLookup, parent: Span
     ) -> list[Candidate]: ...
 
-    def done(self) -> None: ...
+    def done(self, request: InferenceRequest) -> None: ...
 
 
 class LegacyAdmission:
@@ -73,7 +79,7 @@ class LegacyAdmission:
             raise ResourceExhaustedError("system saturated, sheddable request dropped")
         return found
 
-    def done(self) -> None:
+    def done(self, request: InferenceRequest) -> None:
         return None
 
 
@@ -138,8 +144,10 @@ class FlowControlAdmission:
             return
         raise _error_of(result)
 
-    def done(self) -> None:
-        self._controller.notify()
+    def done(self, request: InferenceRequest) -> None:
+        """The request no longer counts in flight for its flow (and capacity may have
+        freed up: the controller runs a dispatch cycle)."""
+        self._controller.release(FlowKey(request.fairness_id, request.priority))
 
 
 def _error_of(result: FlowResult) -> EppError:
@@ -154,3 +162,33 @@ def _error_of(result: FlowResult) -> EppError:
     if result.error is not None and result.error.reason is FlowControlReason.DISPLACED:
         return ResourceExhaustedError(message)
     return InternalError(message)
+
+
+class FlowSaturation:
+    """The pool's saturation as flow control reads it (``FlowController``'s ``saturation``).
+
+    The detector's saturation over the candidates ``candidates()`` returns; when the
+    detector also knows their capacity in requests (``CapacityDetector``), the requests
+    the controller has in flight over the pool (``FlowController.pool_in_flight``) divided
+    by it, if higher. Set ``controller`` once the controller is built."""
+
+    def __init__(
+        self, detector: SaturationDetector, candidates: Callable[[], list[Candidate]]
+    ) -> None:
+        self._detector = detector
+        self._capacity = detector if isinstance(detector, CapacityDetector) else None
+        self._candidates = candidates
+        self.controller: FlowController | None = None
+
+    def __call__(self) -> float:
+        candidates = self._candidates()
+        value = self._detector.saturation(candidates)
+        if self._capacity is None or self.controller is None:
+            return value
+        capacity = self._capacity.capacity(candidates)
+        if capacity is None:
+            return value
+        in_flight = self.controller.pool_in_flight()
+        if capacity <= 0:
+            return max(value, 1.0 if in_flight else 0.0)
+        return max(value, in_flight / capacity)

@@ -593,8 +593,8 @@ class RequestExchangeState:
             if self._admitted:
                 self._admitted = False
                 admission = self._control.admission
-                if admission is not None:
-                    admission.done()
+                if admission is not None and request is not None:
+                    admission.done(request)
             self._scanner = None
             self._response = None
 

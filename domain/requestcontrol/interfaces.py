@@ -15,6 +15,7 @@ from ports.endpoints import EndpointInfo
 
 __all__ = [
     "Admitter",
+    "CapacityDetector",
     "DataProducer",
     "Parser",
     "PlacementClaimer",
@@ -162,3 +163,16 @@ class SaturationDetector(Protocol):
     def typed_name(self) -> TypedName: ...
 
     def saturation(self, candidates: Sequence[Candidate]) -> float: ...
+
+
+@runtime_checkable
+class CapacityDetector(Protocol):
+    """A saturation detector that also knows how many requests the candidates can serve at
+    once. Flow control then gates on the requests it has in flight over the pool (counted
+    when it lets them go, so without the lag of a count booked after scheduling) divided
+    by that capacity, or the detector's saturation when higher."""
+
+    def capacity(self, candidates: Sequence[Candidate]) -> float | None:
+        """Requests the candidates can serve at once (``inf``: no limit known); None when
+        this detector does not count requests (then only ``saturation`` is used)."""
+        ...

@@ -7,7 +7,10 @@ stream (``tests.support.stack``, ``epp_replicas``), each column on a fresh stack
 - ``1 replica``: one EPP, default profile, no ``--redis-url``;
 - ``3 local``: three EPPs, each with its own in-process state;
 - ``3 redis``: three EPPs on one real ``redis-server`` (``tests.support.redis``);
-- ``3 cluster``: three EPPs on a 3-master Redis Cluster (``redis+cluster://``).
+- ``3 cluster``: three EPPs on a 3-master Redis Cluster (``redis+cluster://``);
+- ``3 redis, gate estimate`` (``redis-est``): ``3 redis`` with ``--redis-shared-admission=false``:
+  ``kv-capacity-gate`` counts the other replicas' requests by their published uncached
+  tokens instead of the pool's KV blocks.
 
 Prints routing_quality's table (hit rate from the simulators' own counters, simulated TTFT,
 requests per instance, instances per group, ...) and, per column:
@@ -97,7 +100,11 @@ COLUMNS: dict[str, tuple[str, int, str | None]] = {
     "local": ("3 local", REPLICAS, None),
     "redis": ("3 redis", REPLICAS, "server"),
     "cluster": ("3 cluster", REPLICAS, "cluster"),
+    "redis-est": ("3 redis, gate estimate", REPLICAS, "server"),
 }
+#: Column key → more EPP flags: ``redis-est`` keeps kv-capacity-gate (and flow control) per
+#: process, counting the other replicas' requests by their published uncached tokens.
+COLUMN_FLAGS: dict[str, list[str]] = {"redis-est": ["--redis-shared-admission=false"]}
 
 SCHEDULER = "inference_extension_scheduler_e2e_duration_seconds"
 ROUNDTRIP = "inference_extension_shared_state_roundtrip_seconds"
@@ -228,7 +235,7 @@ class Column:
 def run_column(key: str, args: argparse.Namespace, workload: Sequence[tuple[int, str]]) -> Column:
     name, _, deadline = key.partition("@")
     label, replicas, kind = COLUMNS[name]
-    more = args.redis_args.split() if kind else []
+    more = (args.redis_args.split() if kind else []) + COLUMN_FLAGS.get(name, [])
     if deadline:
         label += f" {deadline}"
         deadline, _, claim_deadline = deadline.partition("/")

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from adapters.redis import RedisClient, connect
+from tests.contract.processes import Processes
 from tests.support.redis import RedisCluster, RedisServer, TlsFiles, make_tls_files, redis_available
 
 __all__: list[str] = []
@@ -100,3 +101,23 @@ def silent_port() -> Iterator[int]:
         listener.bind(("127.0.0.1", 0))
         listener.listen(16)
         yield int(listener.getsockname()[1])
+
+
+@pytest.fixture(params=BACKENDS)
+async def pool(request: pytest.FixtureRequest, key_prefix: str) -> AsyncIterator[Processes]:
+    name: str = request.param
+    client: RedisClient | None = None
+    if name == "redis":
+        client = connect(
+            request.getfixturevalue("redis_server").url, socket_timeout=CONTRACT_TIMEOUT
+        )
+    elif name == "redis-cluster":
+        client = connect(
+            request.getfixturevalue("redis_cluster").url, socket_timeout=CONTRACT_TIMEOUT
+        )
+    made = Processes(client, key_prefix)
+    yield made
+    for load in made.started:
+        await load.stop()
+    if client is not None:
+        await client.aclose()

@@ -40,6 +40,7 @@ ACL_COMMANDS = (
     "+ping +evalsha +eval +hdel +zrange +del +zrem "  # sent by the client
     # sent by the scripts
     "+hgetall +hget +hmget +hset +hlen +pexpire +zadd +zcard +zpopmin +zremrangebyscore +time"
+    " +hkeys +sadd +srem +scard +smembers +hincrby +zrangebyscore"
 )
 #: What the cluster client sends besides: the slot map, ``ASKING`` while a slot moves, and
 #: ``COMMAND`` (the command table it routes by, read when it starts).

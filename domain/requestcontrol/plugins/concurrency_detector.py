@@ -11,6 +11,10 @@ attribute counts as idle.
   candidates is 1.0 (saturated).
 - ``filter`` keeps the candidates whose load is below ``limit * (1 + headroom)``. It does
   not fail open: when every candidate is at its limit the result is empty.
+- ``capacity(candidates)`` (``requests`` mode) = ``maxConcurrency`` * number of candidates:
+  flow control then gates on the requests it has let go over the pool against it
+  (``CapacityDetector``), which counts a request from the moment it leaves the queue,
+  before scheduling books it on an endpoint.
 """
 
 from __future__ import annotations
@@ -85,6 +89,11 @@ class ConcurrencyDetector(ConsumerPlugin):
             return 1.0
         in_flight = sum(self._load(candidate) for candidate in candidates)
         return in_flight / (self._limit * len(candidates))
+
+    def capacity(self, candidates: Sequence[Candidate]) -> float | None:
+        if self._tokens:
+            return None
+        return self._limit * len(candidates)
 
     # Filter
     def filter(

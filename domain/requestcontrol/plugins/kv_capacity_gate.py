@@ -45,14 +45,23 @@ The rules:
 - a held request whose client goes away leaves the queue; when the endpoint is deleted,
   its held requests go on at once (to their fallbacks, if any).
 
-Several EPP processes (replicas or workers sharing state, the Handle's ``shared_load``): the
-other processes' in-flight load on the endpoint, as the ``inflight-load-producer`` publishes
-it (their uncached input tokens and requests, up to ``SharedLoad.staleness`` old), counts
-too, as that many blocks plus one output block per request. Their shared prefix blocks are
-not known here, so the count stays an estimate. Their requests end without a release here,
-so while requests are held the gate looks again every ``max(staleness,
-MIN_RECHECK_INTERVAL)``. Where the count is short, the servers queue the rest, as they would
-without the gate.
+Several EPP processes (replicas or workers sharing state):
+
+- with the pool's blocks (the Handle's ``shared_kv_blocks``: ``--redis-url`` and
+  ``--redis-shared-admission``, the default), each gate publishes, per endpoint, the prefix
+  blocks its counted requests hold and their blocks that are not shared, and counts the
+  blocks the other processes' requests hold there beyond its own: a prefix block held by
+  requests of several processes counts once, as in the server's cache, so the fit test is
+  the one a single process would make, up to ``SharedLoad.staleness`` old;
+- otherwise (or for an endpoint no other gate publishes blocks for, or while the pool's
+  copy is older than its lease: the store is down) the other processes' in-flight load on
+  the endpoint, as the ``inflight-load-producer`` publishes it (their uncached input tokens
+  and requests, the Handle's ``shared_load``), counts as that many blocks plus one output
+  block per request: an estimate that misses the cached prefix blocks their requests hold.
+
+Their requests end without a release here, so while requests are held the gate looks
+again every ``max(staleness, MIN_RECHECK_INTERVAL)``. Where the count is short, the servers
+queue the rest, as they would without the gate.
 """
 
 from __future__ import annotations
@@ -75,7 +84,7 @@ from domain.sharedstate.load import LocalSharedLoad
 from ports.codec import JsonCodec
 from ports.endpoints import EndpointEvent, EndpointEventKind, EndpointInfo
 from ports.metric_catalogue import KV_GATE_HELD, KV_GATE_WAIT
-from ports.shared_state import EndpointLoad
+from ports.shared_state import HASH_MASK, SAMPLE_MASK, EndpointLoad, PoolBlocks, SharedKVBlocks
 
 __all__ = [
     "HIT_SHARE_WEIGHT",
@@ -144,14 +153,22 @@ class _Endpoint:
         #: held requests, best first
         self.held: list[_Held] = []
 
-    def fits(self, footprint: _Footprint, others: EndpointLoad | None) -> bool:
-        """Whether ``footprint`` fits beside the counted requests and ``others``' (the
-        other EPP processes' in-flight load here: their uncached tokens, in blocks, and one
-        output block per request)."""
+    def fits(self, footprint: _Footprint, others: EndpointLoad | PoolBlocks | None) -> bool:
+        """Whether ``footprint`` fits beside the counted requests and the other EPP
+        processes' here: the blocks they hold beyond this process's (``PoolBlocks``; the
+        prefix blocks of ``footprint`` they hold are not new), or their in-flight load
+        (their uncached tokens, in blocks, and one output block per request)."""
         per_block = footprint.tokens_per_block
         capacity = self.capacity_tokens // per_block
         used = len(self.refs) + self.own
-        if others is not None and others.requests > 0:
+        hashes = footprint.hashes
+        if isinstance(others, PoolBlocks):
+            if others.count > 0:
+                used += others.count
+                hashes = hashes[_held_elsewhere(hashes, others.sampled) :]
+            elif self.requests == 0:
+                return True
+        elif others is not None and others.requests > 0:
             used += -(-others.tokens // per_block) + others.requests
         elif self.requests == 0:
             return True
@@ -163,30 +180,39 @@ class _Endpoint:
         # Stop counting the blocks it would add once they exceed the room: a request that
         # does not fit costs at most the room in lookups, however long its prompt.
         refs = self.refs
-        for h in footprint.hashes:
+        for h in hashes:
             if h not in refs:
                 room -= 1
                 if room < 0:
                     return False
         return True
 
-    def add(self, footprint: _Footprint) -> None:
+    def add(self, footprint: _Footprint) -> list[int]:
+        """Count ``footprint``; returns the prefix blocks it is the first to hold."""
         refs = self.refs
+        new: list[int] = []
         for h in footprint.hashes:
-            refs[h] = refs.get(h, 0) + 1
+            held = refs.get(h, 0)
+            if not held:
+                new.append(h)
+            refs[h] = held + 1
         self.own += footprint.own
         self.requests += 1
+        return new
 
-    def remove(self, footprint: _Footprint) -> None:
+    def remove(self, footprint: _Footprint) -> list[int]:
+        """Stop counting ``footprint``; returns the prefix blocks no request holds now."""
         refs = self.refs
+        freed: list[int] = []
         for h in footprint.hashes:
             left = refs.get(h, 0) - 1
             if left > 0:
                 refs[h] = left
-            else:
-                refs.pop(h, None)
+            elif refs.pop(h, None) is not None:
+                freed.append(h)
         self.own = max(0, self.own - footprint.own)
         self.requests = max(0, self.requests - 1)
+        return freed
 
 
 class _Held:
@@ -239,6 +265,8 @@ class KVCapacityGate:
         self._shared = shared
         #: False for ``LocalSharedLoad``: no other process's load to read or wait for.
         self._pooled = not isinstance(shared, LocalSharedLoad)
+        #: the pool's blocks per endpoint (None: not shared, the load estimate counts)
+        self._pool: SharedKVBlocks | None = handle.shared_kv_blocks if self._pooled else None
         self._recheck_interval = max(shared.staleness, MIN_RECHECK_INTERVAL)
         self._timer: asyncio.TimerHandle | None = None
         handle.datastore.subscribe(self._on_endpoint_event)
@@ -275,7 +303,7 @@ class KVCapacityGate:
             return
         if state.hit_share < MIN_HIT_SHARE:
             # Nothing to let pass: the server's own queue serves these as well, sooner.
-            self._let_all_in(state, "let_in")
+            self._let_all_in(name, state, "let_in")
             self._count(request, name, state, footprint)
             return
         if not state.held and state.fits(footprint, self._others(name)):
@@ -313,7 +341,7 @@ class KVCapacityGate:
         except asyncio.CancelledError:
             outcome = "gone"
             if future.done():
-                state.remove(waiter.footprint)
+                self._remove(name, state, waiter.footprint)
                 self._let_in(name, state)
             else:
                 future.cancel()
@@ -332,8 +360,18 @@ class KVCapacityGate:
     def _count(
         self, request: InferenceRequest, name: str, state: _Endpoint, footprint: _Footprint
     ) -> None:
-        state.add(footprint)
+        self._add(name, state, footprint)
         self._record(request, name, state, footprint)
+
+    def _add(self, name: str, state: _Endpoint, footprint: _Footprint) -> None:
+        new = state.add(footprint)
+        if self._pool is not None:
+            self._pool.publish_blocks(name, new, (), state.own)
+
+    def _remove(self, name: str, state: _Endpoint, footprint: _Footprint) -> None:
+        freed = state.remove(footprint)
+        if self._pool is not None:
+            self._pool.publish_blocks(name, (), freed, state.own)
 
     def _record(
         self, request: InferenceRequest, name: str, state: _Endpoint, footprint: _Footprint
@@ -348,8 +386,16 @@ class KVCapacityGate:
         rest = max(0, input_tokens(request, self._codec) - len(hashes) * per_block)
         return _Footprint(hashes, -(-rest // per_block) + 1, per_block)
 
-    def _others(self, name: str) -> EndpointLoad | None:
-        return self._shared.others().get(name) if self._pooled else None
+    def _others(self, name: str) -> EndpointLoad | PoolBlocks | None:
+        """The other processes' use of endpoint ``name``: the blocks they hold beyond this
+        process's when the pool shares them, else their in-flight load (see the module)."""
+        if not self._pooled:
+            return None
+        if self._pool is not None:
+            blocks = self._pool.kv_blocks()
+            if blocks:
+                return blocks.get(name, _NO_POOL_BLOCKS)
+        return self._shared.others().get(name)
 
     def _let_in(self, name: str, state: _Endpoint) -> None:
         """Let the held requests of endpoint ``name`` that fit go on, best first."""
@@ -368,7 +414,7 @@ class KVCapacityGate:
                 continue
             del held[index]
             # Counted now, so the next fit test sees it; the waiter only records it.
-            state.add(waiter.footprint)
+            self._add(name, state, waiter.footprint)
             waiter.future.set_result(None)
         if held and self._pooled and self._timer is None:
             # Other processes' requests end without telling this one: look again later.
@@ -381,12 +427,11 @@ class KVCapacityGate:
             if state.held:
                 self._let_in(name, state)
 
-    @staticmethod
-    def _let_all_in(state: _Endpoint, outcome: str) -> None:
+    def _let_all_in(self, name: str, state: _Endpoint, outcome: str) -> None:
         """Let every held request of ``state`` go on, room or not."""
         for waiter in state.held:
             if not waiter.future.done():
-                state.add(waiter.footprint)
+                self._add(name, state, waiter.footprint)
                 waiter.outcome = outcome
                 waiter.future.set_result(None)
         state.held.clear()
@@ -403,7 +448,7 @@ class KVCapacityGate:
         if counted is None:
             return
         state = counted.endpoint
-        state.remove(counted.footprint)
+        self._remove(counted.name, state, counted.footprint)
         if state.held:
             self._let_in(counted.name, state)
 
@@ -413,7 +458,22 @@ class KVCapacityGate:
         state = self._endpoints.pop(endpoint.name, None)
         if state is None:
             return
-        self._let_all_in(state, "deleted")
+        self._let_all_in(endpoint.name, state, "deleted")
+
+
+_NO_POOL_BLOCKS = PoolBlocks()
+
+
+def _held_elsewhere(hashes: Sequence[int], sampled: frozenset[int]) -> int:
+    """How many of ``hashes`` (a chain) other processes' requests hold, as far as their
+    sampled hashes tell: up to the last one of ``hashes`` among them."""
+    if not sampled:
+        return 0
+    for i in range(len(hashes) - 1, -1, -1):
+        h = hashes[i] & HASH_MASK
+        if not h & SAMPLE_MASK and h in sampled:
+            return i + 1
+    return 0
 
 
 def _capacity_tokens(target: Candidate) -> int:

@@ -16,6 +16,7 @@ from domain.flowcontrol import (
     FlowControlConfig,
     FlowController,
     FlowControlReason,
+    FlowKey,
     FlowQueue,
     FlowResult,
     PriorityBandConfig,
@@ -751,6 +752,9 @@ async def test_idle_flows_and_on_demand_bands_are_collected() -> None:
     band = h.controller.stats().band(3)
     assert band is not None
     assert band.flows == 1
+    await h.advance(1000.0)
+    assert h.controller.stats().band(3).flows == 1  # type: ignore[union-attr]  # in flight
+    h.controller.release(FlowKey("f1", 3))  # the request ended
     await h.advance(299.0)
     assert h.controller.stats().band(3).flows == 1  # type: ignore[union-attr]
     await h.advance(300.0)  # flow idle > 5 min (sweep every 150 s)

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 
 import pytest
 
@@ -21,6 +22,7 @@ from domain.flowcontrol import (
 from domain.flowcontrol.plugins.edf_ordering import EdfOrderingPolicy
 from domain.flowcontrol.plugins.fcfs_ordering import FcfsOrderingPolicy
 from domain.flowcontrol.plugins.global_strict_fairness import GlobalStrictFairnessPolicy
+from domain.flowcontrol.plugins.max_min_fairness import MaxMinFairnessPolicy
 from domain.flowcontrol.plugins.round_robin_fairness import RoundRobinFairnessPolicy
 from domain.flowcontrol.plugins.slo_deadline_ordering import SloDeadlineOrderingPolicy
 from domain.flowcontrol.plugins.static_usage_limit import (
@@ -47,6 +49,7 @@ POLICY_TYPES = {
     "slo-deadline-ordering-policy": OrderingPolicy,
     "global-strict-fairness-policy": FairnessPolicy,
     "round-robin-fairness-policy": FairnessPolicy,
+    "max-min-fairness-policy": FairnessPolicy,
     "static-usage-limit-policy": UsageLimitPolicy,
 }
 
@@ -144,16 +147,25 @@ def test_slo_deadline_orders_by_received_plus_ttft_slo() -> None:
 
 @dataclass
 class View:
-    """A ``BandView`` over plain queues."""
+    """A ``BandView`` over plain queues; ``in_flight`` is each flow's count over the pool,
+    ``elsewhere`` the flows waiting only at other processes."""
 
     queues: dict[str, FlowQueue]
     arrival_ordered: bool = True
     priority: int = 0
+    in_flight: dict[str, int] = field(default_factory=dict)
+    elsewhere: list[tuple[str, int]] = field(default_factory=list)
 
     @property
     def oldest(self) -> QueueItem | None:
         heads = [item for queue in self.queues.values() for item in queue]  # type: ignore[attr-defined]
         return min(heads, key=lambda i: i.seq) if heads else None
+
+    def pool_in_flight(self, flow_id: str) -> int:
+        return self.in_flight.get(flow_id, 0)
+
+    def waiting_elsewhere(self) -> Iterator[tuple[str, int]]:
+        return iter(self.elsewhere)
 
 
 def band_of(*groups: tuple[str, list[QueueItem]]) -> View:
@@ -214,6 +226,29 @@ def test_round_robin_skips_flows_that_left_and_keeps_state_per_band() -> None:
     assert picked is queues["a"]
     assert policy.pick_flow(band_two, all_three) is queues["a"]
     assert policy.pick_flow(band_one, View({})) is None
+
+
+def test_max_min_picks_the_flow_with_the_fewest_in_flight() -> None:
+    policy = MaxMinFairnessPolicy(TypedName("t", "n"), EmptyParameters())
+    fcfs = FcfsOrderingPolicy(TypedName("t", "n"), EmptyParameters())
+    heavy = [ordered(fcfs, item(0, enqueued_at=1.0, flow="heavy"))]
+    light = [ordered(fcfs, item(1, enqueued_at=2.0, flow="light"))]
+    band = band_of(("heavy", heavy), ("light", light))
+    band.in_flight = {"heavy": 9, "light": 2}
+    assert policy.pick_flow(None, band) is band.queues["light"]  # though its head is newer
+    band.in_flight = {"heavy": 3, "light": 3}
+    assert policy.pick_flow(None, band) is band.queues["heavy"]  # a tie: the older head
+    assert policy.pick_flow(None, View({})) is None
+
+
+def test_max_min_yields_to_a_flow_further_below_its_share_elsewhere() -> None:
+    policy = MaxMinFairnessPolicy(TypedName("t", "n"), EmptyParameters())
+    band = band_of(("heavy", [item(0, flow="heavy")]))
+    band.in_flight = {"heavy": 6}
+    band.elsewhere = [("light", 2)]
+    assert policy.pick_flow(None, band) is None  # the room goes to the other process
+    band.elsewhere = [("light", 6), ("other", 7)]
+    assert policy.pick_flow(None, band) is band.queues["heavy"]  # not below: dispatch here
 
 
 def test_static_usage_limit_gives_every_band_the_threshold() -> None:

@@ -402,3 +402,52 @@ async def test_other_processes_load_counts_and_their_ends_let_held_requests_in(
     other.publish("pod-a", EndpointLoad())
     await asyncio.wait_for(task, 1)
     assert gate.held("pod-a") == 0
+
+
+def _pooled(board: LoadBoard, name: str) -> Handle:
+    """The handle of process ``name`` of a pool that shares its KV blocks on ``board``."""
+    handle = make_handle()
+    member = board.member(name)
+    handle.shared_load = member
+    handle.shared_kv_blocks = member
+    return handle
+
+
+async def test_a_prefix_another_process_holds_counts_once() -> None:
+    board = LoadBoard()
+    here, there = _pooled(board, "this"), _pooled(board, "other")
+    gate, pod = await _warmed(here)
+    other_gate, other_pod = await _warmed(there)
+    # The other process runs a request on prefix A (60 blocks + 1) on the server.
+    running = _request("a1", "A", 60)
+    await asyncio.wait_for(other_gate.pre_request(running, _result(other_pod)), 1)
+    # Another request on A fits beside it: the server holds A's blocks once.
+    same = _request("a2", "A", 60)
+    await asyncio.wait_for(gate.pre_request(same, _result(pod)), 1)
+    # A request on a new prefix of 60 blocks does not fit beside A's 60 + 2.
+    new = await _started(gate, _request("b1", "B", 60), pod)
+    assert not new.done()
+    assert gate.held("pod-a") == 1
+    # This process's A request ends; the other's still holds A's 61 blocks: B waits.
+    await gate.response_body(same, _end(same), pod.info)
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert gate.held("pod-a") == 1
+    # The other process's ends too: B goes on.
+    await other_gate.response_body(running, _end(running), other_pod.info)
+    await asyncio.wait_for(new, 1)
+    assert gate.held("pod-a") == 0
+
+
+async def test_the_other_process_ends_let_held_requests_in() -> None:
+    board = LoadBoard()
+    here, there = _pooled(board, "this"), _pooled(board, "other")
+    gate, pod = await _warmed(here)
+    other_gate, other_pod = await _warmed(there)
+    running = _request("a1", "A", 90)
+    await asyncio.wait_for(other_gate.pre_request(running, _result(other_pod)), 1)
+    task = await _started(gate, _request("b1", "B", 60), pod)
+    assert not task.done(), "nothing of this process runs there, but the server is full"
+    await other_gate.response_body(running, _end(running), other_pod.info)
+    await asyncio.wait_for(task, 1)  # seen at the gate's next look, without a release here
+    assert gate.held("pod-a") == 0

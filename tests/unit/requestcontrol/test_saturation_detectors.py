@@ -8,6 +8,7 @@ import pytest
 
 from domain.datalayer.attributes import IN_FLIGHT_LOAD, InFlightLoad
 from domain.plugins.base import Duration, PluginRegistry, TypedName
+from domain.requestcontrol.admission import FlowSaturation
 from domain.requestcontrol.interfaces import SaturationDetector
 from domain.requestcontrol.plugins import concurrency_detector, inflight_load, utilization_detector
 from domain.requestcontrol.plugins.concurrency_detector import (
@@ -233,6 +234,40 @@ def test_default_token_limit_is_one_million() -> None:
 
 def test_concurrency_no_candidates_is_saturated() -> None:
     assert _concurrency().saturation([]) == 1.0
+
+
+def test_concurrency_capacity_in_requests_mode_only() -> None:
+    assert _concurrency(max_concurrency=4).capacity([candidate("a"), candidate("b")]) == 8
+    assert _concurrency(concurrency_mode="tokens").capacity([candidate("a")]) is None
+
+
+class _InFlight:
+    """What ``FlowSaturation`` reads of a flow controller."""
+
+    def __init__(self, count: int) -> None:
+        self.count = count
+
+    def pool_in_flight(self) -> int:
+        return self.count
+
+
+def test_flow_saturation_counts_requests_let_go_before_they_are_booked() -> None:
+    booked = [_loaded("a", requests=1), _loaded("b", requests=0)]
+    saturation = FlowSaturation(_concurrency(max_concurrency=2), lambda: booked)
+    assert saturation() == pytest.approx(1 / 4)  # no controller yet: the detector's
+    controller = _InFlight(3)  # two let go and not booked yet
+    saturation.controller = controller  # type: ignore[assignment]
+    assert saturation() == pytest.approx(3 / 4)
+    controller.count = 0  # the booked count is higher: it wins
+    assert saturation() == pytest.approx(1 / 4)
+
+
+def test_flow_saturation_of_a_detector_without_capacity_is_the_detectors(
+    clock: FakeClock,
+) -> None:
+    saturation = FlowSaturation(_utilization(clock), lambda: [_fresh("a", waiting=5)])
+    saturation.controller = _InFlight(1000)  # type: ignore[assignment]
+    assert saturation() == pytest.approx(1.0)
 
 
 def test_concurrency_filter_keeps_endpoints_below_limit() -> None:

@@ -1,0 +1,521 @@
+"""Benchmark (not a test): flow control's fairness and priority over EPP replicas.
+
+Every column is a fresh stack (``tests.support.stack``): ``--instances`` (3) simulated vLLM
+servers (``h100-8b`` timings, ``--time-scale`` 0.5: far from their own batch limit, so the
+pool is saturated by the EPP's ``concurrency-detector``, ``--max-concurrency`` (8) requests
+per server, 24 over the pool), behind one Envoy and the column's EPPs. Columns
+(``--columns``):
+
+- ``1``: one EPP, ``round-robin-fairness-policy`` (flow control as it was, one process);
+- ``3-local``: three EPPs on one ``redis-server`` with ``--redis-shared-admission=false``:
+  the in-flight load is shared (the detector sees the pool's), flow control is per process,
+  ``round-robin-fairness-policy``;
+- ``3-pool``: three EPPs on one ``redis-server``, flow control over the pool,
+  ``max-min-fairness-policy``;
+- ``1-maxmin``: one EPP, ``max-min-fairness-policy``;
+- ``3-off``: three EPPs on Redis without flow control (the servers queue everything).
+
+Each EPP runs the default scheduling profile plus::
+
+    featureGates: [flowControl]
+    plugins: [..., concurrency-detector {maxConcurrency}, <fairness policy>]
+    saturationDetector: {pluginRef: concurrency-detector}
+    flowControl: {defaultRequestTTL: 60s, defaultPriorityBand: {fairnessPolicyRef: ...}}
+
+Scenarios (``--scenarios``), each phase ``--warmup`` (3 s) then ``--seconds`` (20 s) measured,
+requests streamed ``/v1/completions`` of a ~100-token prompt and ``max_tokens`` drawn from
+half to one and a half ``--max-tokens`` (100), closed-loop users sending one request after
+another. Tenants are told apart by
+``x-gateway-inference-fairness-id`` (the stack's trusted-header stand-in sets it):
+
+- ``light``: (a) of issue 39, first part. ``light`` (6 users: a quarter of the pool's
+  concurrency) alone, then ``light`` with ``heavy`` (30 users, 5x): light's completed
+  requests per second in the mix against alone (target >= 90%), heavy's, and the requests
+  running on the servers (sampled every 50 ms) against the pool's limit;
+- ``equal``: (a), second part. ``light`` (16 users, two thirds of the pool) and ``heavy``
+  (80): each one's share of the completions (target 45-55%);
+- ``priority``: (b). ``high`` (objective ``high``, priority 10) alone, open-loop Poisson at
+  ``--high-rate`` (8/s), then the same with ``batch`` (priority 0, 40 users) flooding:
+  high's client TTFT (time to first byte) p50/p90 against alone (target: p90 within 10%).
+
+Prints one table per scenario, the columns side by side.
+
+    .venv/bin/python -m tests.bench.fairness [--quick] [--columns 1,3-local,3-pool]
+        [--scenarios light,equal,priority]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import math
+import os
+import random
+import statistics
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from tempfile import TemporaryDirectory
+from typing import Any
+
+import aiohttp
+import orjson
+import yaml
+
+from app.config.loader import DEFAULT_CONFIG
+from tests.bench.replicas import redis_for
+from tests.simulator import DEFAULT_MODEL
+from tests.support.stack import Stack, StackOptions, trusted_header
+
+FAIRNESS_HEADER = trusted_header("x-gateway-inference-fairness-id")
+OBJECTIVE_HEADER = trusted_header("x-gateway-inference-objective")
+OBJECTIVES = """\
+kind: InferenceObjective
+metadata: {name: high}
+spec: {priority: 10}
+---
+kind: InferenceObjective
+metadata: {name: batch}
+spec: {priority: 0}
+"""
+
+ROUND_ROBIN = "round-robin-fairness-policy"
+MAX_MIN = "max-min-fairness-policy"
+
+
+@dataclass(frozen=True)
+class ColumnSpec:
+    label: str
+    replicas: int
+    redis: bool
+    fairness: str | None  # None: no flow control
+    shared_admission: bool = True
+
+
+COLUMNS: dict[str, ColumnSpec] = {
+    "1": ColumnSpec("1 replica, per process", 1, False, ROUND_ROBIN),
+    "3-local": ColumnSpec("3 redis, per process", 3, True, ROUND_ROBIN, shared_admission=False),
+    "3-pool": ColumnSpec("3 redis, pool-wide", 3, True, MAX_MIN),
+    "1-maxmin": ColumnSpec("1 replica, max-min", 1, False, MAX_MIN),
+    "3-off": ColumnSpec("3 redis, no flow control", 3, True, None),
+}
+SCENARIOS = ("light", "equal", "priority")
+
+
+def epp_config(spec: ColumnSpec, max_concurrency: int) -> str:
+    """The default profile plus flow control with ``spec``'s fairness policy."""
+    config: dict[str, Any] = {
+        "plugins": [dict(p) for p in DEFAULT_CONFIG["plugins"]],
+        "schedulingProfiles": DEFAULT_CONFIG["schedulingProfiles"],
+    }
+    if spec.fairness is None:
+        return yaml.safe_dump(config)
+    config["featureGates"] = ["flowControl"]
+    config["plugins"] += [
+        {"type": "concurrency-detector", "parameters": {"maxConcurrency": max_concurrency}},
+        {"type": spec.fairness},
+    ]
+    config["saturationDetector"] = {"pluginRef": "concurrency-detector"}
+    config["flowControl"] = {
+        "defaultRequestTTL": "60s",
+        "defaultPriorityBand": {"fairnessPolicyRef": spec.fairness},
+    }
+    return yaml.safe_dump(config)
+
+
+# --- the client ---
+
+
+@dataclass
+class Done:
+    """One finished request: who sent it, when it ended, its TTFB (None: it failed)."""
+
+    who: str
+    ended: float
+    ttfb: float | None
+    status: int
+
+
+@dataclass
+class Log:
+    done: list[Done] = field(default_factory=list)
+
+
+def prompt_of(rng: random.Random) -> str:
+    return " ".join(rng.choice(("alpha", "beta", "gamma", "delta", "omega")) for _ in range(80))
+
+
+async def one(
+    session: aiohttp.ClientSession,
+    url: str,
+    who: str,
+    headers: dict[str, str],
+    prompt: str,
+    max_tokens: int,
+    log: Log,
+) -> None:
+    body = orjson.dumps(
+        {
+            "model": DEFAULT_MODEL,
+            "prompt": prompt,
+            # Spread around the mean: equal lengths would start and end in waves.
+            "max_tokens": random.randint(max_tokens // 2, max_tokens * 3 // 2),
+            "stream": True,
+        }
+    )
+    start = time.perf_counter()
+    ttfb: float | None = None
+    status = 0
+    try:
+        async with session.post(f"{url}/v1/completions", data=body, headers=headers) as response:
+            status = response.status
+            async for _chunk in response.content.iter_any():
+                if ttfb is None and status == 200:
+                    ttfb = time.perf_counter() - start
+    except (aiohttp.ClientError, TimeoutError):
+        status = 0
+    log.done.append(Done(who, time.perf_counter(), ttfb if status == 200 else None, status))
+
+
+async def closed_loop(
+    session: aiohttp.ClientSession,
+    url: str,
+    who: str,
+    headers: dict[str, str],
+    users: int,
+    until: float,
+    max_tokens: int,
+    log: Log,
+    seed: int,
+) -> None:
+    async def user(index: int) -> None:
+        rng = random.Random(seed * 1000 + index)
+        while time.perf_counter() < until:
+            await one(session, url, who, headers, prompt_of(rng), max_tokens, log)
+
+    await asyncio.gather(*(user(i) for i in range(users)))
+
+
+async def open_loop(
+    session: aiohttp.ClientSession,
+    url: str,
+    who: str,
+    headers: dict[str, str],
+    rate: float,
+    until: float,
+    max_tokens: int,
+    log: Log,
+    seed: int,
+) -> None:
+    rng = random.Random(seed)
+    tasks: list[asyncio.Task[None]] = []
+    at = time.perf_counter()
+    while True:
+        at += rng.expovariate(rate)
+        if at >= until:
+            break
+        delay = at - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)  # open-loop pacing
+        tasks.append(
+            asyncio.create_task(one(session, url, who, headers, prompt_of(rng), max_tokens, log))
+        )
+    await asyncio.gather(*tasks)
+
+
+async def running_on_servers(urls: dict[str, str], samples: list[int], stop: asyncio.Event) -> None:
+    """Sums the servers' running + waiting requests every 50 ms until ``stop``."""
+    async with aiohttp.ClientSession() as session:
+        while not stop.is_set():
+            total = 0
+            for url in urls.values():
+                try:
+                    async with session.get(f"{url}/sim/stats") as response:
+                        doc = orjson.loads(await response.read())
+                    total += doc["requests"]["running"] + doc["requests"]["waiting"]
+                except aiohttp.ClientError:
+                    pass
+            samples.append(total)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), 0.05)
+
+
+@dataclass
+class Phase:
+    """What one measured phase saw: its requests, its length, the servers' in-flight."""
+
+    log: Log
+    start: float
+    end: float
+    running: list[int]
+
+    def rate(self, who: str) -> float:
+        ok = [d for d in self.log.done if d.who == who and d.status == 200]
+        return sum(self.start <= d.ended < self.end for d in ok) / (self.end - self.start)
+
+    def errors(self) -> int:
+        return sum(d.status != 200 for d in self.log.done)
+
+    def ttfbs(self, who: str) -> list[float]:
+        return [
+            d.ttfb
+            for d in self.log.done
+            if d.who == who and d.ttfb is not None and self.start <= d.ended < self.end
+        ]
+
+
+async def phase(
+    stack: Stack,
+    loads: Sequence[Load],
+    args: argparse.Namespace,
+) -> Phase:
+    log = Log()
+    samples: list[int] = []
+    stop = asyncio.Event()
+    connector = aiohttp.TCPConnector(limit=0)
+    timeout = aiohttp.ClientTimeout(total=120)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+        start = time.perf_counter() + args.warmup
+        end = start + args.seconds
+        sampler = asyncio.create_task(running_on_servers(stack.simulator_urls, samples, stop))
+        await asyncio.gather(*(load(session, stack.url, end, log) for load in loads))
+        stop.set()
+        await sampler
+    # samples taken over the whole phase; keep the measured window's share (by count)
+    skip = int(len(samples) * args.warmup / (args.warmup + args.seconds))
+    return Phase(log, start, end, samples[skip:])
+
+
+#: One load of a phase: (session, Envoy's URL, end of the phase, log) -> a coroutine.
+Load = Callable[[aiohttp.ClientSession, str, float, Log], Awaitable[None]]
+
+
+def tenant(who: str, users: int, args: argparse.Namespace, seed: int) -> Load:
+    """``users`` closed-loop users of fairness id ``who``."""
+    headers = {FAIRNESS_HEADER: who}
+
+    def load(session: aiohttp.ClientSession, url: str, until: float, log: Log) -> Awaitable[None]:
+        return closed_loop(session, url, who, headers, users, until, args.max_tokens, log, seed)
+
+    return load
+
+
+def objective(
+    who: str, name: str, args: argparse.Namespace, seed: int, *, users: int = 0, rate: float = 0
+) -> Load:
+    """Fairness id ``who`` under objective ``name``: ``users`` closed-loop users, or an
+    open-loop Poisson arrival at ``rate`` per second."""
+    headers = {OBJECTIVE_HEADER: name, FAIRNESS_HEADER: who}
+
+    def load(session: aiohttp.ClientSession, url: str, until: float, log: Log) -> Awaitable[None]:
+        if users:
+            return closed_loop(session, url, who, headers, users, until, args.max_tokens, log, seed)
+        return open_loop(session, url, who, headers, rate, until, args.max_tokens, log, seed)
+
+    return load
+
+
+@dataclass
+class Column:
+    spec: ColumnSpec
+    rows: dict[str, dict[str, str]] = field(default_factory=dict)  # scenario -> row -> cell
+
+
+def pct(values: Sequence[float], q: float) -> float:
+    if not values:
+        return math.nan
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.0f}"
+
+
+def run_column(key: str, args: argparse.Namespace) -> Column:
+    spec = COLUMNS[key]
+    column = Column(spec)
+    limit = args.max_concurrency * args.instances
+    with (
+        TemporaryDirectory(prefix="fairness-") as tmp,
+        redis_for("server" if spec.redis else None) as redis_args,
+    ):
+        objectives = Path(tmp) / "objectives.yaml"
+        objectives.write_text(OBJECTIVES)
+        more = list(redis_args)
+        if spec.redis and not spec.shared_admission:
+            more.append("--redis-shared-admission=false")
+        options = StackOptions(
+            simulators=args.instances,
+            simulator_base_ip="127.0.0.80",
+            simulator_args=["--preset", "h100-8b", "--time-scale", str(args.time_scale)],
+            epp_replicas=spec.replicas,
+            epp_args=[
+                "--config-text",
+                epp_config(spec, args.max_concurrency),
+                "--static-objectives",
+                str(objectives),
+                *more,
+            ],
+        )
+        with Stack.run(options) as stack:
+            for scenario in args.scenarios:
+                started = time.perf_counter()
+                column.rows[scenario] = asyncio.run(SCENARIO_RUNS[scenario](stack, args, limit))
+                print(
+                    f"  {spec.label}: {scenario} in {time.perf_counter() - started:.0f} s",
+                    flush=True,
+                )
+    return column
+
+
+def servers(p: Phase, limit: int) -> str:
+    if not p.running:
+        return "-"
+    return f"{statistics.mean(p.running):.1f} / {max(p.running)} (limit {limit})"
+
+
+def over(p: Phase, limit: int) -> str:
+    """The share of the samples with more requests on the servers than the pool's limit,
+    and the mean excess over the limit across all samples."""
+    if not p.running:
+        return "-"
+    share = sum(n > limit for n in p.running) / len(p.running)
+    excess = statistics.mean(max(0, n - limit) for n in p.running) / limit
+    return f"{share:.0%} / {excess:+.1%}"
+
+
+async def light_scenario(stack: Stack, args: argparse.Namespace, limit: int) -> dict[str, str]:
+    alone = await phase(stack, [tenant("light", args.light_users, args, 1)], args)
+    mixed = await phase(
+        stack,
+        [
+            tenant("light", args.light_users, args, 1),
+            tenant("heavy", args.light_users * 5, args, 2),
+        ],
+        args,
+    )
+    light_alone, light_mixed = alone.rate("light"), mixed.rate("light")
+    return {
+        "light alone (req/s)": f"{light_alone:.1f}",
+        "light with heavy (req/s)": f"{light_mixed:.1f}",
+        "light with heavy / alone": f"{light_mixed / light_alone:.1%}" if light_alone else "-",
+        "heavy (req/s)": f"{mixed.rate('heavy'):.1f}",
+        "light TTFB p90 alone / mixed (ms)": (
+            f"{ms(pct(alone.ttfbs('light'), 0.9))} / {ms(pct(mixed.ttfbs('light'), 0.9))}"
+        ),
+        "on the servers, mean / max": servers(mixed, limit),
+        "samples over the limit / mean excess": over(mixed, limit),
+        "errors": str(alone.errors() + mixed.errors()),
+    }
+
+
+async def equal_scenario(stack: Stack, args: argparse.Namespace, limit: int) -> dict[str, str]:
+    users = args.equal_users
+    mixed = await phase(
+        stack, [tenant("light", users, args, 3), tenant("heavy", users * 5, args, 4)], args
+    )
+    light, heavy = mixed.rate("light"), mixed.rate("heavy")
+    total = light + heavy
+    return {
+        "light share": f"{light / total:.1%}" if total else "-",
+        "heavy share": f"{heavy / total:.1%}" if total else "-",
+        "total (req/s)": f"{total:.1f}",
+        "on the servers, mean / max": servers(mixed, limit),
+        "samples over the limit / mean excess": over(mixed, limit),
+        "errors": str(mixed.errors()),
+    }
+
+
+async def priority_scenario(stack: Stack, args: argparse.Namespace, limit: int) -> dict[str, str]:
+    high = objective("web", "high", args, 5, rate=args.high_rate)
+    alone = await phase(stack, [high], args)
+    flood = objective("batch", "batch", args, 6, users=args.flood_users)
+    mixed = await phase(
+        stack, [objective("web", "high", args, 5, rate=args.high_rate), flood], args
+    )
+    a50, a90 = pct(alone.ttfbs("web"), 0.5), pct(alone.ttfbs("web"), 0.9)
+    m50, m90 = pct(mixed.ttfbs("web"), 0.5), pct(mixed.ttfbs("web"), 0.9)
+    return {
+        "high TTFB p50 alone / flood (ms)": f"{a50 * 1e3:.0f} / {m50 * 1e3:.0f}",
+        "high TTFB p90 alone / flood (ms)": f"{a90 * 1e3:.0f} / {m90 * 1e3:.0f}",
+        "high p90 flood / alone": f"{m90 / a90 - 1:+.1%}" if a90 else "-",
+        "high (req/s), batch (req/s)": f"{mixed.rate('web'):.1f}, {mixed.rate('batch'):.1f}",
+        "on the servers, mean / max": servers(mixed, limit),
+        "errors": str(alone.errors() + mixed.errors()),
+    }
+
+
+SCENARIO_RUNS = {"light": light_scenario, "equal": equal_scenario, "priority": priority_scenario}
+
+
+def print_tables(columns: Sequence[Column], scenarios: Sequence[str]) -> None:
+    for scenario in scenarios:
+        rows: list[str] = []
+        for column in columns:
+            for row in column.rows.get(scenario, {}):
+                if row not in rows:
+                    rows.append(row)
+        labels = [c.spec.label for c in columns]
+        width = max(len(r) for r in rows)
+        cells = [[c.rows.get(scenario, {}).get(r, "-") for c in columns] for r in rows]
+        widths = [
+            max(len(labels[i]), *(len(line[i]) for line in cells)) for i in range(len(columns))
+        ]
+        print(f"\n{scenario}:")
+        print(
+            " " * width + "  " + "  ".join(f"{h:>{w}}" for h, w in zip(labels, widths, strict=True))
+        )
+        for name, line in zip(rows, cells, strict=True):
+            print(f"{name:<{width}}  " + _cells(line, widths))
+
+
+def _cells(line: Sequence[str], widths: Sequence[int]) -> str:
+    return "  ".join(f"{v:>{w}}" for v, w in zip(line, widths, strict=True))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="8 s phases, 2 s warm-up")
+    parser.add_argument("--columns", default="1,3-local,3-pool")
+    parser.add_argument("--scenarios", default=",".join(SCENARIOS))
+    parser.add_argument("--instances", type=int, default=3)
+    parser.add_argument("--time-scale", type=float, default=0.5)
+    parser.add_argument("--max-concurrency", type=int, default=8, help="per server")
+    parser.add_argument("--max-tokens", type=int, default=100)
+    parser.add_argument("--light-users", type=int, default=6)
+    parser.add_argument("--equal-users", type=int, default=16)
+    parser.add_argument("--flood-users", type=int, default=40)
+    parser.add_argument("--high-rate", type=float, default=8.0, help="high requests per second")
+    parser.add_argument("--warmup", type=float, default=3.0)
+    parser.add_argument("--seconds", type=float, default=20.0)
+    args = parser.parse_args()
+    if args.quick:
+        args.warmup, args.seconds = 2.0, 8.0
+    keys = args.columns.split(",")
+    for key in keys:
+        if key not in COLUMNS:
+            raise SystemExit(f"--columns: unknown {key!r} (known: {', '.join(COLUMNS)})")
+    args.scenarios = args.scenarios.split(",")
+    for scenario in args.scenarios:
+        if scenario not in SCENARIOS:
+            raise SystemExit(f"--scenarios: unknown {scenario!r} (known: {', '.join(SCENARIOS)})")
+    print(
+        f"{args.instances} simulators (h100-8b, time scale {args.time_scale}); the pool's limit"
+        f" {args.max_concurrency * args.instances} requests (concurrency-detector"
+        f" maxConcurrency {args.max_concurrency}); max_tokens {args.max_tokens};"
+        f" phases {args.warmup:g} s warm-up + {args.seconds:g} s measured"
+    )
+    columns = [run_column(key, args) for key in keys]
+    print_tables(columns, args.scenarios)
+    load = os.getloadavg()
+    print(
+        f"\nmachine load average {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f} (1/5/15 min),"
+        f" {os.cpu_count()} cores; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}"
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,130 @@
+"""The ``SharedKVBlocks`` contract, run on every implementation: the in-memory board
+(``domain.sharedstate.LoadBoard``), Redis on one server and Redis on a 3-master cluster. Two
+or three instances play the processes of one pool; each publishes the prefix blocks its
+in-flight requests hold per endpoint and its blocks that are not shared, and reads back the
+blocks the pool holds beyond its own: a prefix block several processes hold counts once.
+Then the faults: a process that dies, a process that stops, Redis flushed."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from redis.asyncio import Redis
+
+from adapters.redis import RedisSharedLoad, connect
+from adapters.redis.shared_load import ADMISSION_LEASE
+from ports.shared_state import HASH_MASK, SAMPLE_MASK
+from tests.contract.processes import SEEN_WITHIN, Process, Processes, until
+from tests.support.redis import RedisServer
+
+#: 64-bit block hashes, the high bit set on some (as the hashers produce them).
+SYSTEM_PROMPT = [0x8000_0000_0000_0000 + i for i in range(100)]
+TAIL_A = [0x1111_0000_0000_0000 + i for i in range(10)]
+TAIL_B = [0x2222_0000_0000_0000 + i for i in range(10)]
+
+
+def counts(process: Process) -> dict[str, int]:
+    return {endpoint: blocks.count for endpoint, blocks in process.kv_blocks().items()}
+
+
+def sampled(hashes: list[int]) -> frozenset[int]:
+    return frozenset(h & HASH_MASK for h in hashes if not h & SAMPLE_MASK)
+
+
+async def test_a_prefix_held_by_two_processes_counts_once(pool: Processes) -> None:
+    a, b, c = await pool.process(), await pool.process(), await pool.process()
+    a.publish_blocks("e1", SYSTEM_PROMPT + TAIL_A, (), 5)
+    b.publish_blocks("e1", SYSTEM_PROMPT + TAIL_B, (), 3)
+    b.publish_blocks("e2", TAIL_B, (), 1)
+    # c holds nothing: the pool's distinct prefix blocks plus everyone's own blocks.
+    await until(lambda: counts(c) == {"e1": 120 + 8, "e2": 10 + 1}, "c sees a + b")
+    # a: what b holds beyond a's blocks (its tail) and b's own blocks.
+    await until(lambda: counts(a) == {"e1": 10 + 3, "e2": 11}, "a sees b beyond a")
+    await until(lambda: counts(b) == {"e1": 10 + 5}, "b sees a beyond b")
+
+
+async def test_the_others_hashes_are_sampled(pool: Processes) -> None:
+    # Which of its blocks another process holds, one hash in 16: a request's chain is held
+    # elsewhere up to its last block in the sample.
+    a, b = await pool.process(), await pool.process()
+    negative = [-(i + 1) * 16 for i in range(3)]  # as Python's hash() can give
+    a.publish_blocks("e1", SYSTEM_PROMPT + TAIL_A + negative, (), 1)
+    b.publish_blocks("e1", SYSTEM_PROMPT, (), 1)
+    expected = sampled(SYSTEM_PROMPT + TAIL_A + negative)
+    await until(lambda: b.kv_blocks().get("e1") is not None, "b sees a")
+    await until(lambda: b.kv_blocks()["e1"].sampled == expected, "b sees a's sample")
+    assert b.kv_blocks()["e1"].count == 10 + 3 + 1
+    assert len(expected) == 7 + 1 + 3  # 0x...00, 10, ..., 60 of the prompt; 0x1111...0; -16..
+
+
+async def test_released_blocks_stop_counting(pool: Processes) -> None:
+    a, b = await pool.process(), await pool.process()
+    a.publish_blocks("e1", SYSTEM_PROMPT + TAIL_A, (), 2)
+    await until(lambda: counts(b).get("e1") == 112, "b sees a")
+    a.publish_blocks("e1", (), TAIL_A, 1)  # one request ended: its tail is free
+    await until(lambda: counts(b).get("e1") == 101, "b sees the tail released")
+    a.publish_blocks("e1", (), SYSTEM_PROMPT, 0)  # the last one ended
+    await until(lambda: "e1" not in b.kv_blocks(), "b sees nothing on e1")
+
+
+async def test_a_removed_endpoint_is_forgotten(pool: Processes) -> None:
+    a, b = await pool.process(), await pool.process()
+    a.publish_blocks("gone", TAIL_A, (), 4)
+    a.publish_blocks("kept", TAIL_B, (), 1)
+    await until(lambda: counts(b) == {"gone": 14, "kept": 11}, "b sees both")
+    a.remove_endpoint("gone")
+    await until(lambda: counts(b) == {"kept": 11}, "b forgets the removed endpoint")
+
+
+async def test_stop_withdraws_the_blocks(pool: Processes) -> None:
+    a, b = await pool.process(lease=30.0), await pool.process(lease=30.0)
+    a.publish_blocks("e1", SYSTEM_PROMPT, (), 1)
+    await until(lambda: bool(b.kv_blocks()), "b sees a")
+    await a.stop()
+    pool.started.remove(a)
+    await until(lambda: not b.kv_blocks(), "a withdrawn")
+
+
+async def test_a_dead_process_stops_counting_within_the_admission_lease(pool: Processes) -> None:
+    a, b = await pool.process(lease=30.0), await pool.process(lease=30.0)
+    c = await pool.process(lease=30.0)
+    a.publish_blocks("e1", SYSTEM_PROMPT + TAIL_A, (), 1)
+    b.publish_blocks("e1", SYSTEM_PROMPT, (), 2)
+    await until(lambda: counts(c) == {"e1": 110 + 3}, "c sees a and b")
+    crashed_at = time.monotonic()
+    await pool.crash(a)
+    pool.started.remove(a)
+    # a's tail and its own block stop counting; the prefix b holds too still counts.
+    await until(
+        lambda: counts(c) == {"e1": 100 + 2},
+        "a's blocks lapsed",
+        within=ADMISSION_LEASE + SEEN_WITHIN,
+    )
+    assert time.monotonic() - crashed_at >= ADMISSION_LEASE - 0.25
+
+
+async def test_a_redis_flush_heals_without_a_new_publish(
+    redis_scratch_server: RedisServer, key_prefix: str
+) -> None:
+    client = connect(redis_scratch_server.url, socket_timeout=5.0)
+    raw = Redis(host="127.0.0.1", port=redis_scratch_server.port)
+    a = RedisSharedLoad(client, key_prefix=key_prefix, lease=10.0, staleness=0.02)
+    b = RedisSharedLoad(client, key_prefix=key_prefix, lease=10.0, staleness=0.02)
+    try:
+        await a.start()
+        await b.start()
+        a.publish_blocks("e1", SYSTEM_PROMPT + TAIL_A, (), 2)
+        await until(lambda: counts(b).get("e1") == 112, "b sees a")
+        await raw.flushall()
+        # a's next round trip finds its keys gone and writes them all again.
+        started = time.monotonic()
+        while not await raw.keys(f"{key_prefix}:load:*:s:{a.process_id}:e1"):
+            assert time.monotonic() - started < SEEN_WITHIN, "a never rewrote its blocks"
+            await asyncio.sleep(0.005)
+        await until(lambda: counts(b).get("e1") == 112, "b sees a again")
+    finally:
+        await a.stop()
+        await b.stop()
+        await client.aclose()
+        await raw.aclose()
