@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import socket
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -175,7 +176,9 @@ def _prefix_index(
     )
 
 
-def _shared_load(settings: Settings, client: RedisClient | None, observer: Observer) -> SharedLoad:
+def _shared_load(
+    settings: Settings, client: RedisClient | None, observer: Observer, degraded: DegradedGauge
+) -> SharedLoad:
     if client is None:
         return LocalSharedLoad()
     return RedisSharedLoad(
@@ -185,6 +188,7 @@ def _shared_load(settings: Settings, client: RedisClient | None, observer: Obser
         staleness=settings.redis_load_staleness,
         refresh_budget=settings.redis_deadline,
         observer=observer,
+        on_degraded=functools.partial(degraded.set, "shared-load"),
     )
 
 
@@ -485,7 +489,9 @@ class Container(containers.DeclarativeContainer):
         _prefix_index, settings, redis_client, observer, shared_degraded
     )
     # The other processes' in-flight load: none without --redis-url.
-    shared_load = providers.Singleton(_shared_load, settings, redis_client, observer)
+    shared_load = providers.Singleton(
+        _shared_load, settings, redis_client, observer, shared_degraded
+    )
     # The session_id bindings of session affinity: shared too with --redis-url.
     sessions = providers.Singleton(_sessions, settings, redis_client)
     # The KV-block index's shared copy (precise prefix routing): on Redis with --redis-url.

@@ -8,7 +8,8 @@ service of two callables or of a background coroutine.
 
 ``run_process`` is what the single process, the supervisor and each worker share: the
 logging, the event loop (uvloop when asked for and installed), SIGTERM and SIGINT setting
-the stop event, and a ``StartupError`` turned into one log line and exit code 1.
+the stop event, a ``StartupError`` turned into one log line and exit code 1, and the open
+files (``app.descriptors``: the soft limit raised to the hard one, a line when none is left).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from app.descriptors import raise_open_file_limit, watch_descriptors
 from app.flags import log_startup_notices
 from app.logsetup import LogOptions, configure_logging
 from app.settings import Settings
@@ -160,17 +162,23 @@ def run_process(
     configure_logging(LogOptions.from_settings(settings), worker=worker)
     if not worker or worker == "supervisor":
         log_startup_notices(settings)
+    raise_open_file_limit()  # workers inherit the supervisor's: nothing to log there
 
     async def guarded() -> int:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
+        watch = asyncio.create_task(watch_descriptors(), name="open-files")
         try:
             return await main(stop)
         except StartupError as exc:
             logger.error("%s", exc)
             return 1
+        finally:
+            watch.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watch
 
     if settings.uvloop and sys.platform != "win32":
         try:

@@ -21,7 +21,10 @@ a value longer than ``max_label_length`` characters, and every new value once
 (the reference caps at 1,000 values then ``other`` the same way). Without it one request with
 a 1 MB model name made ``/metrics`` 337 MB and 20,000 names made 620k series that never
 expire. The distinct values are counted per label name, so a model is ``other`` in every
-metric or in none.
+metric or in none. Beyond those, each metric keeps ``max_series`` series, and all the series
+with request-derived labels together at most ``max_request_series_bytes`` of text (each
+new series is charged its lines, aliases included, as they would be written; a removed
+gauge series is refunded): ``/metrics`` stays within that plus the per-endpoint series.
 
 ``MetricsServer`` serves the registry as Prometheus text on ``/metrics``, rendered in a
 worker thread so that a large exposition never holds up routing on the event loop.
@@ -66,6 +69,7 @@ _go_float = cast(Callable[[float], str], floatToGoString)
 __all__ = [
     "MAX_LABEL_LENGTH",
     "MAX_LABEL_VALUES",
+    "MAX_REQUEST_SERIES_BYTES",
     "MAX_SERIES_PER_METRIC",
     "OTHER_LABEL",
     "REQUEST_DERIVED_LABELS",
@@ -93,6 +97,12 @@ MAX_LABEL_VALUES = 1000
 #: ``OTHER_LABEL`` in every request-derived label (models x fairness ids could otherwise
 #: reach a million series per metric within the per-label caps).
 MAX_SERIES_PER_METRIC = 10_000
+#: Text the series with request-derived labels may add to ``/metrics``, over every metric
+#: (their lines, aliases included); past it new ones are folded into ``OTHER_LABEL``. Within
+#: the per-label and per-metric caps alone, 1,000 models of 256 characters with ten fairness
+#: ids each made ``/metrics`` 443 MiB of 537,503 series (``tests.bench.metrics_render
+#: --worst``); 1,000 short model names in every metric fit (25 MiB).
+MAX_REQUEST_SERIES_BYTES = 32 << 20
 #: Longest request-derived label value kept, in characters (Hugging Face repository ids are
 #: at most 96; a LoRA adapter name rarely more).
 MAX_LABEL_LENGTH = 256
@@ -201,22 +211,39 @@ class _Exposition:
         self.sorted_labels = sorted(enumerate(self.label_names), key=itemgetter(1))
 
 
+class _TextBudget:
+    """The bytes of text the request-labelled series may still add (shared by the
+    families)."""
+
+    __slots__ = ("remaining",)
+
+    def __init__(self, total: int) -> None:
+        self.remaining = total
+
+
 class _Family:
     __slots__ = (
         "bounded",
         "bounds",
+        "budget",
         "children",
         "expositions",
         "folded",
         "key",
         "le",
+        "line_bytes",
+        "lines",
         "max_series",
         "metric",
         "with_sum",
     )
 
     def __init__(
-        self, metric: Metric, bounders: Mapping[str, _BoundedValues], max_series: int
+        self,
+        metric: Metric,
+        bounders: Mapping[str, _BoundedValues],
+        max_series: int,
+        budget: _TextBudget | None = None,
     ) -> None:
         self.metric = metric
         reported = metric.reported_labels
@@ -248,6 +275,14 @@ class _Family:
                 )
             )
         self.with_sum = not self.bounds or self.bounds[0] >= 0
+        self.budget = budget
+        #: lines one series writes (over its names), and the bytes of each but its values
+        self.lines = (len(self.le) + 2 if self.bounds else 1) * len(self.expositions)
+        self.line_bytes = (
+            max(len(e.name) for e in self.expositions)
+            + sum(len(label) + 4 for label in metric.labels)
+            + 40  # a suffix, braces, constants, the value
+        )
 
     def _rows(self, exposition: _Exposition) -> list[tuple[LabelKey, Any]]:
         """The series ``exposition`` shows: the children, or their sums over the labels it
@@ -339,7 +374,26 @@ class _Family:
             return tuple(values)
         for position, bound in self.bounded:
             values[position] = bound(values[position])
-        return tuple(values)
+        bounded = tuple(values)
+        budget = self.budget
+        if budget is None or bounded in self.children:
+            return bounded
+        cost = self.text_bytes(bounded)
+        if cost > budget.remaining:
+            for position, _ in self.bounded:
+                values[position] = OTHER_LABEL
+            return tuple(values)
+        budget.remaining -= cost
+        return bounded
+
+    def text_bytes(self, key: LabelKey) -> int:
+        """What the series ``key`` writes to ``/metrics``, about."""
+        return self.lines * (self.line_bytes + sum(len(_text(value)) for value in key))
+
+    def removed(self, key: LabelKey) -> None:
+        """The series ``key`` is gone: its text no longer counts."""
+        if self.bounded and self.budget is not None:
+            self.budget.remaining += self.text_bytes(key)
 
     def _zero(self) -> Any:
         if self.metric.kind is MetricKind.HISTOGRAM:
@@ -397,13 +451,15 @@ class PrometheusObserver:
         max_label_values: int = MAX_LABEL_VALUES,
         max_label_length: int = MAX_LABEL_LENGTH,
         max_series: int = MAX_SERIES_PER_METRIC,
+        max_request_series_bytes: int = MAX_REQUEST_SERIES_BYTES,
     ) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         bounders = {
             name: _BoundedValues(max_label_values, max_label_length)
             for name in REQUEST_DERIVED_LABELS
         }
-        families = [_Family(metric, bounders, max_series) for metric in catalogue]
+        budget = _TextBudget(max_request_series_bytes)
+        families = [_Family(metric, bounders, max_series, budget) for metric in catalogue]
         names = [name for metric in catalogue for name in metric.names()]
         if len(set(names)) != len(names):
             raise ValueError("duplicate metric name in the catalogue")
@@ -443,12 +499,15 @@ class PrometheusObserver:
         if key is None:
             self._reject(metric, MetricKind.GAUGE, labels)
             return
+        if value != value and key not in family.children and key not in family.folded:
+            return  # NaN for a series never set: nothing to remove
         bounded = family.child_key(key)
         if bounded != key:
             self._fold_gauge(family, key, bounded, value)
             return
         if value != value:  # NaN: the series is gone
-            family.children.pop(key, None)
+            if family.children.pop(key, None) is not None:
+                family.removed(key)
             return
         child = family.children.get(key)
         if child is None:

@@ -50,7 +50,9 @@ bytes per process, still land and the pool's load stays right on a full server. 
 refused anyway, the script still reads the others' load, the task logs once (and once when
 writes are accepted again), and each refused round trip counts in
 ``{operation="load_write"}``. Totals that do not parse or are negative are
-skipped, so a garbage value can never make a load negative.
+skipped, so a garbage value can never make a load negative. ``on_degraded`` is told on each
+change whether the load is degraded (failing, or its writes refused): the process's
+``..._shared_state_degraded`` gauge.
 
 ``stop()`` cancels the task and deletes this process's hashes, sets and live entry (best effort,
 bounded by the client's timeouts).
@@ -351,6 +353,7 @@ class RedisSharedLoad:
         "_lease",
         "_live_key",
         "_observer",
+        "_on_degraded",
         "_own",
         "_own_block_key",
         "_own_blocks",
@@ -382,6 +385,7 @@ class RedisSharedLoad:
         refresh_budget: float = DEFAULT_REFRESH_BUDGET,
         observer: Observer | None = None,
         idle_after: float = IDLE_AFTER,
+        on_degraded: Callable[[bool], None] | None = None,
     ) -> None:
         if not key_prefix or "{" in key_prefix or "}" in key_prefix:
             raise ValueError(f"key prefix must be non-empty, without braces: {key_prefix!r}")
@@ -424,6 +428,7 @@ class RedisSharedLoad:
         self._copy_at = -float("inf")
         self._degraded = False
         self._refused = False
+        self._on_degraded = on_degraded
         self._observer = observer or NoopObserver()
         self._task: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
@@ -742,6 +747,7 @@ class RedisSharedLoad:
                 self._refused = False
                 logger.info("shared load: redis accepts writes again, load republished")
                 self._republish = True
+                self._report()
             return
         self._republish = True  # evicted or refused: write every total next time
         if status == b"lost":
@@ -749,6 +755,7 @@ class RedisSharedLoad:
         self._observer.counter(SHARED_STATE_ERRORS, _WRITE_LOAD)
         if not self._refused:
             self._refused = True
+            self._report()
             logger.warning(
                 "shared load: redis refuses writes, reading the others' load only: %s",
                 status.decode(errors="replace")[:200],
@@ -769,15 +776,23 @@ class RedisSharedLoad:
                 if not self._degraded:
                     self._degraded = True
                     logger.warning("shared load: redis failed, using local state: %s", error)
+                    self._report()
                 delay = min(max(delay * 2, self._staleness), _MAX_BACKOFF)
             else:
                 if self._degraded:
                     self._degraded = False
                     logger.info("shared load: redis answers again, load republished")
+                    self._report()
                 delay = self._idle_period if self.idle else self._staleness
             if me is not None and me.cancelling():
                 raise asyncio.CancelledError
             await self._pause(started, delay)
+
+    def _report(self) -> None:
+        """Tell ``on_degraded`` whether the shared load is degraded: failing, or its writes
+        refused (the others' load is read, this process's is not shared)."""
+        if self._on_degraded is not None:
+            self._on_degraded(self._degraded or self._refused)
 
     async def _pause(self, started: float, delay: float) -> None:
         """Until ``delay`` after ``started``; healthy, a change ends it once a quarter of

@@ -211,6 +211,7 @@ class PredictedLatencyProducer(ProducerPlugin, ConsumerPlugin, BackgroundPlugin)
         self._observer = handle.observer
         self._sessions = handle.sessions
         self._shared = not isinstance(handle.sessions, InMemorySessionStore)
+        self._degraded = handle.shared_degraded
         self._predict = parameters.predict_in_produce and parameters.predict_in_prepare_data
         self._streaming = parameters.streaming_mode
         self._role_label = parameters.endpoint_role_label
@@ -504,18 +505,24 @@ class PredictedLatencyProducer(ProducerPlugin, ConsumerPlugin, BackgroundPlugin)
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        if self._degraded is not None:  # a replaced plugin no longer counts
+            self._degraded.set(f"latency-models:{self._typed_name.name}", False)
 
     def ready(self) -> bool:
         return self._warmed or self._clock() >= self._warm_by
 
     async def _share_loop(self) -> None:
         while True:
+            failing = True
             try:
                 await self.share()
+                failing = False
             except SharedStateError as exc:
                 logger.debug("%s: shared latency models unavailable: %s", self._typed_name, exc)
             except Exception:
                 logger.exception("%s: sharing latency models failed", self._typed_name)
+            if self._degraded is not None:
+                self._degraded.set(f"latency-models:{self._typed_name.name}", failing)
             self._warmed = True
             await asyncio.sleep(SHARE_INTERVAL)
 

@@ -35,6 +35,7 @@ from domain.plugins.base import TypedName
 from domain.plugins.handle import Handle
 from domain.plugins.state import StateKey
 from domain.scheduling.types import Candidate, InferenceRequest, SchedulingResult
+from domain.sharedstate.degraded import DegradedGauge
 from ports.endpoints import EndpointInfo
 from ports.sessions import SessionStore
 from ports.shared_state import SharedStateError
@@ -161,8 +162,10 @@ class SessionAffinity:
         parameters: SessionAffinityParameters,
         store: SessionStore,
         budget: float,
+        degraded: DegradedGauge | None = None,
     ) -> None:
         self._owner = owner
+        self._degraded = degraded
         self.stateless = parameters.strategy == ENCODED_ENDPOINT_HEADER
         self.header = parameters.encoded_endpoint_header_config.header.strip().lower()
         config = parameters.session_id_config
@@ -238,6 +241,7 @@ class SessionAffinity:
         except (SharedStateError, TimeoutError) as exc:
             if not self._store_failing:
                 self._store_failing = True
+                self._report()
                 logger.warning(
                     "%s: the session store failed (%s); sessions route as unbound until it answers",
                     self._owner,
@@ -247,7 +251,12 @@ class SessionAffinity:
         if self._store_failing:
             self._store_failing = False
             logger.info("%s: the session store answers again", self._owner)
+            self._report()
         return result
+
+    def _report(self) -> None:
+        if self._degraded is not None:
+            self._degraded.set(f"sessions:{self._owner}", self._store_failing)
 
     def respond(self, request: InferenceRequest) -> None:
         """``encoded_endpoint_header``: put the token of the chosen endpoint on the
@@ -269,7 +278,11 @@ class SessionAffinityHooks:
     ) -> None:
         self._typed_name = typed_name
         self._session = SessionAffinity(
-            typed_name.name, parameters, handle.sessions, handle.shared_state_deadline
+            typed_name.name,
+            parameters,
+            handle.sessions,
+            handle.shared_state_deadline,
+            handle.shared_degraded,
         )
 
     @property

@@ -426,3 +426,30 @@ async def test_a_port_in_use_names_the_flag() -> None:
         server = MetricsServer(PrometheusObserver().registry, host="127.0.0.1", port=port)
         with pytest.raises(OSError, match="--metrics-port"):
             await server.start()
+
+
+def test_request_labelled_series_stay_within_their_text_budget() -> None:
+    """Each label within its caps, every model name long and new, yet ``/metrics`` stops
+    growing at the budget: the series past it are folded into ``other``."""
+    budget = 256 * 1024
+    observer = PrometheusObserver(max_request_series_bytes=budget)
+    empty = len(b"".join(observer.exposition_parts()))
+    for i in range(1000):
+        model = f"model-{i:04d}-".ljust(200, "m")
+        labels = {
+            "model_name": model,
+            "target_model_name": model,
+            "fairness_id": "tenant",
+            "priority": "0",
+        }
+        for metric in (catalogue.REQUEST_DURATION, catalogue.RESPONSE_SIZES):
+            observer.histogram(metric, labels, 0.5)
+    body = b"".join(observer.exposition_parts())
+    assert budget // 2 < len(body) - empty <= budget
+    families = {f.name: f for f in text_string_to_metric_families(body.decode())}
+    models = {
+        s.labels["model_name"]
+        for s in families["inference_objective_request_duration_seconds"].samples
+    }
+    assert "other" in models
+    assert 2 < len(models) < 1000  # a few models of 200 characters, then only "other"
