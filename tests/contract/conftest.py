@@ -103,18 +103,17 @@ def silent_port() -> Iterator[int]:
         yield int(listener.getsockname()[1])
 
 
+def backend_client(request: pytest.FixtureRequest) -> RedisClient | None:
+    """A client of the backend a ``BACKENDS`` fixture is at (``None``: in memory)."""
+    server = {"redis": "redis_server", "redis-cluster": "redis_cluster"}.get(request.param)
+    if server is None:
+        return None
+    return connect(request.getfixturevalue(server).url, socket_timeout=CONTRACT_TIMEOUT)
+
+
 @pytest.fixture(params=BACKENDS)
 async def pool(request: pytest.FixtureRequest, key_prefix: str) -> AsyncIterator[Processes]:
-    name: str = request.param
-    client: RedisClient | None = None
-    if name == "redis":
-        client = connect(
-            request.getfixturevalue("redis_server").url, socket_timeout=CONTRACT_TIMEOUT
-        )
-    elif name == "redis-cluster":
-        client = connect(
-            request.getfixturevalue("redis_cluster").url, socket_timeout=CONTRACT_TIMEOUT
-        )
+    client = backend_client(request)
     made = Processes(client, key_prefix)
     yield made
     for load in made.started:

@@ -21,7 +21,7 @@ from domain.sharedstate.shared_kv_index import SharedKVBlockIndex
 from ports.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVBlockStore
 from ports.metric_catalogue import SHARED_STATE_DEGRADED, SHARED_STATE_WRITES
 from ports.shared_state import SharedStateError
-from tests.contract.conftest import BACKENDS, CONTRACT_TIMEOUT
+from tests.contract.conftest import BACKENDS, CONTRACT_TIMEOUT, backend_client
 from tests.fakes.observer import RecordingObserver
 from tests.support.redis import RedisServer
 
@@ -57,16 +57,7 @@ class _Stores:
 
 @pytest.fixture(params=BACKENDS)
 async def stores(request: pytest.FixtureRequest, key_prefix: str) -> AsyncIterator[_Stores]:
-    name: str = request.param
-    client: RedisClient | None = None
-    if name == "redis":
-        client = connect(
-            request.getfixturevalue("redis_server").url, socket_timeout=CONTRACT_TIMEOUT
-        )
-    elif name == "redis-cluster":
-        client = connect(
-            request.getfixturevalue("redis_cluster").url, socket_timeout=CONTRACT_TIMEOUT
-        )
+    client = backend_client(request)
     yield _Stores(client, key_prefix)
     if client is not None:
         await client.aclose()

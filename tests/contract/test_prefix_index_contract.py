@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator, Callable
 import pytest
 from redis.asyncio.cluster import RedisCluster as ClusterClient
 
-from adapters.redis import RedisClient, RedisPrefixIndex, connect
+from adapters.redis import RedisClient, RedisPrefixIndex
 from domain.prefixcache import InMemoryPrefixIndex
 from ports.prefix_index import (
     ClaimingPrefixIndex,
@@ -23,7 +23,7 @@ from ports.prefix_index import (
     StagedClaimingPrefixIndex,
     TailAddingPrefixIndex,
 )
-from tests.contract.conftest import BACKENDS, CONTRACT_TIMEOUT
+from tests.contract.conftest import BACKENDS, backend_client
 from tests.support.prefix_model import PrefixIndexModel
 from tests.support.redis import RedisCluster, RedisServer
 
@@ -59,15 +59,7 @@ class _Backend:
 @pytest.fixture(params=BACKENDS)
 async def backend(request: pytest.FixtureRequest, key_prefix: str) -> AsyncIterator[_Backend]:
     name: str = request.param
-    client: RedisClient | None = None
-    if name == "redis":
-        client = connect(
-            request.getfixturevalue("redis_server").url, socket_timeout=CONTRACT_TIMEOUT
-        )
-    elif name == "redis-cluster":
-        client = connect(
-            request.getfixturevalue("redis_cluster").url, socket_timeout=CONTRACT_TIMEOUT
-        )
+    client = backend_client(request)
     yield _Backend(name, client, key_prefix)
     if client is not None:
         await client.aclose()
