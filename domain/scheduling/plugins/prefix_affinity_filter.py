@@ -24,6 +24,14 @@ adds when nothing produces it), as the llm-d router does: a candidate without a 
 is never the fastest of its side, so stickiness breaks when no sticky candidate has one
 and holds when no other candidate has one.
 
+With ``reportedRequestTokens`` N > 0 the prefill-throughput gate also counts what a
+server reports: each request its scrape shows waiting or running beyond the requests in
+flight there from this EPP adds N tokens ahead (as in ``token-load-scorer``).
+
+With ``excludeSaturated`` the gate, when it opens, passes only the candidates that are not
+sticky: the request leaves the saturated endpoints for the others (the reference passes
+every candidate, so that a scorer that prefers the warm endpoint may keep it there).
+
 With probability ``explorationProbability`` the filter passes everything, so cold
 endpoints still receive some traffic for popular prefixes (the draw uses the Handle's
 random generator, seeded in tests).
@@ -48,7 +56,11 @@ from domain.plugins.base import Plugin, PluginRegistry, TypedName
 from domain.plugins.handle import Handle
 from domain.plugins.hooks import ConsumerPlugin, NamedProducerConsumer
 from domain.scheduling.interfaces import CycleState
-from domain.scheduling.load import input_tokens
+from domain.scheduling.load import (
+    check_reported_request_tokens,
+    input_tokens,
+    reported_excess_tokens,
+)
 from domain.scheduling.types import Candidate, InferenceRequest
 from ports.codec import JsonCodec
 
@@ -64,9 +76,11 @@ class PrefixAffinityFilterParameters:
     """``affinityThreshold`` (0.80) and ``explorationProbability`` (0), both in [0, 1];
     ``maxTTFTPenaltyMs`` (18000, >= 0; 0: that gate off); ``maxTokensInFlightPenalty`` (0,
     >= 0; 0: that gate off); ``peakPrefillThroughput`` (15928 tokens/s, > 0); ``ttftSource``
-    (``prefillThroughput`` or ``latencyPredictor``); ``prefixMatchInfoProducerName`` and
-    ``inFlightLoadProducerName``: the plugins whose data it reads (checked to produce it;
-    "": whichever does)."""
+    (``prefillThroughput`` or ``latencyPredictor``); ``reportedRequestTokens`` (0, an
+    integer >= 0: tokens per request a server reports beyond the EPP's own);
+    ``excludeSaturated`` (false: an open gate passes every candidate; true: only the
+    non-sticky ones); ``prefixMatchInfoProducerName`` and ``inFlightLoadProducerName``: the
+    plugins whose data it reads (checked to produce it; "": whichever does)."""
 
     affinity_threshold: float = 0.80
     exploration_probability: float = 0.0
@@ -75,6 +89,8 @@ class PrefixAffinityFilterParameters:
     max_tokens_in_flight_penalty: int = 0
     peak_prefill_throughput: float = 15928.0
     ttft_source: str = PREFILL_THROUGHPUT
+    reported_request_tokens: int = 0
+    exclude_saturated: bool = False
     prefix_match_info_producer_name: str = ""
     in_flight_load_producer_name: str = ""
 
@@ -92,6 +108,10 @@ class PrefixAffinityFilterParameters:
             raise ValueError("peakPrefillThroughput: must be a finite number > 0")
         if self.ttft_source not in (PREFILL_THROUGHPUT, LATENCY_PREDICTOR):
             raise ValueError(f"ttftSource: must be {PREFILL_THROUGHPUT!r} or {LATENCY_PREDICTOR!r}")
+        check_reported_request_tokens(self.reported_request_tokens)
+        if not isinstance(self.exclude_saturated, bool):
+            value = self.exclude_saturated
+            raise ValueError(f"excludeSaturated: must be true or false, got {value!r}")
 
 
 class PrefixAffinityFilter(ConsumerPlugin, NamedProducerConsumer):
@@ -115,6 +135,8 @@ class PrefixAffinityFilter(ConsumerPlugin, NamedProducerConsumer):
         self._penalty_tokens = parameters.max_tokens_in_flight_penalty
         self._ms_per_token = 1000.0 / parameters.peak_prefill_throughput
         self._predicted = parameters.ttft_source == LATENCY_PREDICTOR
+        self._per_reported = parameters.reported_request_tokens
+        self._exclude = parameters.exclude_saturated
 
     @property
     def typed_name(self) -> TypedName:
@@ -141,12 +163,13 @@ class PrefixAffinityFilter(ConsumerPlugin, NamedProducerConsumer):
         threshold = self._threshold
         gated = self._penalty_ms > 0 or self._penalty_tokens > 0
         prompt = input_tokens(request, self._codec) if gated else 0
+        per_reported = self._per_reported
         sticky: list[Candidate] = []
+        other: list[Candidate] = []
         # The fewest tokens ahead of this prompt (in flight + its uncached part) on each
         # side; -1: no candidate of that side has an InFlightLoad. One pass, inlined: this
         # runs for every candidate of every request.
         best_sticky = best_other = -1
-        others = False
         for c in candidates:
             attributes = c.attributes
             info = attributes.get(PREFIX_CACHE_MATCH_INFO)
@@ -161,13 +184,15 @@ class PrefixAffinityFilter(ConsumerPlugin, NamedProducerConsumer):
             if is_sticky:
                 sticky.append(c)
             else:
-                others = True
+                other.append(c)
             if not gated:
                 continue
             load = attributes.get(IN_FLIGHT_LOAD)
             if load.__class__ is not InFlightLoad:
                 continue
             ahead = max(load.tokens, 0) + max(prompt - cached, 0)
+            if per_reported:
+                ahead += reported_excess_tokens(c.metrics, load.requests, per_reported)
             if is_sticky:
                 if best_sticky < 0 or ahead < best_sticky:
                     best_sticky = ahead
@@ -175,22 +200,22 @@ class PrefixAffinityFilter(ConsumerPlugin, NamedProducerConsumer):
                 best_other = ahead
         if not sticky:
             return candidates
-        if not others or not gated:
+        if not other or not gated:
             return sticky
         if best_sticky < 0 or best_other < 0:
             return candidates  # no load signal: the gate cannot tell, keep everyone
         gap = best_sticky - best_other
         if self._penalty_ms > 0 and gap * self._ms_per_token > self._penalty_ms:
-            return candidates
+            return other if self._exclude else candidates
         if self._penalty_tokens > 0 and gap > self._penalty_tokens:
-            return candidates
+            return other if self._exclude else candidates
         return sticky
 
     def _filter_on_predictions(self, candidates: Sequence[Candidate]) -> Sequence[Candidate]:
         threshold = self._threshold
         sticky: list[Candidate] = []
+        other: list[Candidate] = []
         best_sticky = best_other = math.inf
-        others = False
         for c in candidates:
             attributes = c.attributes
             info = attributes.get(PREFIX_CACHE_MATCH_INFO)
@@ -205,14 +230,14 @@ class PrefixAffinityFilter(ConsumerPlugin, NamedProducerConsumer):
                 sticky.append(c)
                 best_sticky = min(best_sticky, ttft)
             else:
-                others = True
+                other.append(c)
                 best_other = min(best_other, ttft)
         if not sticky:
             return candidates
-        if not others or self._penalty_ms <= 0:
+        if not other or self._penalty_ms <= 0:
             return sticky
         if best_sticky - best_other > self._penalty_ms:  # inf - inf is NaN: sticky
-            return candidates
+            return other if self._exclude else candidates
         return sticky
 
 
