@@ -206,7 +206,8 @@ def predicted_break_config(
 ) -> str:
     """The no-config default with stickiness broken on the predicted TTFT only: the
     affinity filter on ``ttftSource: latencyPredictor`` with ``penalty_ms`` (and, with
-    ``exclude``, ``excludeSaturated``: an open gate passes only the non-sticky endpoints),
+    ``exclude``, ``excludeSaturated``: no endpoint predicted more than ``penalty_ms`` above
+    the fastest passes),
     ``predicted-latency-producer`` added; a new prefix is still placed by
     ``token-load-scorer``, which with ``reported_tokens`` > 0 counts that many tokens per
     request a server reports beyond this EPP's own (JSON)."""

@@ -61,11 +61,12 @@ latency-predictor config as it ships), ``predicted-sticky-N`` and ``predicted-ba
 (the affinity filter on the predicted TTFT with ``maxTTFTPenaltyMs`` N, ``latency-scorer``,
 the second with ``token-load-scorer`` as tie-break), the variants of decision 0027;
 ``reported-load`` (the default counting 1,000 tokens per request a server reports beyond
-the EPP's own), ``predicted-break-1000`` (the default with stickiness broken on the
-predicted TTFT, ``maxTTFTPenaltyMs`` 1,000, an open gate passing only the other endpoints,
-new prefixes placed by ``token-load-scorer`` with the reported load) and
-``predicted-break-all-1000`` (the same, an open gate passing every endpoint), the
-candidates of issue 37's default; they are not run unless named.
+the EPP's own), ``predicted-band-1000`` (the default with stickiness broken on the
+predicted TTFT, ``maxTTFTPenaltyMs`` 1,000 and ``excludeSaturated``: no endpoint predicted
+more than that above the fastest gets the request; new prefixes placed by
+``token-load-scorer`` with the reported load) and ``predicted-break-all-1000`` (the same
+without ``excludeSaturated``: an open gate passes every endpoint), the candidates of
+issue 37's default; they are not run unless named.
 
 Issue 37's workloads (``--workload``) reuse the shared-prefix prompts: ``heterogeneous`` (the
 first simulator ``--slowdown`` (2) times slower in prefill and decode), ``external-load``
@@ -143,7 +144,7 @@ EXTRA_MODES: dict[str, list[str]] = {
         for penalty in (1000, 2000, 5000)
     },
     "reported-load": ["--config-text", reported_load_config()],
-    "predicted-break-1000": ["--config-text", predicted_break_config(1000.0)],
+    "predicted-band-1000": ["--config-text", predicted_break_config(1000.0)],
     "predicted-break-all-1000": [
         "--config-text",
         predicted_break_config(1000.0, exclude=False),

@@ -28,9 +28,14 @@ With ``reportedRequestTokens`` N > 0 the prefill-throughput gate also counts wha
 server reports: each request its scrape shows waiting or running beyond the requests in
 flight there from this EPP adds N tokens ahead (as in ``token-load-scorer``).
 
-With ``excludeSaturated`` the gate, when it opens, passes only the candidates that are not
-sticky: the request leaves the saturated endpoints for the others (the reference passes
-every candidate, so that a scorer that prefers the warm endpoint may keep it there).
+With ``excludeSaturated`` the gate applies to every candidate, not only between the two
+sides: a candidate whose estimate exceeds the fastest candidate's by more than the penalty
+is saturated and does not pass; of the others, the sticky ones pass if there are any,
+else all. A request then leaves saturated sticky endpoints for the unsaturated others (the
+reference passes every candidate when the gate opens, so that a scorer that prefers the
+warm endpoint may keep it there), and a new prefix does not go to a saturated endpoint.
+A candidate without an ``InFlightLoad`` is never saturated; one without a prediction is
+saturated when another has one (never the fastest, as in the gate).
 
 With probability ``explorationProbability`` the filter passes everything, so cold
 endpoints still receive some traffic for popular prefixes (the draw uses the Handle's
@@ -78,9 +83,10 @@ class PrefixAffinityFilterParameters:
     >= 0; 0: that gate off); ``peakPrefillThroughput`` (15928 tokens/s, > 0); ``ttftSource``
     (``prefillThroughput`` or ``latencyPredictor``); ``reportedRequestTokens`` (0, an
     integer >= 0: tokens per request a server reports beyond the EPP's own);
-    ``excludeSaturated`` (false: an open gate passes every candidate; true: only the
-    non-sticky ones); ``prefixMatchInfoProducerName`` and ``inFlightLoadProducerName``: the
-    plugins whose data it reads (checked to produce it; "": whichever does)."""
+    ``excludeSaturated`` (false: an open gate passes every candidate; true: no candidate
+    beyond the penalty from the fastest passes, then the sticky ones among the rest);
+    ``prefixMatchInfoProducerName`` and ``inFlightLoadProducerName``: the plugins whose
+    data it reads (checked to produce it; "": whichever does)."""
 
     affinity_threshold: float = 0.80
     exploration_probability: float = 0.0
@@ -160,16 +166,18 @@ class PrefixAffinityFilter(ConsumerPlugin, NamedProducerConsumer):
             return candidates
         if self._predicted:
             return self._filter_on_predictions(candidates)
+        if self._exclude and (self._penalty_ms > 0 or self._penalty_tokens > 0):
+            return self._filter_excluding_saturated(request, candidates)
         threshold = self._threshold
         gated = self._penalty_ms > 0 or self._penalty_tokens > 0
         prompt = input_tokens(request, self._codec) if gated else 0
         per_reported = self._per_reported
         sticky: list[Candidate] = []
-        other: list[Candidate] = []
         # The fewest tokens ahead of this prompt (in flight + its uncached part) on each
         # side; -1: no candidate of that side has an InFlightLoad. One pass, inlined: this
         # runs for every candidate of every request.
         best_sticky = best_other = -1
+        others = False
         for c in candidates:
             attributes = c.attributes
             info = attributes.get(PREFIX_CACHE_MATCH_INFO)
@@ -184,7 +192,7 @@ class PrefixAffinityFilter(ConsumerPlugin, NamedProducerConsumer):
             if is_sticky:
                 sticky.append(c)
             else:
-                other.append(c)
+                others = True
             if not gated:
                 continue
             load = attributes.get(IN_FLIGHT_LOAD)
@@ -200,21 +208,59 @@ class PrefixAffinityFilter(ConsumerPlugin, NamedProducerConsumer):
                 best_other = ahead
         if not sticky:
             return candidates
-        if not other or not gated:
+        if not others or not gated:
             return sticky
         if best_sticky < 0 or best_other < 0:
             return candidates  # no load signal: the gate cannot tell, keep everyone
         gap = best_sticky - best_other
         if self._penalty_ms > 0 and gap * self._ms_per_token > self._penalty_ms:
-            return other if self._exclude else candidates
+            return candidates
         if self._penalty_tokens > 0 and gap > self._penalty_tokens:
-            return other if self._exclude else candidates
+            return candidates
         return sticky
 
+    def _saturated(self, gap: float) -> bool:
+        """Whether ``gap`` tokens more ahead than the fastest candidate is beyond a
+        penalty."""
+        if self._penalty_ms > 0 and gap * self._ms_per_token > self._penalty_ms:
+            return True
+        return self._penalty_tokens > 0 and gap > self._penalty_tokens
+
+    def _filter_excluding_saturated(
+        self, request: InferenceRequest, candidates: Sequence[Candidate]
+    ) -> Sequence[Candidate]:
+        prompt = input_tokens(request, self._codec)
+        per_reported = self._per_reported
+        # (candidate, sticky, tokens ahead of this prompt; -1: no InFlightLoad)
+        rows: list[tuple[Candidate, bool, int]] = []
+        best = -1
+        for c in candidates:
+            attributes = c.attributes
+            info = attributes.get(PREFIX_CACHE_MATCH_INFO)
+            cached = 0
+            is_sticky = False
+            if info.__class__ is _MatchInfo and info.total_blocks > 0:
+                is_sticky = info.match_blocks / info.total_blocks >= self._threshold
+                cached = info.match_blocks * info.block_size_tokens
+            ahead = -1
+            load = attributes.get(IN_FLIGHT_LOAD)
+            if load.__class__ is InFlightLoad:
+                ahead = max(load.tokens, 0) + max(prompt - cached, 0)
+                if per_reported:
+                    ahead += reported_excess_tokens(c.metrics, load.requests, per_reported)
+                if best < 0 or ahead < best:
+                    best = ahead
+            rows.append((c, is_sticky, ahead))
+        kept = [row for row in rows if row[2] < 0 or not self._saturated(row[2] - best)]
+        sticky = [row[0] for row in kept if row[1]]
+        return sticky or [row[0] for row in kept]
+
     def _filter_on_predictions(self, candidates: Sequence[Candidate]) -> Sequence[Candidate]:
+        if self._exclude and self._penalty_ms > 0:
+            return self._predictions_excluding_saturated(candidates)
         threshold = self._threshold
         sticky: list[Candidate] = []
-        other: list[Candidate] = []
+        others = False
         best_sticky = best_other = math.inf
         for c in candidates:
             attributes = c.attributes
@@ -230,15 +276,41 @@ class PrefixAffinityFilter(ConsumerPlugin, NamedProducerConsumer):
                 sticky.append(c)
                 best_sticky = min(best_sticky, ttft)
             else:
-                other.append(c)
+                others = True
                 best_other = min(best_other, ttft)
         if not sticky:
             return candidates
-        if not other or self._penalty_ms <= 0:
+        if not others or self._penalty_ms <= 0:
             return sticky
         if best_sticky - best_other > self._penalty_ms:  # inf - inf is NaN: sticky
-            return other if self._exclude else candidates
+            return candidates
         return sticky
+
+    def _predictions_excluding_saturated(
+        self, candidates: Sequence[Candidate]
+    ) -> Sequence[Candidate]:
+        threshold = self._threshold
+        rows: list[tuple[Candidate, bool, float]] = []
+        best = math.inf
+        for c in candidates:
+            attributes = c.attributes
+            info = attributes.get(PREFIX_CACHE_MATCH_INFO)
+            is_sticky = (
+                info.__class__ is _MatchInfo
+                and info.total_blocks > 0
+                and info.match_blocks / info.total_blocks >= threshold
+            )
+            prediction = attributes.get(LATENCY_PREDICTION_INFO)
+            ttft = prediction.ttft_ms if prediction.__class__ is LatencyPredictionInfo else math.inf
+            best = min(best, ttft)
+            rows.append((c, is_sticky, ttft))
+        if best == math.inf:  # no prediction at all: stickiness alone
+            sticky = [row[0] for row in rows if row[1]]
+            return sticky or candidates
+        limit = best + self._penalty_ms
+        kept = [row for row in rows if row[2] <= limit]
+        sticky = [row[0] for row in kept if row[1]]
+        return sticky or [row[0] for row in kept]
 
 
 def _factory(name: str, parameters: PrefixAffinityFilterParameters, handle: Handle) -> Plugin:

@@ -128,13 +128,18 @@ def test_reported_load_opens_the_gate_of_a_sticky_endpoint_loaded_from_outside()
     assert _kept(opened, [warm, cold]) == ["warm", "cold"]
 
 
-def test_exclude_saturated_passes_only_the_others_when_the_gate_opens() -> None:
+def test_exclude_saturated_passes_no_endpoint_beyond_the_penalty_from_the_fastest() -> None:
     warm = _endpoint("warm", matched=10, own=80)  # 8,000 tokens ahead
-    cold, other = _endpoint("cold"), _endpoint("other", own=1)
+    cold, other = _endpoint("cold"), _endpoint("other", own=1)  # 1,000 and 1,100 ahead
+    busy = _endpoint("busy", own=70)  # 8,000 ahead
     f = _filter(max_TTFT_penalty_ms=5000, exclude_saturated=True)
-    assert _kept(f, [warm, cold, other]) == ["cold", "other"]
-    # below the penalty it sticks as before
+    assert _kept(f, [warm, cold, other, busy]) == ["cold", "other"]
+    # within the penalty: sticky as before
     assert _kept(f, [_endpoint("warm", matched=10, own=30), cold]) == ["warm"]
+    # a new prefix (nothing sticky) does not go to a saturated endpoint either
+    assert _kept(f, [cold, other, busy]) == ["cold", "other"]
+    # without the parameter the open gate passes everyone
+    assert _kept(_filter(max_TTFT_penalty_ms=5000), [warm, cold, busy]) == ["warm", "cold", "busy"]
 
 
 def _predicted(c: Candidate, ttft_ms: float) -> Candidate:
@@ -146,10 +151,15 @@ def _predicted(c: Candidate, ttft_ms: float) -> Candidate:
 
 def test_exclude_saturated_on_predictions() -> None:
     f = _filter(ttft_source="latencyPredictor", max_TTFT_penalty_ms=1000, exclude_saturated=True)
+    cold, slow = _predicted(_endpoint("cold"), 1000), _predicted(_endpoint("slow"), 2500)
     warm = _predicted(_endpoint("warm", matched=10), 2500)
-    cold = _predicted(_endpoint("cold"), 1000)
-    assert _kept(f, [warm, cold]) == ["cold"]
-    assert _kept(f, [_predicted(_endpoint("warm", matched=10), 1900), cold]) == ["warm"]
+    assert _kept(f, [warm, cold, slow]) == ["cold"]
+    assert _kept(f, [_predicted(_endpoint("warm", matched=10), 1900), cold, slow]) == ["warm"]
+    assert _kept(f, [cold, slow]) == ["cold"]
+    # a candidate without a prediction is never the fastest; none with one: stickiness alone
+    assert _kept(f, [cold, _endpoint("unknown")]) == ["cold"]
+    assert _kept(f, [_endpoint("a", matched=10), _endpoint("b")]) == ["a"]
+    assert _kept(f, [_endpoint("a"), _endpoint("b")]) == ["a", "b"]
 
 
 @pytest.mark.parametrize(
