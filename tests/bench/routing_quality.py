@@ -61,9 +61,9 @@ latency-predictor config as it ships), ``predicted-sticky-N`` and ``predicted-ba
 (the affinity filter on the predicted TTFT with ``maxTTFTPenaltyMs`` N, ``latency-scorer``,
 the second with ``token-load-scorer`` as tie-break), the variants of decision 0027;
 ``reported-load`` (the default counting 1,000 tokens per request a server reports beyond
-the EPP's own), ``predicted-band-1000`` (the default with stickiness broken on the
-predicted TTFT, ``maxTTFTPenaltyMs`` 1,000 and ``excludeSaturated``: no endpoint predicted
-more than that above the fastest gets the request; new prefixes placed by
+the EPP's own), ``predicted-band-N`` (the default with stickiness broken on the
+predicted TTFT, ``maxTTFTPenaltyMs`` N and ``excludeSaturated``: no endpoint predicted
+more than N ms above the fastest gets the request; new prefixes placed by
 ``token-load-scorer`` with the reported load) and ``predicted-break-all-1000`` (the same
 without ``excludeSaturated``: an open gate passes every endpoint), the candidates of
 issue 37's default; they are not run unless named.
@@ -144,7 +144,10 @@ EXTRA_MODES: dict[str, list[str]] = {
         for penalty in (1000, 2000, 5000)
     },
     "reported-load": ["--config-text", reported_load_config()],
-    "predicted-band-1000": ["--config-text", predicted_break_config(1000.0)],
+    **{
+        f"predicted-band-{penalty}": ["--config-text", predicted_break_config(float(penalty))]
+        for penalty in (500, 1000, 2000)
+    },
     "predicted-break-all-1000": [
         "--config-text",
         predicted_break_config(1000.0, exclude=False),
