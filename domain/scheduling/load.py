@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from domain.datalayer.attributes import PREFIX_CACHE_MATCH_INFO, PrefixCacheMatchInfo
+from domain.datastore.endpoint import EndpointMetrics
 from domain.plugins.state import StateKey
 from domain.requesthandling.openai import ApiKind, ParsedRequest
 from domain.scheduling.types import Candidate, InferenceRequest
@@ -24,7 +25,9 @@ __all__ = [
     "PREFIX_BLOCKS",
     "PREFIX_BLOCKS_OWNER",
     "PrefixBlocks",
+    "check_reported_request_tokens",
     "input_tokens",
+    "reported_excess_tokens",
     "round_half_up",
     "uncached_tokens",
 ]
@@ -44,6 +47,24 @@ class PrefixBlocks:
 #: ``kv-capacity-gate``): ``request.state.get(PREFIX_BLOCKS_OWNER, PREFIX_BLOCKS)``.
 PREFIX_BLOCKS_OWNER = "prefix-blocks"
 PREFIX_BLOCKS: StateKey[PrefixBlocks] = StateKey("prefix-blocks")
+
+
+def reported_excess_tokens(
+    metrics: EndpointMetrics | None, own_requests: int, per_request: int
+) -> int:
+    """The load a server reports beyond what the EPP knows it sent there, in tokens: its
+    scraped waiting plus running requests less ``own_requests`` (the requests in flight
+    there from the EPP), when positive, times ``per_request``; 0 without metrics."""
+    if metrics is None:
+        return 0
+    excess = metrics.waiting_queue_size + metrics.running_requests_size - own_requests
+    return excess * per_request if excess > 0 else 0
+
+
+def check_reported_request_tokens(value: object) -> None:
+    """``reportedRequestTokens`` must be an integer >= 0."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"reportedRequestTokens: must be an integer >= 0, got {value!r}")
 
 
 def round_half_up(value: float) -> int:

@@ -27,7 +27,9 @@ __all__ = [
     "default_with_no_hit_lru",
     "default_without_freshness",
     "default_without_kv_gate",
+    "predicted_break_config",
     "predicted_sticky_config",
+    "reported_load_config",
     "sticky_config",
 ]
 
@@ -178,3 +180,47 @@ def predicted_sticky_config(
             ],
         }
     )
+
+
+def _with_parameters(config: dict[str, Any], plugin_type: str, **parameters: Any) -> None:
+    """Merges ``parameters`` into the entry of ``plugin_type`` in ``config``."""
+    for entry in config["plugins"]:
+        if entry["type"] == plugin_type:
+            entry["parameters"] = {**entry.get("parameters", {}), **parameters}
+            return
+    raise ValueError(plugin_type)
+
+
+def reported_load_config(tokens: int = 1000) -> str:
+    """The no-config default whose in-flight token view (``token-load-scorer`` and the
+    affinity filter's gate) also counts ``tokens`` per request a server reports waiting or
+    running beyond this EPP's own in-flight requests there (JSON)."""
+    config: dict[str, Any] = copy.deepcopy(DEFAULT_CONFIG)
+    _with_parameters(config, "prefix-cache-affinity-filter", reportedRequestTokens=tokens)
+    _with_parameters(config, "token-load-scorer", reportedRequestTokens=tokens)
+    return json.dumps(config)
+
+
+def predicted_break_config(
+    penalty_ms: float = 1000.0, *, exclude: bool = True, reported_tokens: int = 1000
+) -> str:
+    """The no-config default with stickiness broken on the predicted TTFT only: the
+    affinity filter on ``ttftSource: latencyPredictor`` with ``penalty_ms`` (and, with
+    ``exclude``, ``excludeSaturated``: no endpoint predicted more than ``penalty_ms`` above
+    the fastest passes),
+    ``predicted-latency-producer`` added; a new prefix is still placed by
+    ``token-load-scorer``, which with ``reported_tokens`` > 0 counts that many tokens per
+    request a server reports beyond this EPP's own (JSON)."""
+    config: dict[str, Any] = copy.deepcopy(DEFAULT_CONFIG)
+    _with_parameters(
+        config,
+        "prefix-cache-affinity-filter",
+        ttftSource="latencyPredictor",
+        maxTTFTPenaltyMs=penalty_ms,
+        excludeSaturated=exclude,
+    )
+    if reported_tokens:
+        _with_parameters(config, "token-load-scorer", reportedRequestTokens=reported_tokens)
+    at = [p["type"] for p in config["plugins"]].index("prefix-cache-affinity-filter")
+    config["plugins"].insert(at, {"type": "predicted-latency-producer"})
+    return json.dumps(config)

@@ -59,8 +59,14 @@ weight), the variants of decision 0014; ``prev-default`` (the default of 2026-11
 config, "sticky until saturated"), ``predicted-latency`` (the llm-d chart's
 latency-predictor config as it ships), ``predicted-sticky-N`` and ``predicted-balanced-N``
 (the affinity filter on the predicted TTFT with ``maxTTFTPenaltyMs`` N, ``latency-scorer``,
-the second with ``token-load-scorer`` as tie-break), the variants of decision 0027; they are
-not run unless named.
+the second with ``token-load-scorer`` as tie-break), the variants of decision 0027;
+``reported-load`` (the default counting 1,000 tokens per request a server reports beyond
+the EPP's own), ``predicted-band-N`` (the default with stickiness broken on the
+predicted TTFT, ``maxTTFTPenaltyMs`` N and ``excludeSaturated``: no endpoint predicted
+more than N ms above the fastest gets the request; new prefixes placed by
+``token-load-scorer`` with the reported load) and ``predicted-break-all-1000`` (the same
+without ``excludeSaturated``: an open gate passes every endpoint), the candidates of
+issue 37's default; they are not run unless named.
 
 Issue 37's workloads (``--workload``) reuse the shared-prefix prompts: ``heterogeneous`` (the
 first simulator ``--slowdown`` (2) times slower in prefill and decode), ``external-load``
@@ -102,7 +108,9 @@ from tests.bench.profiles import (
     default_with_no_hit_lru,
     default_without_freshness,
     default_without_kv_gate,
+    predicted_break_config,
     predicted_sticky_config,
+    reported_load_config,
     sticky_config,
 )
 from tests.simulator import DEFAULT_MODEL
@@ -135,6 +143,15 @@ EXTRA_MODES: dict[str, list[str]] = {
         ]
         for penalty in (1000, 2000, 5000)
     },
+    "reported-load": ["--config-text", reported_load_config()],
+    **{
+        f"predicted-band-{penalty}": ["--config-text", predicted_break_config(float(penalty))]
+        for penalty in (500, 1000, 2000)
+    },
+    "predicted-break-all-1000": [
+        "--config-text",
+        predicted_break_config(1000.0, exclude=False),
+    ],
     "no-freshness": ["--config-text", default_without_freshness()],
     "no-gate": ["--config-text", default_without_kv_gate()],
     **{

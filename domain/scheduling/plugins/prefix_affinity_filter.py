@@ -24,6 +24,19 @@ adds when nothing produces it), as the llm-d router does: a candidate without a 
 is never the fastest of its side, so stickiness breaks when no sticky candidate has one
 and holds when no other candidate has one.
 
+With ``reportedRequestTokens`` N > 0 the prefill-throughput gate also counts what a
+server reports: each request its scrape shows waiting or running beyond the requests in
+flight there from this EPP adds N tokens ahead (as in ``token-load-scorer``).
+
+With ``excludeSaturated`` the gate applies to every candidate, not only between the two
+sides: a candidate whose estimate exceeds the fastest candidate's by more than the penalty
+is saturated and does not pass; of the others, the sticky ones pass if there are any,
+else all. A request then leaves saturated sticky endpoints for the unsaturated others (the
+reference passes every candidate when the gate opens, so that a scorer that prefers the
+warm endpoint may keep it there), and a new prefix does not go to a saturated endpoint.
+A candidate without an ``InFlightLoad`` is never saturated; one without a prediction is
+saturated when another has one (never the fastest, as in the gate).
+
 With probability ``explorationProbability`` the filter passes everything, so cold
 endpoints still receive some traffic for popular prefixes (the draw uses the Handle's
 random generator, seeded in tests).
@@ -48,7 +61,11 @@ from domain.plugins.base import Plugin, PluginRegistry, TypedName
 from domain.plugins.handle import Handle
 from domain.plugins.hooks import ConsumerPlugin, NamedProducerConsumer
 from domain.scheduling.interfaces import CycleState
-from domain.scheduling.load import input_tokens
+from domain.scheduling.load import (
+    check_reported_request_tokens,
+    input_tokens,
+    reported_excess_tokens,
+)
 from domain.scheduling.types import Candidate, InferenceRequest
 from ports.codec import JsonCodec
 
@@ -64,9 +81,12 @@ class PrefixAffinityFilterParameters:
     """``affinityThreshold`` (0.80) and ``explorationProbability`` (0), both in [0, 1];
     ``maxTTFTPenaltyMs`` (18000, >= 0; 0: that gate off); ``maxTokensInFlightPenalty`` (0,
     >= 0; 0: that gate off); ``peakPrefillThroughput`` (15928 tokens/s, > 0); ``ttftSource``
-    (``prefillThroughput`` or ``latencyPredictor``); ``prefixMatchInfoProducerName`` and
-    ``inFlightLoadProducerName``: the plugins whose data it reads (checked to produce it;
-    "": whichever does)."""
+    (``prefillThroughput`` or ``latencyPredictor``); ``reportedRequestTokens`` (0, an
+    integer >= 0: tokens per request a server reports beyond the EPP's own);
+    ``excludeSaturated`` (false: an open gate passes every candidate; true: no candidate
+    beyond the penalty from the fastest passes, then the sticky ones among the rest);
+    ``prefixMatchInfoProducerName`` and ``inFlightLoadProducerName``: the plugins whose
+    data it reads (checked to produce it; "": whichever does)."""
 
     affinity_threshold: float = 0.80
     exploration_probability: float = 0.0
@@ -75,6 +95,8 @@ class PrefixAffinityFilterParameters:
     max_tokens_in_flight_penalty: int = 0
     peak_prefill_throughput: float = 15928.0
     ttft_source: str = PREFILL_THROUGHPUT
+    reported_request_tokens: int = 0
+    exclude_saturated: bool = False
     prefix_match_info_producer_name: str = ""
     in_flight_load_producer_name: str = ""
 
@@ -92,6 +114,10 @@ class PrefixAffinityFilterParameters:
             raise ValueError("peakPrefillThroughput: must be a finite number > 0")
         if self.ttft_source not in (PREFILL_THROUGHPUT, LATENCY_PREDICTOR):
             raise ValueError(f"ttftSource: must be {PREFILL_THROUGHPUT!r} or {LATENCY_PREDICTOR!r}")
+        check_reported_request_tokens(self.reported_request_tokens)
+        if not isinstance(self.exclude_saturated, bool):
+            value = self.exclude_saturated
+            raise ValueError(f"excludeSaturated: must be true or false, got {value!r}")
 
 
 class PrefixAffinityFilter(ConsumerPlugin, NamedProducerConsumer):
@@ -115,6 +141,8 @@ class PrefixAffinityFilter(ConsumerPlugin, NamedProducerConsumer):
         self._penalty_tokens = parameters.max_tokens_in_flight_penalty
         self._ms_per_token = 1000.0 / parameters.peak_prefill_throughput
         self._predicted = parameters.ttft_source == LATENCY_PREDICTOR
+        self._per_reported = parameters.reported_request_tokens
+        self._exclude = parameters.exclude_saturated
 
     @property
     def typed_name(self) -> TypedName:
@@ -138,9 +166,12 @@ class PrefixAffinityFilter(ConsumerPlugin, NamedProducerConsumer):
             return candidates
         if self._predicted:
             return self._filter_on_predictions(candidates)
+        if self._exclude and (self._penalty_ms > 0 or self._penalty_tokens > 0):
+            return self._filter_excluding_saturated(request, candidates)
         threshold = self._threshold
         gated = self._penalty_ms > 0 or self._penalty_tokens > 0
         prompt = input_tokens(request, self._codec) if gated else 0
+        per_reported = self._per_reported
         sticky: list[Candidate] = []
         # The fewest tokens ahead of this prompt (in flight + its uncached part) on each
         # side; -1: no candidate of that side has an InFlightLoad. One pass, inlined: this
@@ -168,6 +199,8 @@ class PrefixAffinityFilter(ConsumerPlugin, NamedProducerConsumer):
             if load.__class__ is not InFlightLoad:
                 continue
             ahead = max(load.tokens, 0) + max(prompt - cached, 0)
+            if per_reported:
+                ahead += reported_excess_tokens(c.metrics, load.requests, per_reported)
             if is_sticky:
                 if best_sticky < 0 or ahead < best_sticky:
                     best_sticky = ahead
@@ -186,11 +219,49 @@ class PrefixAffinityFilter(ConsumerPlugin, NamedProducerConsumer):
             return candidates
         return sticky
 
+    def _saturated(self, gap: float) -> bool:
+        """Whether ``gap`` tokens more ahead than the fastest candidate is beyond a
+        penalty."""
+        if self._penalty_ms > 0 and gap * self._ms_per_token > self._penalty_ms:
+            return True
+        return self._penalty_tokens > 0 and gap > self._penalty_tokens
+
+    def _filter_excluding_saturated(
+        self, request: InferenceRequest, candidates: Sequence[Candidate]
+    ) -> Sequence[Candidate]:
+        prompt = input_tokens(request, self._codec)
+        per_reported = self._per_reported
+        # (candidate, sticky, tokens ahead of this prompt; -1: no InFlightLoad)
+        rows: list[tuple[Candidate, bool, int]] = []
+        best = -1
+        for c in candidates:
+            attributes = c.attributes
+            info = attributes.get(PREFIX_CACHE_MATCH_INFO)
+            cached = 0
+            is_sticky = False
+            if info.__class__ is _MatchInfo and info.total_blocks > 0:
+                is_sticky = info.match_blocks / info.total_blocks >= self._threshold
+                cached = info.match_blocks * info.block_size_tokens
+            ahead = -1
+            load = attributes.get(IN_FLIGHT_LOAD)
+            if load.__class__ is InFlightLoad:
+                ahead = max(load.tokens, 0) + max(prompt - cached, 0)
+                if per_reported:
+                    ahead += reported_excess_tokens(c.metrics, load.requests, per_reported)
+                if best < 0 or ahead < best:
+                    best = ahead
+            rows.append((c, is_sticky, ahead))
+        kept = [row for row in rows if row[2] < 0 or not self._saturated(row[2] - best)]
+        sticky = [row[0] for row in kept if row[1]]
+        return sticky or [row[0] for row in kept]
+
     def _filter_on_predictions(self, candidates: Sequence[Candidate]) -> Sequence[Candidate]:
+        if self._exclude and self._penalty_ms > 0:
+            return self._predictions_excluding_saturated(candidates)
         threshold = self._threshold
         sticky: list[Candidate] = []
-        best_sticky = best_other = math.inf
         others = False
+        best_sticky = best_other = math.inf
         for c in candidates:
             attributes = c.attributes
             info = attributes.get(PREFIX_CACHE_MATCH_INFO)
@@ -214,6 +285,32 @@ class PrefixAffinityFilter(ConsumerPlugin, NamedProducerConsumer):
         if best_sticky - best_other > self._penalty_ms:  # inf - inf is NaN: sticky
             return candidates
         return sticky
+
+    def _predictions_excluding_saturated(
+        self, candidates: Sequence[Candidate]
+    ) -> Sequence[Candidate]:
+        threshold = self._threshold
+        rows: list[tuple[Candidate, bool, float]] = []
+        best = math.inf
+        for c in candidates:
+            attributes = c.attributes
+            info = attributes.get(PREFIX_CACHE_MATCH_INFO)
+            is_sticky = (
+                info.__class__ is _MatchInfo
+                and info.total_blocks > 0
+                and info.match_blocks / info.total_blocks >= threshold
+            )
+            prediction = attributes.get(LATENCY_PREDICTION_INFO)
+            ttft = prediction.ttft_ms if prediction.__class__ is LatencyPredictionInfo else math.inf
+            best = min(best, ttft)
+            rows.append((c, is_sticky, ttft))
+        if best == math.inf:  # no prediction at all: stickiness alone
+            sticky = [row[0] for row in rows if row[1]]
+            return sticky or candidates
+        limit = best + self._penalty_ms
+        kept = [row for row in rows if row[2] <= limit]
+        sticky = [row[0] for row in kept if row[1]]
+        return sticky or [row[0] for row in kept]
 
 
 def _factory(name: str, parameters: PrefixAffinityFilterParameters, handle: Handle) -> Plugin:

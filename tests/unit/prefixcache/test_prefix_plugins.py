@@ -430,6 +430,9 @@ def test_parameters_use_the_reference_keys() -> None:
         "ttftSource",
         "prefixMatchInfoProducerName",
         "inFlightLoadProducerName",
+        # ours: load a server reports beyond the EPP's own, and leaving saturated endpoints
+        "reportedRequestTokens",
+        "excludeSaturated",
     }
 
 
