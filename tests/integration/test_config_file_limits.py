@@ -14,14 +14,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import sys
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import grpc
 import pytest
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from app.config.decoding import MAX_CONFIG_BYTES, MAX_CONFIG_DEPTH
 from app.config_watch import ConfigWatcher
@@ -32,9 +30,10 @@ from domain.plugins.base import Plugin
 from domain.plugins.handle import Handle
 from tests.support.extproc import completion, response_body, response_headers, set_headers
 from tests.support.kube_api import wait_until
-from tests.support.stack import ChildProcess, free_port, wait_for
+from tests.support.stack import wait_for
 
 from .test_extproc_protocol import EnvoyStream
+from .test_process import Epp
 
 NESTED = "plugins: " + "[" * 5000 + "]" * 5000 + "\n"  # 10 KB
 
@@ -56,49 +55,11 @@ def _write(path: Path, text: str) -> None:
     path.write_text(text)
 
 
-class _Epp:
+class _Epp(Epp):
     """The ``epp`` process on loopback with ``--config-file``."""
 
     def __init__(self, tmp_path: Path, config: Path, *extra: str) -> None:
-        self.grpc_port = free_port()
-        self.health_port = free_port()
-        self.child = ChildProcess(
-            "epp",
-            [
-                sys.executable,
-                "-m",
-                "app",
-                "--static-endpoints",
-                "127.0.0.41:8000,127.0.0.42:8000",
-                "--metrics-endpoint-auth=false",
-                "--bind-address",
-                "127.0.0.1",
-                "--grpc-port",
-                str(self.grpc_port),
-                "--grpc-health-port",
-                str(self.health_port),
-                "--metrics-port",
-                "0",
-                "--secure-serving=false",
-                "--config-file",
-                str(config),
-                *extra,
-            ],
-            tmp_path / "epp.log",
-        )
-
-    def serving(self) -> bool:
-        self.child.check_alive()
-        with grpc.insecure_channel(f"127.0.0.1:{self.health_port}") as channel:
-            try:
-                status = (
-                    health_pb2_grpc.HealthStub(channel)
-                    .Check(health_pb2.HealthCheckRequest(service="readiness"), timeout=1)
-                    .status
-                )
-            except grpc.RpcError:
-                return False
-        return bool(status == health_pb2.HealthCheckResponse.SERVING)
+        super().__init__(tmp_path, "--config-file", str(config), *extra)
 
     def lines(self, text: str) -> list[str]:
         return [line for line in self.child.log().splitlines() if text in line]
