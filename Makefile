@@ -61,8 +61,12 @@ check: install
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
+# The suite in one pytest process per core (a file's tests stay together, so its module
+# fixtures, such as the image build, run once), then alone the tests that assert how long
+# something takes (marked `timed`), so that no other test shares the machine with them.
 test: check
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q -n auto --dist loadfile -m "not timed"
+	$(BIN)/pytest -q -m timed
 
 demo: install
 	$(BIN)/python -m tests.demo

@@ -1044,6 +1044,7 @@ def _in_frames(kind: int, flags: int, stream_id: int, block: bytes) -> bytes:
     return b"".join(frames)
 
 
+@pytest.mark.timed
 async def test_a_flood_of_table_size_updates_leaves_normal_traffic_on_time() -> None:
     # RFC 7541 4.2: at most two size updates at the start of a block. A block of 65,400
     # one-byte updates fits the 64 KiB block cap and took 60-170 ms to decode.
@@ -1067,6 +1068,7 @@ async def test_a_flood_of_table_size_updates_leaves_normal_traffic_on_time() -> 
         assert await peer.goaway_code() == COMPRESSION_ERROR
 
 
+@pytest.mark.timed
 async def test_a_flood_of_window_settings_leaves_normal_traffic_on_time() -> None:
     # SETTINGS of 2,730 INITIAL_WINDOW_SIZE entries (16 KiB) over 100 open streams: 273,000
     # window changes a frame. Now at most 32 entries a frame, the window applied once.
@@ -1101,6 +1103,7 @@ def _costly_block(path: str) -> bytes:
     return hpack.Encoder().encode(headers, huffman=True)
 
 
+@pytest.mark.timed
 async def test_a_flood_of_costly_header_blocks_leaves_normal_traffic_on_time() -> None:
     # 25 such blocks (each a request) in one write: one read of ~230 KiB, about 5 ms of
     # decoding a block. Their decoding is charged to the connection's budget, and the loop

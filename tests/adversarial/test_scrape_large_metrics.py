@@ -122,6 +122,7 @@ def _serving(body: bytes):  # type: ignore[no-untyped-def]
     return handler
 
 
+@pytest.mark.timed
 async def test_huge_valid_metrics_fail_that_scrape_without_starving_the_others(
     caplog: pytest.LogCaptureFixture,
 ) -> None:

@@ -280,6 +280,7 @@ def _script_calls(server: RedisServer) -> int:
     return calls
 
 
+@pytest.mark.timed
 async def test_an_idle_process_syncs_once_per_idle_period_and_wakes_on_a_change(
     redis_server: RedisServer, key_prefix: str
 ) -> None:

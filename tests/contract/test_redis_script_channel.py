@@ -16,6 +16,9 @@ from adapters.redis import RedisClient, RedisPrefixIndex, connect
 from adapters.redis.pipelined import ScriptChannel
 from tests.support.redis import RedisServer
 
+# asserts how long calls take: run alone (`make test` runs these after the others)
+pytestmark = pytest.mark.timed
+
 
 def _connections_received(server: RedisServer) -> int:
     for line in server.cli("INFO", "stats").splitlines():

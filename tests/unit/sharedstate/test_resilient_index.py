@@ -25,6 +25,9 @@ from ports.prefix_index import PrefixIndex
 from tests.fakes.observer import RecordingObserver
 from tests.unit.sharedstate.fakes import FakeRemoteIndex, StagedRemoteIndex, StepSleep, until
 
+# asserts how long calls take: run alone (`make test` runs these after the others)
+pytestmark = pytest.mark.timed
+
 H = [0x1000 + i for i in range(8)]
 LOGGER = "domain.sharedstate.resilient_index"
 
