@@ -11,9 +11,9 @@ from dataclasses import dataclass
 import pytest
 
 from app.config.loader import ConfigError, LoadedConfig, load_config
-from app.container import _collectors
 from app.plugins import KubernetesAccess, build_registry
 from app.settings import Settings
+from app.wiring.data_layer import collectors as _collectors
 from domain.datastore.endpoint import Endpoint
 from domain.datastore.store import Datastore
 from domain.plugins.base import PluginRegistry, TypedName, class_factory
