@@ -41,23 +41,38 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import logging
-import re
 import time
 import uuid
-from collections.abc import AsyncIterator, Coroutine, Generator, Iterable, Mapping
+from collections.abc import AsyncIterator, Coroutine, Generator, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, cast
 
 import grpc
-from envoy.config.core.v3 import base_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
-from envoy.type.v3 import http_status_pb2
 
 from adapters.envoy.h2 import RpcContext
 from adapters.envoy.loglimit import LogLimiter
-from ports.errors import ErrorCode, RequestError
+from adapters.envoy.messages import (
+    DESTINATION_ENDPOINT_HEADER,
+    DESTINATION_METADATA_NAMESPACE,
+    HTTP_STATUS_BY_CODE,
+    MAX_BODY_CHUNK_BYTES,
+    StreamAbortedError,
+    StreamProtocolError,
+    body_chunks,
+    fill_struct,
+    headers_of,
+    immediate_response,
+    metadata_of,
+    out_of_order,
+    payload_too_large,
+    request_body_response,
+    response_body_response,
+    serialize_reply,
+    set_headers,
+)
 from ports.metric_catalogue import (
     EXTPROC_STREAM_DURATION,
     EXTPROC_STREAMS,
@@ -67,7 +82,6 @@ from ports.observer import REQUEST_ID, NoopObserver, Observer, Span
 from ports.requests import (
     SYSTEM_REQUEST_HEADERS,
     InboundRequest,
-    Metadata,
     RequestExchange,
     RequestProcessor,
     RoutingDecision,
@@ -85,25 +99,8 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-DESTINATION_ENDPOINT_HEADER = "x-gateway-destination-endpoint"
-DESTINATION_METADATA_NAMESPACE = "envoy.lb"
 REQUEST_ID_HEADER = "x-request-id"
 GATEWAY_SPAN = "gateway.request"
-#: Some Envoy builds cap a streamed body chunk at 64 KiB; stay below it.
-MAX_BODY_CHUNK_BYTES = 62_000
-
-HTTP_STATUS_BY_CODE: Mapping[ErrorCode, int] = {
-    ErrorCode.BAD_REQUEST: 400,
-    ErrorCode.UNAUTHORIZED: 401,
-    ErrorCode.FORBIDDEN: 403,
-    ErrorCode.NOT_FOUND: 404,
-    ErrorCode.RESOURCE_EXHAUSTED: 429,
-    ErrorCode.INTERNAL: 500,
-    ErrorCode.SERVICE_UNAVAILABLE: 503,
-}
-
-_OVERWRITE = base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD
-
 
 _NO_LABELS: Mapping[str, str] = MappingProxyType({})
 
@@ -121,232 +118,6 @@ class StreamLimits:
     idle_timeout: float = 600.0
     max_unrouted_streams: int = 1000
     protocol_error_pause: float = 1.0
-
-
-def _payload_too_large(limit: int) -> Any:
-    return pb.ProcessingResponse(
-        immediate_response=pb.ImmediateResponse(
-            status=http_status_pb2.HttpStatus(code=413),
-            body=(
-                f"inference error: PayloadTooLarge - the request body exceeds {limit} bytes"
-            ).encode(),
-        )
-    )
-
-
-class StreamAbortedError(Exception):
-    """An error with no HTTP mapping: the stream is aborted with a gRPC error."""
-
-
-class StreamProtocolError(Exception):
-    """The gateway broke the ext_proc protocol: the stream ends with ``code``."""
-
-    def __init__(self, code: grpc.StatusCode, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
-
-
-def _out_of_order(message: str) -> StreamProtocolError:
-    return StreamProtocolError(grpc.StatusCode.FAILED_PRECONDITION, message)
-
-
-#: Characters that would split or truncate a header on the way upstream.
-_FORBIDDEN_IN_NAME = re.compile(r"[\r\n\x00]")
-_FORBIDDEN_IN_VALUE = re.compile(rb"[\r\n\x00]")
-
-
-def _set_headers(mutation: Any, headers: Iterable[tuple[str, str | bytes]]) -> None:
-    """Adds ``headers`` to ``mutation.set_headers`` (overwrite or add), filling the
-    repeated field in place: a third of the cost of building each option apart. A bytes
-    value (a client's value that is not UTF-8) is set as it is."""
-    add = mutation.set_headers.add
-    for key, value in headers:
-        header = add(append_action=_OVERWRITE).header
-        header.key = key
-        header.raw_value = value if isinstance(value, bytes) else value.encode()
-
-
-def _headers_of(header_map: Any, raw_values: dict[str, bytes] | None = None) -> dict[str, str]:
-    """Lower-case name → value; ``StreamProtocolError`` (INVALID_ARGUMENT) for a name or
-    value holding CR, LF or NUL. A value that is not UTF-8 is given to the domain with
-    U+FFFD for the bad bytes, and its original bytes are put in ``raw_values``, so that it
-    is forwarded unchanged."""
-    headers: dict[str, str] = {}
-    for h in header_map.headers:
-        key = h.key
-        if _FORBIDDEN_IN_NAME.search(key) is not None:
-            raise StreamProtocolError(
-                grpc.StatusCode.INVALID_ARGUMENT,
-                f"header name {key[:64]!r} contains CR, LF or NUL",
-            )
-        raw = h.raw_value
-        if raw:
-            if _FORBIDDEN_IN_VALUE.search(raw) is not None:
-                raise StreamProtocolError(
-                    grpc.StatusCode.INVALID_ARGUMENT,
-                    f"value of header {key[:64]!r} contains CR, LF or NUL",
-                )
-            try:
-                value = raw.decode()
-            except UnicodeDecodeError:
-                value = raw.decode("utf-8", "replace")
-                if raw_values is not None:
-                    raw_values[key.lower()] = raw
-        else:
-            value = h.value
-            if _FORBIDDEN_IN_NAME.search(value) is not None:
-                raise StreamProtocolError(
-                    grpc.StatusCode.INVALID_ARGUMENT,
-                    f"value of header {key[:64]!r} contains CR, LF or NUL",
-                )
-        headers[key.lower()] = value
-    return headers
-
-
-def _plain(value: Any) -> object:
-    """A ``google.protobuf.Value`` as a plain Python value."""
-    kind = value.WhichOneof("kind")
-    if kind == "string_value":
-        return value.string_value
-    if kind == "number_value":
-        return value.number_value
-    if kind == "bool_value":
-        return value.bool_value
-    if kind == "struct_value":
-        return {k: _plain(v) for k, v in value.struct_value.fields.items()}
-    if kind == "list_value":
-        return [_plain(v) for v in value.list_value.values]
-    return None
-
-
-def _metadata_of(request: Any) -> dict[str, dict[str, object]]:
-    filter_metadata = request.metadata_context.filter_metadata
-    return {
-        namespace: {k: _plain(v) for k, v in struct.fields.items()}
-        for namespace, struct in filter_metadata.items()
-    }
-
-
-def _fill_struct(struct: Any, metadata: Metadata) -> None:
-    """Sets ``metadata`` (namespace → fields) into the ``google.protobuf.Struct``
-    ``struct`` in place: a string value directly (half the cost of ``Struct.update``,
-    and no copy of a finished Struct), anything else through ``update``."""
-    for namespace, fields in metadata.items():
-        target = struct.fields[namespace].struct_value
-        target.SetInParent()
-        others: dict[str, Any] = {}
-        for key, value in fields.items():
-            if type(value) is str:
-                target.fields[key].string_value = value
-            else:
-                others[key] = value
-        if others:
-            target.update(others)
-
-
-def _chunks(body: bytes) -> Iterable[bytes]:
-    if not body:
-        yield b""
-        return
-    view = memoryview(body)
-    for start in range(0, len(body), MAX_BODY_CHUNK_BYTES):
-        yield bytes(view[start : start + MAX_BODY_CHUNK_BYTES])
-
-
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while value > 0x7F:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
-#: ``ProcessingResponse.request_body`` / ``.response_body`` (fields 3 and 4), each a
-#: ``BodyResponse{response: CommonResponse{body_mutation: BodyMutation{streamed_response:
-#: StreamedBodyResponse{body, end_of_stream}}}}``.
-_REQUEST_BODY_TAG = b"\x1a"
-_RESPONSE_BODY_TAG = b"\x22"
-_END_OF_STREAM = b"\x10\x01"
-
-
-def _streamed_body_prefix(tag: bytes, size: int, end_of_stream: bool) -> bytes:
-    """Everything of a body reply before its chunk of ``size`` bytes."""
-    streamed = (1 + len(_varint(size)) + size if size else 0) + (2 if end_of_stream else 0)
-    mutation = 1 + len(_varint(streamed)) + streamed
-    common = 1 + len(_varint(mutation)) + mutation
-    return b"".join(
-        (
-            tag,
-            _varint(1 + len(_varint(common)) + common),
-            b"\x0a",
-            _varint(common),
-            b"\x1a",
-            _varint(mutation),
-            b"\x1a",
-            _varint(streamed),
-            b"\x0a" + _varint(size) if size else b"",
-        )
-    )
-
-
-_PREFIXES: dict[tuple[bytes, int, bool], bytes] = {}
-_MAX_PREFIXES = 4096
-
-
-def _streamed_body(tag: bytes, chunk: bytes, end_of_stream: bool) -> bytes:
-    """A body reply encoded by hand: the same bytes ``SerializeToString`` gives for the
-    message, without building four nested messages and copying the chunk into them and
-    out again (docs/decisions/0013). The bytes before the chunk depend only on its size,
-    and are kept for the sizes seen (SSE chunks of a stream are much alike)."""
-    key = (tag, len(chunk), end_of_stream)
-    prefix = _PREFIXES.get(key)
-    if prefix is None:
-        if len(_PREFIXES) >= _MAX_PREFIXES:
-            _PREFIXES.clear()
-        prefix = _PREFIXES[key] = _streamed_body_prefix(tag, len(chunk), end_of_stream)
-    if end_of_stream:
-        return b"".join((prefix, chunk, _END_OF_STREAM))
-    return prefix + chunk
-
-
-def serialize_reply(reply: Any) -> bytes:
-    """The ext_proc servicer's response serializer: a reply is a ``ProcessingResponse`` or
-    its bytes already encoded (``_streamed_body``)."""
-    if type(reply) is bytes:
-        return reply
-    return cast(bytes, reply.SerializeToString())
-
-
-def _request_body_response(chunk: bytes, end_of_stream: bool) -> bytes:
-    return _streamed_body(_REQUEST_BODY_TAG, chunk, end_of_stream)
-
-
-def _response_body_response(
-    chunk: bytes, end_of_stream: bool, metadata: Metadata | None = None
-) -> Any:
-    if not metadata:
-        return _streamed_body(_RESPONSE_BODY_TAG, chunk, end_of_stream)
-    response = pb.ProcessingResponse()
-    streamed = response.response_body.response.body_mutation.streamed_response
-    streamed.SetInParent()  # set even for an empty chunk without end of stream
-    streamed.body = chunk
-    streamed.end_of_stream = end_of_stream
-    _fill_struct(response.dynamic_metadata, metadata)
-    return response
-
-
-def immediate_response(error: RequestError) -> Any:
-    status = HTTP_STATUS_BY_CODE.get(error.code)
-    if status is None:
-        raise StreamAbortedError(f"{error.code.value}: {error.message}")
-    return pb.ProcessingResponse(
-        immediate_response=pb.ImmediateResponse(
-            status=http_status_pb2.HttpStatus(code=status),
-            body=f"inference error: {error.code.value} - {error.message}".encode(),
-        )
-    )
 
 
 class _Stream:
@@ -444,7 +215,7 @@ class _Stream:
             return await self._on_response_body(request.response_body)
         if kind != "response_trailers" and request.HasField("metadata_context"):
             # A new dict each time: a request handed to the domain keeps what it was given.
-            self._metadata = {**self._metadata, **_metadata_of(request)}
+            self._metadata = {**self._metadata, **metadata_of(request)}
         if kind == "request_headers":
             if request.HasField("protocol_config"):
                 # 0 is NONE: Envoy sends the response headers, then ends the stream when
@@ -455,20 +226,20 @@ class _Stream:
             return await self._on_request_body(request.request_body)
         if kind is not None and kind.startswith("response_"):
             if self._exchange is None:
-                raise _out_of_order(f"{kind} before the request was routed")
+                raise out_of_order(f"{kind} before the request was routed")
             if kind == "response_headers":
                 if self._response_started:
-                    raise _out_of_order("response_headers twice")
+                    raise out_of_order("response_headers twice")
                 self._response_started = True
                 self._context = contextvars.copy_context()
                 return await self._on_response_headers(request.response_headers)
             if not self._response_started:
-                raise _out_of_order(f"{kind} before response_headers")
+                raise out_of_order(f"{kind} before response_headers")
             if kind == "response_body":
                 return await self._on_response_body(request.response_body)
             return await self._on_response_trailers()
         if kind == "request_trailers" and not self._headers_seen:
-            raise _out_of_order("request_trailers before request_headers")
+            raise out_of_order("request_trailers before request_headers")
         return []  # request trailers (and anything unknown) get no reply
 
     def inline(self, request: Any) -> Any:
@@ -525,12 +296,12 @@ class _Stream:
 
     async def _on_request_headers(self, message: Any) -> list[Any]:
         if self._headers_seen:
-            raise _out_of_order(
+            raise out_of_order(
                 "a second request_headers message: one request per stream (the first "
                 "request's exchange stays with this stream and is closed with it)"
             )
         self._headers_seen = True
-        headers = _headers_of(message.headers, self._raw_headers)
+        headers = headers_of(message.headers, self._raw_headers)
         request_id = headers.get(REQUEST_ID_HEADER)
         if not request_id:
             request_id = str(uuid.uuid4())
@@ -556,11 +327,11 @@ class _Stream:
         self._log.info("request %s refused: its body exceeds %d bytes", self._request_id, limit)
         if self._span is not None:
             self._span.record_error(f"PayloadTooLarge: the request body exceeds {limit} bytes")
-        return [_payload_too_large(limit)]
+        return [payload_too_large(limit)]
 
     async def _on_request_body(self, message: Any) -> list[Any]:
         if not self._headers_seen:
-            raise _out_of_order("request_body before request_headers")
+            raise out_of_order("request_body before request_headers")
         if self._body_done or self._exchange is not None:
             return []  # a duplicate end-of-stream chunk, or a body after the request ended
         if message.body:
@@ -578,7 +349,7 @@ class _Stream:
 
     async def _route(self, body: bytes | None) -> list[Any]:
         if self._exchange is not None:  # never two exchanges on one stream
-            raise _out_of_order("one request per stream")
+            raise out_of_order("one request per stream")
         inbound = InboundRequest(
             request_id=self._request_id,
             headers=self._headers,
@@ -601,19 +372,19 @@ class _Stream:
             return [immediate_response(decision.error)]
         replies = [self._header_reply(decision)]
         if body is not None:
-            chunks = list(_chunks(decision.body))
+            chunks = list(body_chunks(decision.body))
             last = len(chunks) - 1
-            replies.extend(_request_body_response(c, i == last) for i, c in enumerate(chunks))
+            replies.extend(request_body_response(c, i == last) for i, c in enumerate(chunks))
         return replies
 
     def _header_reply(self, decision: RoutingDecision) -> Any:
         destination = ",".join(e.host_port() for e in decision.endpoints)
-        set_headers: list[tuple[str, str | bytes]] = [(DESTINATION_ENDPOINT_HEADER, destination)]
+        headers_to_set: list[tuple[str, str | bytes]] = [(DESTINATION_ENDPOINT_HEADER, destination)]
         if decision.body:
-            set_headers.append(("Content-Length", str(len(decision.body))))
+            headers_to_set.append(("Content-Length", str(len(decision.body))))
         own = {k.lower() for k, _ in decision.headers}
         raw = self._raw_headers
-        set_headers.extend(
+        headers_to_set.extend(
             (k, raw.get(k, v) if raw else v)  # a value that was not UTF-8 goes on unchanged
             for k, v in self._headers.items()
             if k not in SYSTEM_REQUEST_HEADERS
@@ -622,7 +393,7 @@ class _Stream:
             and k not in own
         )
         # Headers the EPP sets itself come last, so a client cannot override them.
-        set_headers.extend(decision.headers)
+        headers_to_set.extend(decision.headers)
         metadata: dict[str, dict[str, object]] = {
             ns: dict(fields) for ns, fields in decision.dynamic_metadata.items()
         }
@@ -630,26 +401,26 @@ class _Stream:
             destination
         )
         reply = pb.ProcessingResponse()
-        _fill_struct(reply.dynamic_metadata, metadata)
+        fill_struct(reply.dynamic_metadata, metadata)
         common = reply.request_headers.response
         common.clear_route_cache = True
-        _set_headers(common.header_mutation, set_headers)
+        set_headers(common.header_mutation, headers_to_set)
         return reply
 
     # response path
 
     async def _on_response_headers(self, message: Any) -> list[Any]:
-        headers = _headers_of(message.headers)
+        headers = headers_of(message.headers)
         # The reference also sets every response header again, to the value it has: a no-op
         # for the client, and Envoy refuses (and counts in ext_proc.rejected_header_mutations)
         # the x-envoy-* ones, such as x-envoy-upstream-service-time, on every request.
-        set_headers: list[tuple[str, str | bytes]] = [("x-went-into-resp-headers", "true")]
+        headers_to_set: list[tuple[str, str | bytes]] = [("x-went-into-resp-headers", "true")]
         if self._exchange is not None:
             reply = await self._exchange.response_headers(headers, self._metadata)
             self._streaming = reply.streaming
-            set_headers.extend(reply.headers)
+            headers_to_set.extend(reply.headers)
         response = pb.ProcessingResponse()
-        _set_headers(response.response_headers.response.header_mutation, set_headers)
+        set_headers(response.response_headers.response.header_mutation, headers_to_set)
         replies = [response]
         if message.end_of_stream and self._exchange is not None:
             self._response_done = True
@@ -661,11 +432,11 @@ class _Stream:
             return []
         end_of_stream = bool(message.end_of_stream)
         if self._exchange is None:
-            return [_response_body_response(message.body, end_of_stream)]
+            return [response_body_response(message.body, end_of_stream)]
         if self._streaming or self._response_passthrough:
             self._response_done = end_of_stream
             reply = await self._exchange.response_body(message.body, end_of_stream)
-            return [_response_body_response(reply.body, end_of_stream, reply.dynamic_metadata)]
+            return [response_body_response(reply.body, end_of_stream, reply.dynamic_metadata)]
         if message.body:
             self._response_chunks.append(message.body)
             self._response_buffered += len(message.body)
@@ -690,7 +461,7 @@ class _Stream:
         body = b"".join(self._response_chunks)
         self._response_chunks.clear()
         reply = await self._exchange.response_body(body, False)
-        return [_response_body_response(c, False) for c in _chunks(reply.body)]
+        return [response_body_response(c, False) for c in body_chunks(reply.body)]
 
     async def _flush_buffered_response(self, *, end_of_stream: bool) -> list[Any]:
         assert self._exchange is not None
@@ -698,10 +469,10 @@ class _Stream:
         body = b"".join(self._response_chunks)
         self._response_chunks.clear()
         reply = await self._exchange.response_body(body, True)
-        chunks = list(_chunks(reply.body))
+        chunks = list(body_chunks(reply.body))
         last = len(chunks) - 1
         return [
-            _response_body_response(
+            response_body_response(
                 c, end_of_stream and i == last, reply.dynamic_metadata if i == last else None
             )
             for i, c in enumerate(chunks)

@@ -40,8 +40,9 @@ import grpc
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
-from adapters.envoy.extproc import _response_body_response, serialize_reply
 from adapters.envoy.h2 import H2GrpcServer, MethodHandler
+from adapters.envoy.messages import response_body_response as _response_body_response
+from adapters.envoy.messages import serialize_reply
 from tests.bench.load import cpu_seconds
 
 SERVICE = "envoy.service.ext_proc.v3.ExternalProcessor"

@@ -7,9 +7,9 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from hypothesis import given
 from hypothesis import strategies as st
 
-from adapters.envoy.extproc import (
-    _request_body_response,
-    _response_body_response,
+from adapters.envoy.messages import (
+    request_body_response,
+    response_body_response,
     serialize_reply,
 )
 
@@ -27,8 +27,8 @@ def _by_protobuf(kind: str, chunk: bytes, end_of_stream: bool) -> bytes:
 @pytest.mark.parametrize("end_of_stream", [False, True])
 def test_body_replies_at_varint_boundaries(size: int, end_of_stream: bool) -> None:
     chunk = bytes(range(256)) * (size // 256) + bytes(size % 256)
-    request = serialize_reply(_request_body_response(chunk, end_of_stream))
-    response = serialize_reply(_response_body_response(chunk, end_of_stream))
+    request = serialize_reply(request_body_response(chunk, end_of_stream))
+    response = serialize_reply(response_body_response(chunk, end_of_stream))
     assert request == _by_protobuf("request_body", chunk, end_of_stream)
     assert response == _by_protobuf("response_body", chunk, end_of_stream)
 
@@ -36,8 +36,8 @@ def test_body_replies_at_varint_boundaries(size: int, end_of_stream: bool) -> No
 @given(st.binary(max_size=3000), st.booleans())
 def test_body_replies_parse_back(chunk: bytes, end_of_stream: bool) -> None:
     for kind, build in (
-        ("request_body", _request_body_response),
-        ("response_body", _response_body_response),
+        ("request_body", request_body_response),
+        ("response_body", response_body_response),
     ):
         raw = serialize_reply(build(chunk, end_of_stream))
         assert raw == _by_protobuf(kind, chunk, end_of_stream)
@@ -47,14 +47,14 @@ def test_body_replies_parse_back(chunk: bytes, end_of_stream: bool) -> None:
 
 
 def test_a_response_body_reply_with_metadata_is_a_message() -> None:
-    reply = _response_body_response(b"{}", True, {"envoy.lb": {"k": "v"}})
+    reply = response_body_response(b"{}", True, {"envoy.lb": {"k": "v"}})
     parsed = pb.ProcessingResponse.FromString(serialize_reply(reply))
     assert parsed.response_body.response.body_mutation.streamed_response.body == b"{}"
     assert parsed.dynamic_metadata.fields["envoy.lb"].struct_value.fields["k"].string_value == "v"
 
 
 def test_an_empty_reply_with_metadata_still_carries_a_streamed_body() -> None:
-    reply = _response_body_response(b"", False, {"envoy.lb": {"k": "v"}})
+    reply = response_body_response(b"", False, {"envoy.lb": {"k": "v"}})
     parsed = pb.ProcessingResponse.FromString(serialize_reply(reply))
     mutation = parsed.response_body.response.body_mutation
     assert mutation.WhichOneof("mutation") == "streamed_response"
