@@ -2,7 +2,9 @@
 
 The file holds the same YAML documents one would apply to a cluster (``kind:
 InferenceObjective`` / ``InferenceModelRewrite``, several per file separated by ``---``),
-so priorities and model rewrites work without Kubernetes. Other kinds are refused.
+so priorities and model rewrites work without Kubernetes. Other kinds are refused. The
+file has the config file's limits: ``MAX_CONFIG_BYTES`` and ``MAX_CONFIG_DEPTH`` nested
+collections, checked before anything is built.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from typing import Any
 import yaml
 
 from adapters.kubernetes.objectives import objective_priority, rewrite_rules
+from app.config.decoding import MAX_CONFIG_BYTES, BoundedLoader, yaml_problem
 from ports.objectives import ModelRewriteRule, ObjectiveSink
 
 __all__ = ["StaticObjectivesError", "load_static_objectives"]
@@ -24,10 +27,7 @@ class StaticObjectivesError(ValueError):
 
 def load_static_objectives(path: Path, sink: ObjectiveSink) -> tuple[int, int]:
     """Load the manifests into ``sink``; returns (objectives, rewrite rules) counts."""
-    try:
-        documents = [d for d in yaml.safe_load_all(path.read_text()) if d is not None]
-    except (OSError, yaml.YAMLError) as exc:
-        raise StaticObjectivesError(f"{path}: {exc}") from exc
+    documents = _documents(path)
     priorities: dict[str, int | None] = {}
     rules: list[ModelRewriteRule] = []
     for index, document in enumerate(documents):
@@ -62,6 +62,25 @@ def load_static_objectives(path: Path, sink: ObjectiveSink) -> tuple[int, int]:
     sink.set_objectives(priorities)
     sink.set_rules(rules)
     return len(priorities), len(rules)
+
+
+def _documents(path: Path) -> list[Any]:
+    """The file's YAML documents, within the config file's size and depth limits."""
+    try:
+        with path.open("rb") as file:
+            data = file.read(MAX_CONFIG_BYTES + 1)  # a huge file is never read whole
+    except OSError as exc:
+        raise StaticObjectivesError(f"{path}: {exc}") from exc
+    if len(data) > MAX_CONFIG_BYTES:
+        raise StaticObjectivesError(f"{path}: more than the {MAX_CONFIG_BYTES} bytes allowed")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise StaticObjectivesError(f"{path}: not UTF-8 text ({exc.reason})") from None
+    try:
+        return [d for d in yaml.load_all(text, Loader=BoundedLoader) if d is not None]
+    except yaml.YAMLError as exc:
+        raise StaticObjectivesError(f"{path}: {yaml_problem(exc, context=True)}") from None
 
 
 def _name(document: dict[str, Any], where: str) -> str:

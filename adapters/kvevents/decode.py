@@ -63,8 +63,8 @@ _DECODER = msgspec.msgpack.Decoder()
 DIRECT_BYTES = 16 * 1024
 #: Larger payloads: their events are decoded this many bytes at a time.
 CHUNK_BYTES = 4 * 1024
-#: The most hashes in one piece of a batch (the index applies 1,024 in 1-3 ms).
-PIECE_HASHES = 1024
+#: The most hashes in one piece of a batch (the index applies 512 in 0.5-1.5 ms).
+PIECE_HASHES = 512
 #: The deepest nesting of a large payload's objects (an event batch has 4 levels).
 MAX_DEPTH = 32
 #: The longest ``medium`` or ``lora_name`` kept (longer: the event is malformed).
@@ -586,9 +586,10 @@ class _Walker:
 _STEP_ITEMS = 4096
 #: Scalars of one type skipped at once (a strided slice of at most 2 MiB).
 _BULK_ITEMS = 65536
-#: What one skipped run of ``_BULK_ITEMS`` counts for in a step's objects (8 a step: the
-#: strided checks of 1.5 M hashes in one step held the loop 11 ms, 8 runs take 1-3 ms).
-_BULK_COST = 512
+#: What one skipped run of ``_BULK_ITEMS`` counts for in a step's objects (2 a step: the
+#: strided checks of 1.5 M hashes in one step held the loop 11 ms, 8 runs 3-4.6 ms with the
+#: walk's start, 2 runs under 1.5 ms).
+_BULK_COST = 2048
 #: Integers of mixed widths (an engine's token ids) skipped at once, by a regular expression
 #: (in C; the widths are told apart by the type byte, so it never backtracks).
 _RUN = 256

@@ -25,8 +25,10 @@ are counted and logged once per endpoint (a payload that does not decode at all,
 reason, drops the endpoint's entries: its changes are unknown). A batch is decoded and
 applied in steps (``decode.iter_batch``: pieces of at most ``decode.PIECE_HASHES``
 hashes, about a millisecond of work each), and the subscriber yields to the event loop
-whenever ``slice_seconds`` of work passed since it last did, so neither a flood of small
-messages nor one message of a million hashes holds the loop.
+whenever ``slice_seconds`` of work passed since it last did, behind whatever became ready
+meanwhile (``_yield_behind``), so neither a flood of small messages nor one message of a
+million hashes holds the loop: another task waits for at most about one slice and one
+step.
 
 A subscriber whose ``run`` fails is restarted by ``KVEventSubscriptions`` after calling
 ``failed``: its endpoint is distrusted until the first message after the restart, which
@@ -89,11 +91,28 @@ class SubscriberConfig:
     reconnect_interval_max: float = 5.0
     max_message_bytes: int = 16 * 1024 * 1024
     receive_hwm: int = 10_000
-    slice_seconds: float = 0.002
-    """The most event-loop time taken between two yields (one piece may take longer)."""
+    slice_seconds: float = 0.001
+    """The most event-loop time taken between two yields (one step of work, about a
+    millisecond, may take it past this)."""
     restart_backoff: float = 0.25
     """Seconds before a failed subscriber is restarted, doubled per failure in a row."""
     restart_backoff_max: float = 30.0
+
+
+async def _yield_behind() -> None:
+    """Let the event loop run what is ready and what a timer or I/O wakes meanwhile, then
+    resume. ``asyncio.sleep(0)`` resumes on the loop's next turn, ahead of a task that a
+    timer or a socket wakes (that takes two turns), so such a task waited for two or three
+    slices; this resumes three turns later, behind it."""
+    loop = asyncio.get_running_loop()
+    resumed = loop.create_future()
+    loop.call_soon(loop.call_soon, _resume, resumed)
+    await resumed
+
+
+def _resume(resumed: asyncio.Future[None]) -> None:
+    if not resumed.done():  # the subscriber may have been cancelled meanwhile
+        resumed.set_result(None)
 
 
 class KVEventSubscriber:
@@ -229,7 +248,7 @@ class KVEventSubscriber:
     async def _pause(self) -> None:
         """Yield to the event loop when this subscriber's slice of it is spent."""
         if time.monotonic() - self._slice_started >= self._config.slice_seconds:
-            await asyncio.sleep(0)
+            await _yield_behind()
             self._slice_started = time.monotonic()
 
     async def _handle(self, frames: list[bytes | memoryview]) -> None:

@@ -18,7 +18,14 @@ from app.config.errors import ConfigError
 from app.config.parameters import render_validation_error
 from app.config.schema import EndpointPickerConfigSpec
 
-__all__ = ["MAX_CONFIG_BYTES", "MAX_CONFIG_DEPTH", "decode", "parse_yaml"]
+__all__ = [
+    "MAX_CONFIG_BYTES",
+    "MAX_CONFIG_DEPTH",
+    "BoundedLoader",
+    "decode",
+    "parse_yaml",
+    "yaml_problem",
+]
 
 #: The most bytes a config may have: a ConfigMap's limit (1 MiB).
 MAX_CONFIG_BYTES = 1 << 20
@@ -26,9 +33,9 @@ MAX_CONFIG_BYTES = 1 << 20
 MAX_CONFIG_DEPTH = 64
 
 
-class _StrictLoader(yaml.SafeLoader):
-    """``yaml.SafeLoader`` that refuses a key repeated in one mapping (strict decoding) and
-    nodes nested deeper than ``MAX_CONFIG_DEPTH``."""
+class BoundedLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that refuses nodes nested deeper than ``MAX_CONFIG_DEPTH`` (the
+    limit of every YAML file the EPP reads: config, static objectives)."""
 
     _depth = 0
 
@@ -45,6 +52,10 @@ class _StrictLoader(yaml.SafeLoader):
             return super().compose_node(parent, index)
         finally:
             self._depth -= 1
+
+
+class _StrictLoader(BoundedLoader):
+    """``BoundedLoader`` that also refuses a key repeated in one mapping (strict decoding)."""
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         seen: set[Any] = set()
@@ -76,17 +87,27 @@ def parse_yaml(text: str | None) -> dict[str, Any] | None:
         raise ConfigError(f"config: {size} bytes, more than the {MAX_CONFIG_BYTES} bytes allowed")
     try:
         raw = yaml.load(text, Loader=_StrictLoader)  # a SafeLoader subclass
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        raise ConfigError(f"config: invalid YAML{where}: {exc.problem or exc.context}") from None
     except yaml.YAMLError as exc:
-        raise ConfigError(f"config: invalid YAML: {exc}") from None
+        raise ConfigError(f"config: {yaml_problem(exc)}") from None
     if raw is None:
         return None
     if not isinstance(raw, dict):
         raise ConfigError(f"config: must be a mapping, got {type(raw).__name__}")
     return raw
+
+
+def yaml_problem(exc: yaml.YAMLError, *, context: bool = False) -> str:
+    """``exc`` as one line: "invalid YAML at line L, column C: what"; with ``context``, and
+    the error has one, followed by "(while ... at line L, column C)"."""
+    if not isinstance(exc, yaml.MarkedYAMLError):
+        return "invalid YAML: " + " ".join(str(exc).split())
+    mark = exc.problem_mark or exc.context_mark
+    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+    text = f"invalid YAML{where}: {exc.problem or exc.context}"
+    if context and exc.problem and exc.context and exc.context_mark:
+        at = exc.context_mark
+        text += f" ({exc.context} at line {at.line + 1}, column {at.column + 1})"
+    return text
 
 
 def decode(raw: dict[str, Any]) -> EndpointPickerConfigSpec:

@@ -27,6 +27,7 @@ from tests.support.h2frames import (
     PRIORITY,
     PROTOCOL_ERROR,
     RST_STREAM,
+    STREAM_CLOSED,
     frame,
     message,
 )
@@ -67,6 +68,30 @@ async def test_a_connection_error_has_the_code_the_rfc_names(sent: bytes, code: 
         await harness.assert_serves()
 
 
+async def test_a_new_stream_below_one_already_opened_is_a_connection_error_protocol_error() -> None:
+    async with serving() as harness:
+        peer = await harness.connect()
+        peer.send(peer.request(5, f"{SERVICE}/Never"))
+        await peer.ping()
+        # 5.1.1: stream 3 was never opened, and 5 was (before: STREAM_CLOSED)
+        peer.send(peer.request(3, f"{SERVICE}/Never"))
+        await _expect_goaway(peer, PROTOCOL_ERROR)
+        await harness.assert_serves()
+
+
+async def test_headers_on_a_stream_opened_and_closed_is_a_connection_error_stream_closed() -> None:
+    async with serving() as harness:
+        peer = await harness.connect()
+        peer.send(peer.request(1, f"{SERVICE}/Unary") + frame(DATA, END_STREAM, 1, message(b"x")))
+        assert await peer.status(1) == "0"
+        peer.send(peer.request(5, f"{SERVICE}/Never"))
+        await peer.ping()
+        # 5.1: stream 1 is closed (not a new stream below 5, as 3 would be)
+        peer.send(peer.request(1, f"{SERVICE}/Never"))
+        await _expect_goaway(peer, STREAM_CLOSED)
+        await harness.assert_serves()
+
+
 # -- stream errors: the stream is reset, the connection serves on --
 
 
@@ -93,6 +118,7 @@ MALFORMED = {
     "no-method": _without(":method"),
     "no-scheme": _without(":scheme"),
     "no-path": _without(":path"),
+    "empty-path": [(name, "" if name == ":path" else value) for name, value in GRPC],
     # 8.3: a pseudo-header twice, one a request has not, or one after a regular header
     "two-paths": [*GRPC, (":path", f"{SERVICE}/Unary")],
     "unknown-pseudo-header": [*GRPC[:4], (":foo", "bar"), *GRPC[4:]],

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+from collections import deque
 from typing import cast
 
 import grpc
@@ -98,6 +99,11 @@ PARK_DELAY = 0.5
 _GOAWAY_PING = b"goaway\x00\x00"
 GOAWAY_PING_TIMEOUT = 2.0  # seconds the final GOAWAY waits for the PING's answer
 CLOSE_LINGER = 1.0  # seconds a finished connection waits for the peer to close it
+# The most recent runs of stream identifiers a client skipped that are remembered: HEADERS
+# on one of them opens a new stream below one already opened (RFC 9113 5.1.1:
+# PROTOCOL_ERROR); on any other identifier at or below the last opened, it is on a closed
+# stream (STREAM_CLOSED). Envoy and gRPC clients skip none.
+SKIPPED_RUNS = 64
 # A connection whose peer broke the protocol of a call (``RpcContext.penalize_peer``) is not
 # read for a while: PENALTY_FIRST seconds, doubling with each strike of its host up to the
 # handler's bound; a host's strikes are forgotten after PENALTY_FORGET seconds without one.
@@ -155,6 +161,7 @@ class Connection(asyncio.Protocol):
         self._reader = FrameReader()
         self._calls: dict[int, RpcContext] = {}
         self._last_stream = 0
+        self._skipped: deque[tuple[int, int]] = deque(maxlen=SKIPPED_RUNS)  # [first, end)
         self._goaway_announced = False  # the first GOAWAY (see go_away)
         self._goaway_sent = False  # the final one: new streams are refused
         self._lingering = False  # nothing left to serve: waiting for the peer to close
@@ -486,7 +493,11 @@ class Connection(asyncio.Protocol):
             call.receive(b"", True)
             return
         if stream_id <= self._last_stream:
+            if any(first <= stream_id < end for first, end in self._skipped):
+                raise H2ConnectionError(PROTOCOL_ERROR, "a new stream below one already opened")
             raise H2ConnectionError(STREAM_CLOSED, "HEADERS on a closed stream")
+        if stream_id > self._last_stream + 2:
+            self._skipped.append((self._last_stream + 1, stream_id))
         self._last_stream = stream_id
         self._streams_opened += 1
         if self._self_dependent or malformed_request(headers) is not None:

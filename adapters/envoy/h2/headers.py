@@ -59,7 +59,8 @@ _CONNECTION_FIELDS = frozenset(
 def malformed_request(headers: Headers) -> str | None:
     """Why a request's header list is malformed (RFC 9113 8.2 and 8.3), or None: a
     pseudo-header a request has not, twice, or after a regular field; no ``:method``,
-    ``:scheme`` or ``:path``; a field name with upper case; a connection-specific field."""
+    ``:scheme`` or ``:path``, or an empty ``:path``; a field name with upper case; a
+    connection-specific field."""
     seen = 0
     regular = False
     for name, value in headers:
@@ -68,6 +69,8 @@ def malformed_request(headers: Headers) -> str | None:
             if not bit or seen & bit or regular:
                 return f"pseudo-header {name[:32]!r} unknown, repeated or late"
             seen |= bit
+            if bit == 4 and not value:  # 8.3.1: an http or https URI's :path is never empty
+                return "empty :path"
             continue
         regular = True
         if not name.islower() and name != name.lower():
