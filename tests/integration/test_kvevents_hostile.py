@@ -239,6 +239,7 @@ async def _held_while_applied(
     return held, took
 
 
+@pytest.mark.timed
 async def test_a_large_batch_is_applied_while_the_event_loop_goes_on(publisher: Publisher) -> None:
     """200,000 hashes in one event (1.8 MB): the most CPU time the loop spends between two
     turns of another task is a small part of what the batch costs (before: all of it at

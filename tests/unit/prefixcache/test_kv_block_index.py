@@ -7,6 +7,8 @@ import random
 import sys
 import time
 
+import pytest
+
 from domain.prefixcache.kv_block_index import InMemoryKVBlockIndex
 from ports.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
 
@@ -92,6 +94,7 @@ def test_a_loaded_copy_is_older_than_the_events_and_yields_to_them() -> None:
     assert index.size() == 4
 
 
+@pytest.mark.timed
 def test_a_cleared_endpoint_is_freed_a_bounded_part_per_call() -> None:
     """1,024,000 blocks cleared: what they held is freed by the next calls, none of which
     takes more than a few ms of CPU (before: the call that freed the last shard returned
