@@ -396,16 +396,30 @@ def run_column(key: str, args: argparse.Namespace) -> Column:
                 str(objectives),
                 *more,
             ],
+            extproc_faults=True,  # counted below, as a row, rather than failing the run
         )
         with Stack.run(options) as stack:
             for scenario in args.scenarios:
                 started = time.perf_counter()
                 column.rows[scenario] = asyncio.run(SCENARIO_RUNS[scenario](stack, args, limit))
+                column.rows[scenario]["Envoy's ext_proc faults"] = extproc_faults(stack)
                 print(
-                    f"  {spec.label}: {scenario} in {time.perf_counter() - started:.0f} s",
+                    f"  {spec.label}: {scenario} in {time.perf_counter() - started:.0f} s:"
+                    f" {column.rows[scenario]}",
                     flush=True,
                 )
     return column
+
+
+def extproc_faults(stack: Stack) -> str:
+    """Envoy's ext_proc fault counters so far (failed streams, message timeouts, rejected
+    header mutations) that are not zero, or ``0``."""
+    faults = {
+        name.rsplit(".", 1)[-1]: value
+        for name, value in stack.envoy_counters().items()
+        if name.rsplit(".", 1)[-1] in Stack.EXTPROC_FAULTS and value
+    }
+    return ", ".join(f"{name} {value}" for name, value in sorted(faults.items())) or "0"
 
 
 def servers(p: Phase, limit: int) -> str:
