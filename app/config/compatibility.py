@@ -483,7 +483,6 @@ UNAVAILABLE_TYPES: dict[str, str] = {
     "p2p-source-producer": "peer-to-peer KV-cache transfer is not implemented",
     "precise-prefix-cache-scorer": "the llm-d router's deprecated wrapper: configure "
     "precise-prefix-cache-producer and prefix-cache-scorer",
-    "priority-holdback-policy": "usage-limit policy not implemented (static-usage-limit-policy is)",
     "priority-then-time-eviction-order-policy": _EVICTION,
     "probabilistic-admitter": _NOT_IMPLEMENTED,
     "program-aware-fairness": "fairness policy not implemented (global-strict-fairness-policy "
@@ -494,7 +493,7 @@ UNAVAILABLE_TYPES: dict[str, str] = {
     "sglanghttp-parser": _PARSER,
     "sheddable-eviction-filter": _EVICTION,
     "soft-reflective-ceiling-policy": "usage-limit policy not implemented "
-    "(static-usage-limit-policy is)",
+    "(static-usage-limit-policy and priority-holdback-policy are)",
     "token-producer": _TOKENS,
     "tokenizer": _TOKENS,
     "topology-affinity-filter": _NOT_IMPLEMENTED,

@@ -89,7 +89,8 @@ Behaviour: see ``controller`` (dispatch, pacing, TTL, displacement, GC), ``queue
 ``interfaces`` (policy extension points) and ``plugins`` (in-tree policies:
 ``fcfs-ordering-policy``, ``edf-ordering-policy``, ``slo-deadline-ordering-policy``,
 ``global-strict-fairness-policy``, ``round-robin-fairness-policy``,
-``static-usage-limit-policy``). Metrics: ``metrics``.
+``max-min-fairness-policy``, ``static-usage-limit-policy``, ``priority-holdback-policy``).
+Metrics: ``metrics``.
 """
 
 from __future__ import annotations

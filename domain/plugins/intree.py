@@ -63,6 +63,7 @@ IN_TREE_MODULES = (
     "domain.flowcontrol.plugins.round_robin_fairness",
     "domain.flowcontrol.plugins.max_min_fairness",
     "domain.flowcontrol.plugins.static_usage_limit",
+    "domain.flowcontrol.plugins.priority_holdback",
 )
 
 

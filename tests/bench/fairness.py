@@ -13,7 +13,11 @@ per server, 24 over the pool), behind one Envoy and the column's EPPs. Columns
 - ``3-pool``: three EPPs on one ``redis-server``, flow control over the pool,
   ``max-min-fairness-policy``;
 - ``1-maxmin``: one EPP, ``max-min-fairness-policy``;
-- ``3-off``: three EPPs on Redis without flow control (the servers queue everything).
+- ``3-off``: three EPPs on Redis without flow control (the servers queue everything);
+- any of these with flow control followed by ``-holdback<minCeiling>`` (e.g.
+  ``1-holdback0.5``): the same with ``priority-holdback-policy`` (``minCeiling`` as given)
+  as the usage-limit policy instead of ``static-usage-limit-policy``: the lower band stops
+  at that saturation, the higher one goes up to 1.0.
 
 Each EPP runs the default scheduling profile plus::
 
@@ -49,6 +53,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import math
 import os
 import random
@@ -92,6 +97,7 @@ class ColumnSpec:
     redis: bool
     fairness: str | None  # None: no flow control
     shared_admission: bool = True
+    holdback: float | None = None  # priority-holdback-policy's minCeiling (None: static)
 
 
 COLUMNS: dict[str, ColumnSpec] = {
@@ -102,6 +108,28 @@ COLUMNS: dict[str, ColumnSpec] = {
     "3-off": ColumnSpec("3 redis, no flow control", 3, True, None),
 }
 SCENARIOS = ("light", "equal", "priority")
+HOLDBACK = "-holdback"
+
+
+def column_spec(key: str) -> ColumnSpec:
+    """``COLUMNS[key]``, or ``<column>-holdback<minCeiling>``: that column with
+    ``priority-holdback-policy`` as its usage-limit policy (e.g. ``3-pool-holdback0.5``)."""
+    base, sep, value = key.partition(HOLDBACK)
+    if base not in COLUMNS or (sep and not value):
+        raise SystemExit(
+            f"--columns: unknown {key!r} (known: {', '.join(COLUMNS)}, each optionally"
+            f" followed by {HOLDBACK}<minCeiling>)"
+        )
+    spec = COLUMNS[base]
+    if not sep:
+        return spec
+    if spec.fairness is None:
+        raise SystemExit(f"--columns: {key!r}: {base!r} has no flow control to hold back")
+    try:
+        ceiling = float(value)
+    except ValueError:
+        raise SystemExit(f"--columns: {key!r}: {value!r} is not a number") from None
+    return dataclasses.replace(spec, label=f"{spec.label}, holdback {ceiling:g}", holdback=ceiling)
 
 
 def epp_config(spec: ColumnSpec, max_concurrency: int) -> str:
@@ -122,6 +150,15 @@ def epp_config(spec: ColumnSpec, max_concurrency: int) -> str:
         "defaultRequestTTL": "60s",
         "defaultPriorityBand": {"fairnessPolicyRef": spec.fairness},
     }
+    if spec.holdback is not None:
+        config["plugins"].append(
+            {
+                "type": "priority-holdback-policy",
+                "name": "holdback",
+                "parameters": {"minCeiling": spec.holdback},
+            }
+        )
+        config["flowControl"]["usageLimitPolicyPluginRef"] = "holdback"
     return yaml.safe_dump(config)
 
 
@@ -335,7 +372,7 @@ def ms(seconds: float) -> str:
 
 
 def run_column(key: str, args: argparse.Namespace) -> Column:
-    spec = COLUMNS[key]
+    spec = column_spec(key)
     column = Column(spec)
     limit = args.max_concurrency * args.instances
     with (
@@ -359,16 +396,30 @@ def run_column(key: str, args: argparse.Namespace) -> Column:
                 str(objectives),
                 *more,
             ],
+            extproc_faults=True,  # counted below, as a row, rather than failing the run
         )
         with Stack.run(options) as stack:
             for scenario in args.scenarios:
                 started = time.perf_counter()
                 column.rows[scenario] = asyncio.run(SCENARIO_RUNS[scenario](stack, args, limit))
+                column.rows[scenario]["Envoy's ext_proc faults"] = extproc_faults(stack)
                 print(
-                    f"  {spec.label}: {scenario} in {time.perf_counter() - started:.0f} s",
+                    f"  {spec.label}: {scenario} in {time.perf_counter() - started:.0f} s:"
+                    f" {column.rows[scenario]}",
                     flush=True,
                 )
     return column
+
+
+def extproc_faults(stack: Stack) -> str:
+    """Envoy's ext_proc fault counters so far (failed streams, message timeouts, rejected
+    header mutations) that are not zero, or ``0``."""
+    faults = {
+        name.rsplit(".", 1)[-1]: value
+        for name, value in stack.envoy_counters().items()
+        if name.rsplit(".", 1)[-1] in Stack.EXTPROC_FAULTS and value
+    }
+    return ", ".join(f"{name} {value}" for name, value in sorted(faults.items())) or "0"
 
 
 def servers(p: Phase, limit: int) -> str:
@@ -496,8 +547,7 @@ def main() -> None:
         args.warmup, args.seconds = 2.0, 8.0
     keys = args.columns.split(",")
     for key in keys:
-        if key not in COLUMNS:
-            raise SystemExit(f"--columns: unknown {key!r} (known: {', '.join(COLUMNS)})")
+        column_spec(key)
     args.scenarios = args.scenarios.split(",")
     for scenario in args.scenarios:
         if scenario not in SCENARIOS:

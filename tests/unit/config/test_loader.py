@@ -1191,6 +1191,7 @@ NEEDING_PARAMETERS = {
     "endpoint-attribute-filter",
     "endpoint-attribute-scorer",
     "precise-prefix-cache-producer",  # tokenProcessorConfig: the engine's seed, a tokenizer
+    "priority-holdback-policy",  # minCeiling
 }
 
 
