@@ -43,7 +43,8 @@ requests per instance, instances per group, ...) and, per column:
   unless a client's round trips overlap) and commands (``total_commands_processed``,
   counting the commands a script calls) over the traffic, divided by the requests
   answered; both include the background traffic (load sync, leases), whose rate without
-  requests is given too (round trips per second, over the idle window);
+  requests is given too (round trips per second, over the idle window), and the round
+  trips per second of traffic per replica (a pod counts as one);
 - how many ``GET /metrics`` each model server answered per second of traffic (every
   replica scrapes every server: 3 replicas, three times one's);
 - the machine's 1-minute load average at the end of the column (other processes' load
@@ -562,6 +563,9 @@ def extra_rows(columns: Sequence[Column]) -> list[tuple[str, list[str]]]:
         ("redis round trips per request (writes)", every(
             lambda c: _num(c.redis_trips_per_request))),
         ("redis commands per request", every(lambda c: _num(c.redis_commands_per_request))),
+        ("redis round trips per s per replica", every(
+            lambda c: _num(c.redis_trips_per_request * c.outcome.requests
+                           / c.outcome.elapsed / len(c.metrics), 0))),
         ("redis round trips per s idle", every(lambda c: _num(c.redis_idle_trips_per_s, 0))),
         ("tenant shares while all ran", every(
             lambda c: " / ".join(f"{x:.1%}" for x in c.tenant_share) or "-")),
