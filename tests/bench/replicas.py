@@ -47,6 +47,8 @@ requests per instance, instances per group, ...) and, per column:
   trips per second of traffic per replica (a pod counts as one);
 - how many ``GET /metrics`` each model server answered per second of traffic (every
   replica scrapes every server: 3 replicas, three times one's);
+- Envoy's ext_proc faults (failed streams, message timeouts, rejected header mutations:
+  counted, where a test would fail);
 - the machine's 1-minute load average at the end of the column (other processes' load
   slows the simulators' wall-clock queues, and so the simulated TTFT).
 
@@ -390,6 +392,8 @@ class Column:
     redis_trips_per_request: float = math.nan
     redis_commands_per_request: float = math.nan
     redis_idle_trips_per_s: float = math.nan
+    #: Envoy's ext_proc fault counters that are not 0 (``Stack.EXTPROC_FAULTS``)
+    extproc_faults: dict[str, int] = field(default_factory=dict)
 
 
 def run_column(key: str, args: argparse.Namespace, workload: Sequence[tuple[int, str]]) -> Column:
@@ -411,6 +415,7 @@ def run_column(key: str, args: argparse.Namespace, workload: Sequence[tuple[int,
             simulator_args=simulator_args(args),
             epp_replicas=replicas,
             epp_args=[*redis_args, *more],
+            extproc_faults=True,  # counted in the table instead of failing the run
         )
         with Stack.run(options) as stack:
             idle_from = epp_cpu_seconds(stack), time.perf_counter()
@@ -433,6 +438,11 @@ def run_column(key: str, args: argparse.Namespace, workload: Sequence[tuple[int,
             metrics = scrape(stack)
             logs = [epp.log() for epp in stack.epps]
             load = os.getloadavg()[0]
+            faults = {
+                name.rsplit(".", 1)[-1]: value
+                for name, value in stack.envoy_counters().items()
+                if name.rsplit(".", 1)[-1] in Stack.EXTPROC_FAULTS and value
+            }
     rec = merged([t.rec for t in crowd])
     outcome = summarise(label, rec, elapsed, stats, args.time_scale)
     done = max(1, outcome.requests)
@@ -457,6 +467,7 @@ def run_column(key: str, args: argparse.Namespace, workload: Sequence[tuple[int,
         redis_trips_per_request=(redis_after[0] - redis_before[0]) / done,
         redis_commands_per_request=(redis_after[1] - redis_before[1]) / done,
         redis_idle_trips_per_s=(redis_before[0] - idle_redis[0]) / idle_for,
+        extproc_faults=faults,
     )
 
 
@@ -571,6 +582,9 @@ def extra_rows(columns: Sequence[Column]) -> list[tuple[str, list[str]]]:
             lambda c: " / ".join(f"{x:.1%}" for x in c.tenant_share) or "-")),
         ("tenant client TTFT p90 (ms, sim)", every(
             lambda c: " / ".join(f"{x:.0f}" for x in c.tenant_ttft_p90_ms) or "-")),
+        ("Envoy ext_proc faults", every(
+            lambda c: " ".join(f"{k}:{v}" for k, v in sorted(c.extproc_faults.items()))
+            or "0")),
         ("EPP CPU s per 1k requests (sum)", every(lambda c: f"{c.cpu_per_1k:.2f}")),
         ("EPP CPU idle (s per s, sum)", every(lambda c: f"{c.idle_cpu:.3f}")),
         ("model-server scrapes per s (each)", every(lambda c: f"{c.scrapes_per_s:.1f}")),
