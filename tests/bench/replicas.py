@@ -10,7 +10,16 @@ stream (``tests.support.stack``, ``epp_replicas``), each column on a fresh stack
 - ``3 cluster``: three EPPs on a 3-master Redis Cluster (``redis+cluster://``);
 - ``3 redis, gate estimate`` (``redis-est``): ``3 redis`` with ``--redis-shared-admission=false``:
   ``kv-capacity-gate`` counts the other replicas' requests by their published uncached
-  tokens instead of the pool's KV blocks.
+  tokens instead of the pool's KV blocks;
+- ``redisN`` (any N, e.g. ``redis8``): N EPPs on one ``redis-server``, the shipped default
+  otherwise; ``--replicas 1,2,4,8`` runs ``redis1,redis2,redis4,redis8,pod2`` (the scaling
+  curve of issue 39, item 6);
+- ``podN`` (e.g. ``pod2``): one EPP with ``--workers N`` (a pod of N worker processes) on
+  one ``redis-server``.
+
+The requests come from ``--tenants`` (2) fairness ids (``x-gateway-inference-fairness-id``)
+at equal offered load: the workload's requests dealt out in turn, each tenant with an equal
+share of ``--concurrency``'s closed-loop users (``--tenants 0``: no header, one queue).
 
 Prints routing_quality's table (hit rate from the simulators' own counters, simulated TTFT,
 requests per instance, instances per group, ...) and, per column:
@@ -24,10 +33,22 @@ requests per instance, instances per group, ...) and, per column:
   to a decision; answered matches only, a miss costs the whole ``--redis-deadline``), and
   the deadline misses, errors, dropped writes and the degraded gauge, summed over replicas;
 - EPP CPU seconds per 1,000 requests (user + system from ``/proc/<pid>/stat``, summed over
-  the replicas, from the start of the traffic to its end: background refreshes included),
-  and the replicas' CPU without traffic (seconds per second, over 2 s before it);
+  the replicas and their worker processes, from the start of the traffic to its end:
+  background refreshes included), and the replicas' CPU without traffic (seconds per
+  second, over 2 s before it);
+- each tenant's share of the requests completed while every tenant still had requests to
+  send (equal load: 1/tenants each), and its client TTFT p90;
+- Redis round trips per request: the redis-server's (every node's) reply writes
+  (``total_writes_processed``, one per client per event-loop turn, so one per round trip
+  unless a client's round trips overlap) and commands (``total_commands_processed``,
+  counting the commands a script calls) over the traffic, divided by the requests
+  answered; both include the background traffic (load sync, leases), whose rate without
+  requests is given too (round trips per second, over the idle window), and the round
+  trips per second of traffic per replica (a pod counts as one);
 - how many ``GET /metrics`` each model server answered per second of traffic (every
   replica scrapes every server: 3 replicas, three times one's);
+- Envoy's ext_proc faults (failed streams, message timeouts, rejected header mutations:
+  counted, where a test would fail);
 - the machine's 1-minute load average at the end of the column (other processes' load
   slows the simulators' wall-clock queues, and so the simulated TTFT).
 
@@ -49,6 +70,8 @@ the phase boundaries: requests still running at a boundary count in the next pha
 shared-state metrics' deltas, and when the replicas switched to degraded and back.
 
     .venv/bin/python -m tests.bench.replicas [--quick] [--columns 1,local,redis,cluster]
+        [--replicas 1,2,4,8]  # N EPPs on one redis-server, and pod2
+        [--tenants 2]  # fairness ids at equal load (0: none)
         [--columns 1,redis,redis@50ms]  # a column with another --redis-deadline
         [--columns 1,cluster,cluster@5ms/50ms]  # ... and another --redis-claim-deadline
         [--repeat 3]  # medians of 3 interleaved runs
@@ -62,6 +85,7 @@ import asyncio
 import contextlib
 import math
 import os
+import re
 import statistics
 import time
 import urllib.request
@@ -75,23 +99,24 @@ import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.bench.load import cpu_seconds
+from tests.bench.pod import pod_pids
 from tests.bench.routing_quality import (
     ClientRecord,
     Outcome,
     add_workload_arguments,
     build_workload,
     describe,
-    drive,
     finish_workload_arguments,
     percentile,
     print_table,
     send_one,
     sim_stats,
     simulator_args,
+    stream_completion,
     summarise,
 )
 from tests.support.redis import RedisCluster, RedisServer, redis_available
-from tests.support.stack import Stack, StackOptions
+from tests.support.stack import Stack, StackOptions, trusted_header
 
 REPLICAS = 3
 #: Column key → (label, replicas, redis kind or None).
@@ -105,6 +130,25 @@ COLUMNS: dict[str, tuple[str, int, str | None]] = {
 #: Column key → more EPP flags: ``redis-est`` keeps kv-capacity-gate (and flow control) per
 #: process, counting the other replicas' requests by their published uncached tokens.
 COLUMN_FLAGS: dict[str, list[str]] = {"redis-est": ["--redis-shared-admission=false"]}
+#: ``redisN``: N EPPs on one redis-server; ``podN``: one EPP with ``--workers N`` on it.
+SCALED = re.compile(r"(redis|pod)([1-9][0-9]*)")
+
+FAIRNESS_HEADER = trusted_header("x-gateway-inference-fairness-id")
+
+
+def column_spec(name: str) -> tuple[str, int, str | None, list[str]] | None:
+    """(label, replicas, redis kind, more EPP flags) of column ``name``; None if unknown."""
+    if name in COLUMNS:
+        label, replicas, kind = COLUMNS[name]
+        return label, replicas, kind, list(COLUMN_FLAGS.get(name, []))
+    scaled = SCALED.fullmatch(name)
+    if scaled is None:
+        return None
+    count = int(scaled[2])
+    if scaled[1] == "redis":
+        return f"{count} redis", count, "server", []
+    return f"pod of {count}, redis", 1, "server", ["--workers", str(count)]
+
 
 SCHEDULER = "inference_extension_scheduler_e2e_duration_seconds"
 ROUNDTRIP = "inference_extension_shared_state_roundtrip_seconds"
@@ -184,11 +228,13 @@ def quantile(replicas: Sequence[Samples], name: str, q: float, **labels: str) ->
 
 
 def epp_cpu_seconds(stack: Stack) -> float:
-    """User + system CPU seconds of every EPP process so far."""
+    """User + system CPU seconds of every EPP process (and its workers) so far."""
     used = 0.0
     for epp in stack.epps:
         assert epp.process is not None
-        used += cpu_seconds(epp.process.pid)
+        for pid in pod_pids(epp.process.pid):
+            with contextlib.suppress(FileNotFoundError, ProcessLookupError):
+                used += cpu_seconds(pid)
     return used
 
 
@@ -216,6 +262,113 @@ def redis_for(kind: str | None) -> Iterator[list[str]]:
         store.close()
 
 
+def redis_counters(redis_args: Sequence[str]) -> tuple[float, float]:
+    """(reply writes, commands) every node of the Redis in ``redis_args`` has processed so
+    far (``INFO stats``); NaN without Redis."""
+    if not redis_args:
+        return math.nan, math.nan
+    import redis
+
+    writes = commands = 0.0
+    for address in redis_args[1].split("://", 1)[1].split(","):
+        host, _, port = address.rpartition(":")
+        node = redis.Redis(host=host, port=int(port), decode_responses=True)
+        try:
+            info = node.info("stats")
+        finally:
+            node.close()
+        writes += float(info["total_writes_processed"])
+        commands += float(info["total_commands_processed"])
+    return writes, commands
+
+
+# --- tenants ---
+
+
+@dataclass
+class Tenant:
+    """One fairness id's requests: its own record and when each answered request ended."""
+
+    name: str
+    rec: ClientRecord = field(default_factory=ClientRecord)
+    done: list[float] = field(default_factory=list)
+
+
+async def drive_tenants(
+    url: str,
+    workload: Sequence[tuple[int, str]],
+    concurrency: int,
+    max_tokens: int,
+    tenants: int,
+) -> tuple[list[Tenant], float]:
+    """``workload`` dealt out in turn to ``tenants`` fairness ids (0: one, without the
+    header), each sent by an equal share of ``concurrency`` closed-loop users."""
+    count = max(1, tenants)
+    crowd = [Tenant(f"tenant-{chr(ord('a') + i)}" if tenants else "-") for i in range(count)]
+    queues: list[asyncio.Queue[tuple[int, str]]] = [asyncio.Queue() for _ in crowd]
+    for i, item in enumerate(workload):
+        queues[i % count].put_nowait(item)
+    connector = aiohttp.TCPConnector(limit=concurrency)
+    timeout = aiohttp.ClientTimeout(total=300)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+
+        async def user(index: int) -> None:
+            tenant, queue = crowd[index % count], queues[index % count]
+            headers = {FAIRNESS_HEADER: tenant.name} if tenants else None
+            while True:
+                try:
+                    group, prompt = queue.get_nowait()
+                except asyncio.QueueEmpty:
+                    return
+                answered = await stream_completion(
+                    session,
+                    url,
+                    group,
+                    {"prompt": prompt, "max_tokens": max_tokens},
+                    tenant.rec,
+                    headers,
+                )
+                if answered is not None:
+                    tenant.done.append(time.perf_counter())
+
+        start = time.perf_counter()
+        await asyncio.gather(*(user(i) for i in range(max(concurrency, count))))
+        elapsed = time.perf_counter() - start
+    return crowd, elapsed
+
+
+def merged(records: Sequence[ClientRecord]) -> ClientRecord:
+    """One record of several tenants' requests."""
+    out = ClientRecord()
+    for rec in records:
+        out.ttfb_ms += rec.ttfb_ms
+        out.latency_ms += rec.latency_ms
+        out.instances.update(rec.instances)
+        out.errors.update(rec.errors)
+        for group, instances in rec.group_instances.items():
+            out.group_instances.setdefault(group, set()).update(instances)
+        for group, served in rec.group_requests.items():
+            out.group_requests.setdefault(group, Counter()).update(served)
+        out.tpot_ms += rec.tpot_ms
+        for instance, ttfbs in rec.ttfb_by_instance.items():
+            out.ttfb_by_instance.setdefault(instance, []).extend(ttfbs)
+        out.prompt_tokens += rec.prompt_tokens
+        out.cached_tokens += rec.cached_tokens
+        out.sent += rec.sent
+        out.answered += rec.answered
+    return out
+
+
+def shares(crowd: Sequence[Tenant]) -> tuple[float, ...]:
+    """Each tenant's share of the requests answered while every tenant still had some
+    running: up to the first time a tenant's last request ended."""
+    if len(crowd) < 2 or not all(t.done for t in crowd):
+        return ()
+    until = min(max(t.done) for t in crowd)
+    counts = [sum(1 for when in t.done if when <= until) for t in crowd]
+    return tuple(n / sum(counts) for n in counts)
+
+
 # --- the side-by-side run ---
 
 
@@ -230,12 +383,25 @@ class Column:
     scrapes_per_s: float = math.nan
     notes: Counter[str] = field(default_factory=Counter)
     holders: Counter[str] = field(default_factory=Counter)
+    #: per tenant: its share of the answered requests while all ran, its client TTFT p90
+    #: (ms, simulated)
+    tenant_share: tuple[float, ...] = ()
+    tenant_ttft_p90_ms: tuple[float, ...] = ()
+    #: Redis reply writes (≈ round trips) and commands per answered request, over the
+    #: traffic; round trips per second without traffic (NaN: no Redis)
+    redis_trips_per_request: float = math.nan
+    redis_commands_per_request: float = math.nan
+    redis_idle_trips_per_s: float = math.nan
+    #: Envoy's ext_proc fault counters that are not 0 (``Stack.EXTPROC_FAULTS``)
+    extproc_faults: dict[str, int] = field(default_factory=dict)
 
 
 def run_column(key: str, args: argparse.Namespace, workload: Sequence[tuple[int, str]]) -> Column:
     name, _, deadline = key.partition("@")
-    label, replicas, kind = COLUMNS[name]
-    more = (args.redis_args.split() if kind else []) + COLUMN_FLAGS.get(name, [])
+    spec = column_spec(name)
+    assert spec is not None, key
+    label, replicas, kind, flags = spec
+    more = (args.redis_args.split() if kind else []) + flags
     if deadline:
         label += f" {deadline}"
         deadline, _, claim_deadline = deadline.partition("/")
@@ -249,26 +415,38 @@ def run_column(key: str, args: argparse.Namespace, workload: Sequence[tuple[int,
             simulator_args=simulator_args(args),
             epp_replicas=replicas,
             epp_args=[*redis_args, *more],
+            extproc_faults=True,  # counted in the table instead of failing the run
         )
         with Stack.run(options) as stack:
             idle_from = epp_cpu_seconds(stack), time.perf_counter()
+            idle_redis = redis_counters(redis_args)
             time.sleep(IDLE_SECONDS)  # a benchmark, not a test: the replicas' idle CPU
             cpu_before = epp_cpu_seconds(stack)
+            redis_before = redis_counters(redis_args)
             scrapes_before = asyncio.run(scrape_counts(stack.simulator_urls))
             started = time.perf_counter()
-            idle = (cpu_before - idle_from[0]) / (time.perf_counter() - idle_from[1])
-            rec, elapsed = asyncio.run(
-                drive(stack.url, workload, args.concurrency, args.max_tokens)
+            idle_for = started - idle_from[1]
+            idle = (cpu_before - idle_from[0]) / idle_for
+            crowd, elapsed = asyncio.run(
+                drive_tenants(stack.url, workload, args.concurrency, args.max_tokens, args.tenants)
             )
             cpu = epp_cpu_seconds(stack) - cpu_before
+            redis_after = redis_counters(redis_args)
             stats = asyncio.run(sim_stats(stack.simulator_urls))
             scraped = time.perf_counter() - started
             holders = chain_holders(redis_args)
             metrics = scrape(stack)
             logs = [epp.log() for epp in stack.epps]
             load = os.getloadavg()[0]
+            faults = {
+                name.rsplit(".", 1)[-1]: value
+                for name, value in stack.envoy_counters().items()
+                if name.rsplit(".", 1)[-1] in Stack.EXTPROC_FAULTS and value
+            }
+    rec = merged([t.rec for t in crowd])
     outcome = summarise(label, rec, elapsed, stats, args.time_scale)
     done = max(1, outcome.requests)
+    scale = args.time_scale if args.time_scale > 0 else 1.0
     return Column(
         outcome=outcome,
         cpu_per_1k=cpu / done * 1000,
@@ -280,6 +458,16 @@ def run_column(key: str, args: argparse.Namespace, workload: Sequence[tuple[int,
         scrapes_per_s=(sum(d["metrics_scrapes"] for d in stats.values()) - scrapes_before)
         / len(stats)
         / scraped,
+        tenant_share=shares(crowd) if args.tenants > 1 else (),
+        tenant_ttft_p90_ms=tuple(
+            percentile([t / scale for t in tenant.rec.ttfb_ms], 0.9) for tenant in crowd
+        )
+        if args.tenants > 1
+        else (),
+        redis_trips_per_request=(redis_after[0] - redis_before[0]) / done,
+        redis_commands_per_request=(redis_after[1] - redis_before[1]) / done,
+        redis_idle_trips_per_s=(redis_before[0] - idle_redis[0]) / idle_for,
+        extproc_faults=faults,
     )
 
 
@@ -324,6 +512,10 @@ def _notes(logs: Sequence[str]) -> Counter[str]:
             text = line[at:].split(" request_id=")[0].strip().strip('"}')
             found[text[:160]] += 1
     return found
+
+
+def _num(value: float, digits: int = 2) -> str:
+    return "-" if math.isnan(value) else f"{value:.{digits}f}"
 
 
 def _ms(seconds: float) -> str:
@@ -379,6 +571,20 @@ def extra_rows(columns: Sequence[Column]) -> list[tuple[str, list[str]]]:
         ("writes acknowledged / dropped", shared(
             lambda m: f"{total(m, WRITES):.0f} / {total(m, DROPPED):.0f}")),
         ("degraded replicas at end", shared(lambda m: f"{total(m, DEGRADED):.0f}")),
+        ("redis round trips per request (writes)", every(
+            lambda c: _num(c.redis_trips_per_request))),
+        ("redis commands per request", every(lambda c: _num(c.redis_commands_per_request))),
+        ("redis round trips per s per replica", every(
+            lambda c: _num(c.redis_trips_per_request * c.outcome.requests
+                           / c.outcome.elapsed / len(c.metrics), 0))),
+        ("redis round trips per s idle", every(lambda c: _num(c.redis_idle_trips_per_s, 0))),
+        ("tenant shares while all ran", every(
+            lambda c: " / ".join(f"{x:.1%}" for x in c.tenant_share) or "-")),
+        ("tenant client TTFT p90 (ms, sim)", every(
+            lambda c: " / ".join(f"{x:.0f}" for x in c.tenant_ttft_p90_ms) or "-")),
+        ("Envoy ext_proc faults", every(
+            lambda c: " ".join(f"{k}:{v}" for k, v in sorted(c.extproc_faults.items()))
+            or "0")),
         ("EPP CPU s per 1k requests (sum)", every(lambda c: f"{c.cpu_per_1k:.2f}")),
         ("EPP CPU idle (s per s, sum)", every(lambda c: f"{c.idle_cpu:.3f}")),
         ("model-server scrapes per s (each)", every(lambda c: f"{c.scrapes_per_s:.1f}")),
@@ -388,13 +594,16 @@ def extra_rows(columns: Sequence[Column]) -> list[tuple[str, list[str]]]:
 
 def side_by_side(args: argparse.Namespace, workload: Sequence[tuple[int, str]]) -> None:
     keys = args.columns.split(",")
+    if args.replicas:
+        keys = [f"redis{n.strip()}" for n in args.replicas.split(",")] + ["pod2"]
     for key in keys:
         name, at, deadline = key.partition("@")
-        if name not in COLUMNS or (at and (COLUMNS[name][2] is None or not deadline)):
+        spec = column_spec(name)
+        if spec is None or (at and (spec[2] is None or not deadline)):
             raise SystemExit(
-                f"--columns: unknown column {key!r} (known: {', '.join(COLUMNS)};"
-                " redis@<deadline>, cluster@<deadline> set --redis-deadline;"
-                " @<deadline>/<claim deadline> --redis-claim-deadline too)"
+                f"--columns: unknown column {key!r} (known: {', '.join(COLUMNS)},"
+                " redis<N>, pod<N>; redis@<deadline>, cluster@<deadline> set"
+                " --redis-deadline; @<deadline>/<claim deadline> --redis-claim-deadline too)"
             )
     runs = [one_run(args, workload, keys) for _ in range(args.repeat)]
     if len(runs) > 1:
@@ -672,6 +881,18 @@ def main() -> None:
         "--columns",
         default=",".join(COLUMNS),
         help=f"which columns, in order (default: all of {', '.join(COLUMNS)})",
+    )
+    parser.add_argument(
+        "--replicas",
+        default="",
+        help="the scaling curve instead of --columns: e.g. 1,2,4,8 runs redis1,redis2,"
+        "redis4,redis8 (N EPPs on one redis-server) and pod2 (one EPP, --workers 2)",
+    )
+    parser.add_argument(
+        "--tenants",
+        type=int,
+        default=2,
+        help="fairness ids sending at equal load (x-gateway-inference-fairness-id; 0: none)",
     )
     parser.add_argument(
         "--redis-args",
