@@ -27,6 +27,7 @@ __all__ = [
     "default_with_no_hit_lru",
     "default_without_freshness",
     "default_without_kv_gate",
+    "predicted_band_blend_config",
     "predicted_break_config",
     "predicted_sticky_config",
     "reported_load_config",
@@ -223,4 +224,39 @@ def predicted_break_config(
         _with_parameters(config, "token-load-scorer", reportedRequestTokens=reported_tokens)
     at = [p["type"] for p in config["plugins"]].index("prefix-cache-affinity-filter")
     config["plugins"].insert(at, {"type": "predicted-latency-producer"})
+    return json.dumps(config)
+
+
+def predicted_band_blend_config(
+    penalty_ms: float = 1000.0,
+    *,
+    queue_weight: float = 2.0,
+    kv_weight: float = 2.0,
+    gate: bool = True,
+) -> str:
+    """``predicted_break_config(penalty_ms)`` with the reference's balancing after the
+    band: ``queue-scorer`` at ``queue_weight`` and ``kv-cache-utilization-scorer`` at
+    ``kv_weight`` (0: left out) before ``token-load-scorer`` (weight 1, whose scores
+    differ by thousandths: a tie-break), so the endpoint among those the band passes is
+    chosen by the queue and KV usage the servers report; without ``kv-capacity-gate``
+    unless ``gate`` (JSON)."""
+    config: dict[str, Any] = json.loads(predicted_break_config(penalty_ms))
+    if not gate:
+        config["plugins"] = [p for p in config["plugins"] if p["type"] != "kv-capacity-gate"]
+    added = [
+        (plugin_type, weight)
+        for plugin_type, weight in (
+            ("queue-scorer", queue_weight),
+            ("kv-cache-utilization-scorer", kv_weight),
+        )
+        if weight
+    ]
+    at = [p["type"] for p in config["plugins"]].index("token-load-scorer")
+    config["plugins"][at:at] = [{"type": plugin_type} for plugin_type, _ in added]
+    for profile in config["schedulingProfiles"]:
+        refs = [p["pluginRef"] for p in profile["plugins"]]
+        at = refs.index("token-load-scorer")
+        profile["plugins"][at:at] = [
+            {"pluginRef": plugin_type, "weight": weight} for plugin_type, weight in added
+        ]
     return json.dumps(config)

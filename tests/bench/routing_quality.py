@@ -65,8 +65,11 @@ the EPP's own), ``predicted-band-N`` (the default with stickiness broken on the
 predicted TTFT, ``maxTTFTPenaltyMs`` N and ``excludeSaturated``: no endpoint predicted
 more than N ms above the fastest gets the request; new prefixes placed by
 ``token-load-scorer`` with the reported load) and ``predicted-break-all-1000`` (the same
-without ``excludeSaturated``: an open gate passes every endpoint), the candidates of
-issue 37's default; they are not run unless named.
+without ``excludeSaturated``: an open gate passes every endpoint), ``predicted-band-qkv-1000``
+and ``predicted-band-q-1000`` (``predicted-band-1000`` choosing among the endpoints the band
+passes by the reported queue at weight 2 and, the first, KV usage at weight 2, before
+``token-load-scorer``), the candidates of issue 37's default; they are not run unless
+named.
 
 Issue 37's workloads (``--workload``) reuse the shared-prefix prompts: ``heterogeneous`` (the
 first simulator ``--slowdown`` (2) times slower in prefill and decode), ``external-load``
@@ -108,6 +111,7 @@ from tests.bench.profiles import (
     default_with_no_hit_lru,
     default_without_freshness,
     default_without_kv_gate,
+    predicted_band_blend_config,
     predicted_break_config,
     predicted_sticky_config,
     reported_load_config,
@@ -148,6 +152,15 @@ EXTRA_MODES: dict[str, list[str]] = {
         f"predicted-band-{penalty}": ["--config-text", predicted_break_config(float(penalty))]
         for penalty in (500, 1000, 2000)
     },
+    "predicted-band-qkv-1000": ["--config-text", predicted_band_blend_config(1000.0)],
+    "predicted-band-qkv-nogate-1000": [
+        "--config-text",
+        predicted_band_blend_config(1000.0, gate=False),
+    ],
+    "predicted-band-q-1000": [
+        "--config-text",
+        predicted_band_blend_config(1000.0, kv_weight=0.0),
+    ],
     "predicted-break-all-1000": [
         "--config-text",
         predicted_break_config(1000.0, exclude=False),

@@ -30,7 +30,11 @@ from domain.scheduling.plugins.token_load_scorer import TokenLoadScorerParameter
 from domain.scheduling.types import Candidate, InferenceRequest
 from ports.endpoints import EndpointAddress, EndpointEvent, EndpointEventKind, EndpointInfo
 from ports.requests import InboundRequest
-from tests.bench.profiles import predicted_break_config, reported_load_config
+from tests.bench.profiles import (
+    predicted_band_blend_config,
+    predicted_break_config,
+    reported_load_config,
+)
 from tests.support.director import configured_director
 from tests.support.scheduling import candidate, cycle, inference_request, plugin_handle
 
@@ -237,7 +241,9 @@ async def _routed(director: Director, n: int) -> Counter[str]:
 
 
 @pytest.mark.parametrize(
-    "config", [reported_load_config(), predicted_break_config()], ids=["reported", "predicted"]
+    "config",
+    [reported_load_config(), predicted_break_config(), predicted_band_blend_config()],
+    ids=["reported", "predicted", "predicted-blend"],
 )
 async def test_new_prompts_settle_on_the_server_that_is_free(config: str) -> None:
     director = configured_director(_two_servers(), config)
