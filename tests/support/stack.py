@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.parse
 import urllib.request
@@ -198,6 +199,28 @@ def envoy_config(
     return config
 
 
+def _exit_on_sigterm(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
+@contextlib.contextmanager
+def _stopped_by_sigterm() -> Iterator[None]:
+    """While a stack runs in a process that would die of SIGTERM (a benchmark stopped with
+    ``kill``), SIGTERM exits through the stack's own teardown instead, so its Envoys, EPPs
+    and simulators do not outlive it."""
+    if (
+        threading.current_thread() is not threading.main_thread()
+        or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL
+    ):
+        yield
+        return
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
 @dataclass
 class ChildProcess:
     """A child process whose output goes to a log file."""
@@ -331,7 +354,7 @@ class Stack:
     @classmethod
     @contextlib.contextmanager
     def run(cls, options: StackOptions | None = None) -> Iterator[Stack]:
-        with tempfile.TemporaryDirectory(prefix="epp-stack-") as tmp:
+        with _stopped_by_sigterm(), tempfile.TemporaryDirectory(prefix="epp-stack-") as tmp:
             stack = cls(options=options or StackOptions(), workdir=Path(tmp))
             try:
                 stack._start()
