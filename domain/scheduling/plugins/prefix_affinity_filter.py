@@ -263,15 +263,7 @@ class PrefixAffinityFilter(ConsumerPlugin, NamedProducerConsumer):
         others = False
         best_sticky = best_other = math.inf
         for c in candidates:
-            attributes = c.attributes
-            info = attributes.get(PREFIX_CACHE_MATCH_INFO)
-            is_sticky = (
-                info.__class__ is _MatchInfo
-                and info.total_blocks > 0
-                and info.match_blocks / info.total_blocks >= threshold
-            )
-            prediction = attributes.get(LATENCY_PREDICTION_INFO)
-            ttft = prediction.ttft_ms if prediction.__class__ is LatencyPredictionInfo else math.inf
+            is_sticky, ttft = _sticky_and_ttft(c, threshold)
             if is_sticky:
                 sticky.append(c)
                 best_sticky = min(best_sticky, ttft)
@@ -293,15 +285,7 @@ class PrefixAffinityFilter(ConsumerPlugin, NamedProducerConsumer):
         rows: list[tuple[Candidate, bool, float]] = []
         best = math.inf
         for c in candidates:
-            attributes = c.attributes
-            info = attributes.get(PREFIX_CACHE_MATCH_INFO)
-            is_sticky = (
-                info.__class__ is _MatchInfo
-                and info.total_blocks > 0
-                and info.match_blocks / info.total_blocks >= threshold
-            )
-            prediction = attributes.get(LATENCY_PREDICTION_INFO)
-            ttft = prediction.ttft_ms if prediction.__class__ is LatencyPredictionInfo else math.inf
+            is_sticky, ttft = _sticky_and_ttft(c, threshold)
             best = min(best, ttft)
             rows.append((c, is_sticky, ttft))
         if best == math.inf:  # no prediction at all: stickiness alone
@@ -324,3 +308,18 @@ def register(registry: PluginRegistry) -> None:
         parameters=PrefixAffinityFilterParameters,
         description="keeps endpoints holding most of the prompt prefix until they saturate",
     )
+
+
+def _sticky_and_ttft(candidate: Candidate, threshold: float) -> tuple[bool, float]:
+    """Whether ``candidate`` holds at least ``threshold`` of the prompt's blocks, and its
+    predicted TTFT in ms (infinite without a prediction)."""
+    attributes = candidate.attributes
+    info = attributes.get(PREFIX_CACHE_MATCH_INFO)
+    is_sticky = (
+        info.__class__ is _MatchInfo
+        and info.total_blocks > 0
+        and info.match_blocks / info.total_blocks >= threshold
+    )
+    prediction = attributes.get(LATENCY_PREDICTION_INFO)
+    ttft = prediction.ttft_ms if prediction.__class__ is LatencyPredictionInfo else math.inf
+    return is_sticky, ttft
