@@ -10,7 +10,12 @@ response is its own chunk) are behind three front ends, all up at once:
   trailers still ``SEND``), the same EPP process: the EPP sees the response's headers and
   its end, no chunk (docs/decisions/0028);
 - ``sglang``: ``sglang-router`` (the ``bench`` extra, installed on first use), policy
-  ``cache_aware``, which is itself the HTTP proxy.
+  ``cache_aware``, which is itself the HTTP proxy;
+- ``envoy alone``: the shipped Envoy config without ext_proc, the client naming a server at
+  random in ``x-gateway-destination-endpoint``: what Envoy's proxying costs with no EPP and
+  no routing decision, the floor of the first two.
+
+The Envoys run the shipped config (without the test stack's stand-in trusted filter).
 
 Four workloads: completions of ``--tokens`` (default 30 and 300) output tokens, not streamed
 and streamed (``stream: true`` with usage). Prompts share one of ``--prefixes`` long
@@ -51,6 +56,7 @@ from tests.support.stack import ChildProcess, Stack, StackOptions
 FULL = "envoy+epp"
 LEAN = "envoy+epp lean"
 SGLANG = "sglang"
+ALONE = "envoy alone"
 
 
 def _tree_cpu(pid: int) -> float:
@@ -124,13 +130,20 @@ def _bodies(tokens: int, stream: bool, prefixes: int, seed: int) -> Callable[[],
     return body
 
 
+def _json_headers() -> dict[str, str]:
+    return {"content-type": "application/json"}
+
+
 async def _closed_loop(
-    url: str, body: Callable[[], bytes], total: int, concurrency: int
+    url: str,
+    body: Callable[[], bytes],
+    total: int,
+    concurrency: int,
+    headers: Callable[[], dict[str, str]] = _json_headers,
 ) -> tuple[float, list[float], int]:
     latencies: list[float] = []
     errors = 0
     remaining = total
-    headers = {"content-type": "application/json"}
 
     async def worker(session: aiohttp.ClientSession) -> None:
         nonlocal remaining, errors
@@ -139,7 +152,7 @@ async def _closed_loop(
             started = time.perf_counter()
             try:
                 async with session.post(
-                    f"{url}/v1/completions", data=body(), headers=headers
+                    f"{url}/v1/completions", data=body(), headers=headers()
                 ) as response:
                     await response.read()
                     if response.status != 200:
@@ -163,6 +176,7 @@ class FrontEnd:
     #: process name → pid, the processes on this front end's path
     processes: dict[str, int]
     envoy_name: str | None = None
+    headers: Callable[[], dict[str, str]] = _json_headers
 
 
 def _messages(stack: Stack, envoy_name: str | None) -> int:
@@ -182,7 +196,9 @@ def _run(
 ) -> Sample:
     before = {name: _tree_cpu(pid) for name, pid in front.processes.items()}
     messages = _messages(stack, front.envoy_name)
-    seconds, latencies, errors = asyncio.run(_closed_loop(front.url, body, total, concurrency))
+    seconds, latencies, errors = asyncio.run(
+        _closed_loop(front.url, body, total, concurrency, front.headers)
+    )
     cpu = {
         name: _tree_cpu(pid) - before[name] - idle[name] * seconds
         for name, pid in front.processes.items()
@@ -237,6 +253,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         simulator_args=["--itl-ms", str(args.itl_ms)],
         epp_args=args.epp_arg,
         epp_tls=not args.plaintext,
+        envoy_trusted_test_filter=False,
     )
     results: dict[tuple[str, str], Sample] = {}
     rejected: dict[str, int] = {}
@@ -255,6 +272,21 @@ def main(argv: Sequence[str] | None = None) -> None:
         if not args.no_sglang and not missing:
             url = start_sglang_router(stack, "cache_aware")
             fronts.append(FrontEnd(SGLANG, url, {"router": _pid(stack.children[-1])}))
+        _, alone_port = stack.start_envoy(ext_proc=False, name="envoy-alone")
+        servers = list(stack.simulator_addresses.values())
+        chooser = random.Random(7)
+
+        def chosen_server() -> dict[str, str]:
+            return {**_json_headers(), "x-gateway-destination-endpoint": chooser.choice(servers)}
+
+        fronts.append(
+            FrontEnd(
+                ALONE,
+                f"http://127.0.0.1:{alone_port}",
+                {"envoy": _pid(stack.children[-1])},
+                headers=chosen_server,
+            )
+        )
         # warm-up: connections, code paths, the prefixes cached everywhere
         for front in fronts:
             _run(
@@ -295,9 +327,22 @@ def main(argv: Sequence[str] | None = None) -> None:
         "idle CPU (% of a core): "
         + ", ".join(f"{name} {rate * 100:.1f}" for name, rate in idle.items())
     )
-    print("CPU ms per request, net of idle (EPP, Envoy, their sum; the SGLang router):")
+    print(
+        "CPU ms per request, net of idle (EPP, Envoy, their sum; the SGLang router; Envoy "
+        "without ext_proc):"
+    )
     header = f"{'workload':<18}" + "".join(
-        f"{h:>10}" for h in ("EPP", "Envoy", "E+E", "EPP lean", "Envoy lean", "E+E lean", "sglang")
+        f"{h:>11}"
+        for h in (
+            "EPP",
+            "Envoy",
+            "E+E",
+            "EPP lean",
+            "Envoy lean",
+            "E+E lean",
+            "sglang",
+            "Envoy alone",
+        )
     )
     print(header)
     for label, _, _ in workloads:
@@ -312,8 +357,10 @@ def main(argv: Sequence[str] | None = None) -> None:
             lean.ms_per_request("epp") + lean.ms_per_request("envoy"),
         ]
         sglang = results.get((label, SGLANG))
-        cells = "".join(f"{v:>10.3f}" for v in row)
-        cells += f"{sglang.ms_per_request('router'):>10.3f}" if sglang else f"{'-':>10}"
+        alone = results[(label, ALONE)]
+        cells = "".join(f"{v:>11.3f}" for v in row)
+        cells += f"{sglang.ms_per_request('router'):>11.3f}" if sglang else f"{'-':>11}"
+        cells += f"{alone.ms_per_request('envoy'):>11.3f}"
         print(f"{label:<18}{cells}")
     print("requests/s, p50 / p99 latency ms, errors, ext_proc messages per request:")
     for label, _, _ in workloads:
@@ -338,7 +385,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         router = sglang.ms_per_request("router")
         both = full.ms_per_request("epp") + full.ms_per_request("envoy")
         both_lean = lean.ms_per_request("epp") + lean.ms_per_request("envoy")
-        ratios.append(f"  {label}: E+E / sglang {both / router:.2f}, lean {both_lean / router:.2f}")
+        floor = results[(label, ALONE)].ms_per_request("envoy")
+        ratios.append(
+            f"  {label}: E+E / sglang {both / router:.2f}, lean {both_lean / router:.2f}, "
+            f"Envoy alone {floor / router:.2f}"
+        )
     if ratios:
         print("ratios:")
         print("\n".join(ratios))

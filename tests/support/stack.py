@@ -129,6 +129,7 @@ def envoy_config(
     epp_client_certificate: tuple[Path, Path] | None = None,
     graceful_close: bool = True,
     response_body: bool = True,
+    trusted_test_filter: bool = True,
 ) -> dict[str, Any]:
     """The shipped ``deploy/envoy/envoy.yaml`` with only ports and the EPP address changed.
 
@@ -138,7 +139,8 @@ def envoy_config(
     ``ext_proc=False`` drops the ext_proc filter (Envoy routing on a client-set
     ``x-gateway-destination-endpoint`` header: the benchmark's baseline), and with it the
     filter stripping client ``x-gateway-*`` headers. With ext_proc, a stand-in for a trusted
-    filter goes right after the stripping (see ``trusted_header``).
+    filter goes right after the stripping (see ``trusted_header``), unless
+    ``trusted_test_filter`` is false (a benchmark measuring the shipped config's own cost).
 
     ``epp_client_certificate`` (a certificate and key file) is what Envoy presents to the
     EPP, for an EPP that requires client certificates (``--grpc-client-ca-file``).
@@ -171,7 +173,7 @@ def envoy_config(
         hcm["http_filters"] = [
             f for f in filters if f["name"] not in ("envoy.filters.http.ext_proc", STRIP_FILTER)
         ]
-    else:
+    elif trusted_test_filter:
         strip = next(i for i, f in enumerate(filters) if f["name"] == STRIP_FILTER)
         filters.insert(strip + 1, _TRUSTED_TEST_FILTER)
     for cluster in config["static_resources"]["clusters"]:
@@ -316,6 +318,8 @@ class StackOptions:
     envoy_response_body: bool = True
     envoy_concurrency: int = 1
     envoy_log_level: str = "warn"
+    #: False: no stand-in trusted filter in Envoy (``envoy_config(trusted_test_filter=...)``)
+    envoy_trusted_test_filter: bool = True
     start_timeout: float = 60.0
 
 
@@ -522,6 +526,7 @@ class Stack:
                     response_body=(
                         o.envoy_response_body if response_body is None else response_body
                     ),
+                    trusted_test_filter=o.envoy_trusted_test_filter,
                 )
             )
         )
