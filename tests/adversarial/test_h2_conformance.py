@@ -12,11 +12,14 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 
 import pytest
 
+from adapters.envoy.h2.connection import GOAWAY_PING_TIMEOUT
 from tests.adversarial.test_h2_transport import SERVICE, Peer, _expect_goaway, serving
 from tests.support.h2frames import (
+    ACK,
     DATA,
     END_HEADERS,
     END_STREAM,
@@ -225,3 +228,66 @@ async def test_a_connection_whose_streams_keep_coming_is_not_idle() -> None:
             stream_id += 2
             await asyncio.sleep(IDLE_TIMEOUT / 4)  # the pace of the traffic, not a wait
         assert peer.goaway() is None
+
+
+# -- a connection asked to go (max connection age, drain) --
+
+CONNECTION_AGE = 0.2  # seconds, the rotation of a pod's workers made short
+
+
+def _answering_pings(
+    peer: Peer, answered: set[bytes], condition: Callable[[], bool]
+) -> Callable[[], bool]:
+    """``condition`` for ``Peer.until``, acknowledging on each check every PING the server
+    sent that is not yet answered (as a gateway's HTTP/2 stack does)."""
+
+    def check() -> bool:
+        for _, flags, _, payload in peer.of(PING):
+            if not flags & ACK and payload not in answered:
+                answered.add(payload)
+                peer.send(frame(PING, ACK, 0, payload))
+        return condition()
+
+    return check
+
+
+async def test_a_stream_sent_behind_the_goaway_pings_answer_is_served() -> None:
+    """A gateway that opened a stream just before it read the first GOAWAY may send that
+    stream's HEADERS after its answer to the GOAWAY's PING (an HTTP/2 stack sends PING
+    answers first). Envoy does so under load; the final GOAWAY must still include it, as
+    Envoy fails a stream above the final GOAWAY's last stream id (a 503 to its client)."""
+    async with serving(max_connection_age=CONNECTION_AGE) as harness:
+        peer = await harness.connect()
+        peer.send(peer.request(1, f"{SERVICE}/Stream"))
+        await peer.until(lambda: peer.of(GOAWAY) and peer.of(PING))
+        answered: set[bytes] = set()
+        (_, _, _, first_ping) = next(f for f in peer.of(PING) if not f[1] & ACK)
+        answered.add(first_ping)
+        # the PING's answer, then the HEADERS queued behind it, in one write
+        peer.send(
+            frame(PING, ACK, 0, first_ping)
+            + peer.request(3, f"{SERVICE}/Unary")
+            + frame(DATA, END_STREAM, 3, message(b"late"))
+        )
+        # before: the final GOAWAY at the answer, naming stream 1; stream 3 refused
+        await peer.until(_answering_pings(peer, answered, lambda: 3 in peer.ended))
+        assert peer.reset(3) is None
+        assert await peer.status(3) == "0"
+        peer.send(frame(DATA, END_STREAM, 1, b""))
+        assert await peer.status(1) == "0"
+        await peer.until(_answering_pings(peer, answered, lambda: len(peer.of(GOAWAY)) == 2))
+        last_stream = int.from_bytes(peer.of(GOAWAY)[-1][3][:4], "big") & 0x7FFF_FFFF
+        assert last_stream == 3
+        assert peer.goaway() == 0
+        await peer.until(lambda: peer.closed)
+
+
+async def test_a_peer_that_never_answers_the_goaway_ping_is_closed() -> None:
+    async with serving(max_connection_age=CONNECTION_AGE) as harness:
+        peer = await harness.connect()
+        await peer.until(lambda: peer.of(GOAWAY))
+        started = time.monotonic()
+        await peer.until(lambda: len(peer.of(GOAWAY)) == 2, within=GOAWAY_PING_TIMEOUT * 3)
+        assert time.monotonic() - started >= GOAWAY_PING_TIMEOUT * 0.9
+        await peer.until(lambda: peer.closed)
+        await harness.assert_serves()

@@ -97,7 +97,8 @@ RAPID_RESET_RATE = 33.0
 # seconds an error status may wait for the peer to finish sending (see _park)
 PARK_DELAY = 0.5
 _GOAWAY_PING = b"goaway\x00\x00"
-GOAWAY_PING_TIMEOUT = 2.0  # seconds the final GOAWAY waits for the PING's answer
+_GOAWAY_PING_AGAIN = b"goaway\x00\x01"
+GOAWAY_PING_TIMEOUT = 2.0  # seconds the final GOAWAY waits for a PING's answer
 CLOSE_LINGER = 1.0  # seconds a finished connection waits for the peer to close it
 # The most recent runs of stream identifiers a client skipped that are remembered: HEADERS
 # on one of them opens a new stream below one already opened (RFC 9113 5.1.1:
@@ -172,6 +173,7 @@ class Connection(asyncio.Protocol):
         self._reset_budget = float(RAPID_RESETS)
         self._reset_time = self.loop.time()
         self._goaway_code = NO_ERROR
+        self._goaway_timer: asyncio.TimerHandle | None = None  # the final GOAWAY's deadline
         self._out: list[bytes] = []
         self._flush_scheduled = False
         self._paused = False
@@ -381,6 +383,8 @@ class Connection(asyncio.Protocol):
                 if not flags & ACK:
                     self._send(frame(PING, ACK, 0, payload))
                 elif payload == _GOAWAY_PING and self._goaway_announced:
+                    self._goaway_pinged()
+                elif payload == _GOAWAY_PING_AGAIN and self._goaway_announced:
                     self._final_goaway()
             elif kind == RST_STREAM:
                 check_rst_stream(stream_id, payload)
@@ -724,16 +728,32 @@ class Connection(asyncio.Protocol):
     def go_away(self, code: int = NO_ERROR) -> None:
         """Asks the peer to open no new streams here; the connection closes when its streams
         are done (max connection age, drain, a peer that resets streams too fast: ``code``).
-        In two steps, as gRPC does: a GOAWAY naming no last stream and a PING; once the PING
-        comes back, every stream the peer opened before it saw the GOAWAY has arrived, and
-        the final GOAWAY names the last. A stream the peer sent meanwhile is served, not
-        refused (Envoy would answer its request 503)."""
+        In steps, as gRPC does: a GOAWAY naming no last stream and a PING; once the PING
+        comes back the final GOAWAY names the last stream, and a stream the peer sent
+        meanwhile is served, not refused (Envoy would answer its request 503). An HTTP/2
+        stack sends a PING's answer ahead of HEADERS it had queued, so a stream the peer
+        opened just before it read the GOAWAY can arrive after the answer (Envoy's do,
+        under load): for ``NO_ERROR`` a second PING goes out after the first answer, and
+        the final GOAWAY waits for its answer, by which time such HEADERS have left the
+        peer. A peer that answers neither gets the final GOAWAY after
+        ``GOAWAY_PING_TIMEOUT``."""
         if self._goaway_announced or self._closing:
             return
         self._goaway_announced = True
         self._goaway_code = code
         self._send(goaway(MAX_WINDOW, code) + frame(PING, 0, 0, _GOAWAY_PING))
-        self._timers.append(self.loop.call_later(GOAWAY_PING_TIMEOUT, self._final_goaway))
+        self._goaway_timer = self.loop.call_later(GOAWAY_PING_TIMEOUT, self._final_goaway)
+        self._timers.append(self._goaway_timer)
+
+    def _goaway_pinged(self) -> None:
+        if self._goaway_code != NO_ERROR or self._goaway_sent or self._closing:
+            self._final_goaway()
+            return
+        if self._goaway_timer is not None:
+            self._goaway_timer.cancel()
+        self._send(frame(PING, 0, 0, _GOAWAY_PING_AGAIN))
+        self._goaway_timer = self.loop.call_later(GOAWAY_PING_TIMEOUT, self._final_goaway)
+        self._timers.append(self._goaway_timer)
 
     def _final_goaway(self) -> None:
         if self._goaway_sent or self._closing:
