@@ -4,6 +4,11 @@ One gRPC ``Process`` stream carries one HTTP request and its response. The reque
 reply is held until the body's end of stream, then the routing decision goes back as a
 header mutation (``x-gateway-destination-endpoint``, ``Content-Length``, the re-set request
 headers), ``envoy.lb`` dynamic metadata, and the body as ``streamed_response`` chunks.
+A gateway whose filter sends the request body ``BUFFERED`` (Envoy's ``protocol_config``
+says so) waits for the headers' reply before it sends the body: the headers are answered at
+once, unchanged, and the decision goes back in the body's reply (the same header mutation,
+the body whole). ``NONE`` and ``STREAMED`` would leave the EPP without the body before the
+headers go on: such a request is answered 500 naming the mode, never left hanging.
 
 A stream carries exactly one request: a message out of that protocol (a second
 ``request_headers``, a body before the headers, a response message before the request was
@@ -73,6 +78,7 @@ from adapters.envoy.messages import (
     serialize_reply,
     set_headers,
 )
+from ports.errors import ErrorCode, RequestError
 from ports.metric_catalogue import (
     EXTPROC_STREAM_DURATION,
     EXTPROC_STREAMS,
@@ -103,6 +109,10 @@ REQUEST_ID_HEADER = "x-request-id"
 GATEWAY_SPAN = "gateway.request"
 
 _NO_LABELS: Mapping[str, str] = MappingProxyType({})
+# ext_proc's ProcessingMode.BodySendMode, as Envoy reports it in ``protocol_config``
+_BUFFERED_BODY_MODES = frozenset({2, 3})  # BUFFERED, BUFFERED_PARTIAL
+# NONE never sends the body; STREAMED forwards the headers before the body is seen
+_UNSUPPORTED_BODY_MODES: Mapping[int, str] = MappingProxyType({0: "NONE", 1: "STREAMED"})
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -128,6 +138,7 @@ class _Stream:
         "_body_chunks",
         "_body_done",
         "_bodyless",
+        "_buffered",
         "_context",
         "_exchange",
         "_finished",
@@ -147,6 +158,7 @@ class _Stream:
         "_response_started",
         "_span",
         "_streaming",
+        "unsupported_body_mode",
         "watch",
     )
 
@@ -184,6 +196,13 @@ class _Stream:
         #: ``response_body_mode: NONE``): the response ends at its trailers or at the
         #: stream's half-close.
         self._bodyless = False
+        #: Envoy sends the request body whole (``request_body_mode: BUFFERED``, or
+        #: ``BUFFERED_PARTIAL``) after the request headers' reply: the headers are answered
+        #: at once and the decision goes in the body's reply.
+        self._buffered = False
+        #: the name of a request body mode the EPP cannot route with (``NONE``,
+        #: ``STREAMED``): the request is answered 500 saying so.
+        self.unsupported_body_mode: str | None = None
 
     @property
     def finished(self) -> bool:
@@ -218,9 +237,13 @@ class _Stream:
             self._metadata = {**self._metadata, **metadata_of(request)}
         if kind == "request_headers":
             if request.HasField("protocol_config"):
+                config = request.protocol_config
                 # 0 is NONE: Envoy sends the response headers, then ends the stream when
                 # the response has ended (docs/decisions/0028)
-                self._bodyless = not request.protocol_config.response_body_mode
+                self._bodyless = not config.response_body_mode
+                mode = config.request_body_mode
+                self._buffered = mode in _BUFFERED_BODY_MODES
+                self.unsupported_body_mode = _UNSUPPORTED_BODY_MODES.get(mode)
             return await self._on_request_headers(request.request_headers)
         if kind == "request_body":
             return await self._on_request_body(request.request_body)
@@ -315,11 +338,28 @@ class _Stream:
             self._span = span
         if message.end_of_stream:
             return await self._route(None)
+        if self.unsupported_body_mode is not None:
+            return self._unsupported_body_mode(self.unsupported_body_mode)
         limit = self._limits.max_request_body_bytes
         declared = headers.get("content-length", "")
         if limit and declared.isdigit() and int(declared) > limit:
             return self._too_large(limit)
+        if self._buffered:
+            # Envoy sends the body only once the headers are answered: they go on unchanged
+            # for now, and the body's reply carries the decision's header mutation.
+            return [pb.ProcessingResponse(request_headers=pb.HeadersResponse())]
         return []
+
+    def _unsupported_body_mode(self, mode: str) -> list[Any]:
+        self._finished = True
+        message = (
+            f"the gateway's ext_proc filter sends the request body in mode {mode}; the EPP "
+            "routes on the body and needs FULL_DUPLEX_STREAMED (or BUFFERED)"
+        )
+        self._log.info("request %s refused: %s", self._request_id, message)
+        if self._span is not None:
+            self._span.record_error(f"Internal: {message}")
+        return [immediate_response(RequestError(code=ErrorCode.INTERNAL, message=message))]
 
     def _too_large(self, limit: int) -> list[Any]:
         self._finished = True
@@ -341,6 +381,10 @@ class _Stream:
                 return self._too_large(limit)
             self._body_chunks.append(message.body)
         if not message.end_of_stream:
+            if self._buffered:
+                # BUFFERED_PARTIAL with a body past Envoy's buffer: the rest would go
+                # upstream unseen, so the EPP cannot route on it
+                return self._too_large(self._body_bytes)
             return []
         self._body_done = True
         body = b"".join(self._body_chunks)
@@ -370,6 +414,11 @@ class _Stream:
                 decision.error.message,
             )
             return [immediate_response(decision.error)]
+        if self._buffered and body is not None:
+            reply = pb.ProcessingResponse()
+            self._fill_decision(reply, reply.request_body.response, decision)
+            reply.request_body.response.body_mutation.body = decision.body
+            return [reply]
         replies = [self._header_reply(decision)]
         if body is not None:
             chunks = list(body_chunks(decision.body))
@@ -378,6 +427,14 @@ class _Stream:
         return replies
 
     def _header_reply(self, decision: RoutingDecision) -> Any:
+        reply = pb.ProcessingResponse()
+        self._fill_decision(reply, reply.request_headers.response, decision)
+        return reply
+
+    def _fill_decision(self, reply: Any, common: Any, decision: RoutingDecision) -> None:
+        """The routing decision into ``reply``: its dynamic metadata, and the header
+        mutation and route cache clearing in ``common`` (the ``CommonResponse`` of the
+        request headers' reply, or of a buffered body's)."""
         destination = ",".join(e.host_port() for e in decision.endpoints)
         headers_to_set: list[tuple[str, str | bytes]] = [(DESTINATION_ENDPOINT_HEADER, destination)]
         if decision.body:
@@ -400,12 +457,9 @@ class _Stream:
         metadata.setdefault(DESTINATION_METADATA_NAMESPACE, {})[DESTINATION_ENDPOINT_HEADER] = (
             destination
         )
-        reply = pb.ProcessingResponse()
         fill_struct(reply.dynamic_metadata, metadata)
-        common = reply.request_headers.response
         common.clear_route_cache = True
         set_headers(common.header_mutation, headers_to_set)
-        return reply
 
     # response path
 
@@ -555,6 +609,7 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
         # the lines a peer causes once per stream or request, at a bounded rate
         self._log = LogLimiter(logger)
         self._bodyless_noted = False
+        self._body_mode_noted = False
 
     @property
     def unrouted_streams(self) -> int:
@@ -690,6 +745,14 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
                     return
                 if not stream.unrouted and stream in self._unrouted:
                     del self._unrouted[stream]
+                    if stream.unsupported_body_mode and not self._body_mode_noted:
+                        self._body_mode_noted = True
+                        logger.error(
+                            "Envoy's ext_proc filter sends request bodies in mode %s: "
+                            "requests with a body are refused (500); set "
+                            "request_body_mode FULL_DUPLEX_STREAMED (or BUFFERED)",
+                            stream.unsupported_body_mode,
+                        )
                     if stream.bodyless and not self._bodyless_noted:
                         self._bodyless_noted = True
                         logger.info(

@@ -130,6 +130,7 @@ def envoy_config(
     graceful_close: bool = True,
     response_body: bool = True,
     trusted_test_filter: bool = True,
+    request_body_mode: str = "FULL_DUPLEX_STREAMED",
 ) -> dict[str, Any]:
     """The shipped ``deploy/envoy/envoy.yaml`` with only ports and the EPP address changed.
 
@@ -154,6 +155,9 @@ def envoy_config(
     (response trailers still ``SEND``): Envoy sends the EPP the response headers and no
     body, and ends the ext_proc stream when the response has ended (the lean mode of
     docs/decisions/0028).
+
+    ``request_body_mode`` replaces the filter's ``request_body_mode`` (a gateway configured
+    otherwise than ours: ``BUFFERED``, ``NONE``, ...; request trailers are then ``SKIP``).
     """
     config: dict[str, Any] = yaml.safe_load(DEPLOY_ENVOY_CONFIG.read_text())
     if not graceful_close:
@@ -168,6 +172,12 @@ def envoy_config(
             if f["name"] == "envoy.filters.http.ext_proc":
                 f["typed_config"]["processing_mode"].update(
                     response_body_mode="NONE", response_trailer_mode="SEND"
+                )
+    if request_body_mode != "FULL_DUPLEX_STREAMED":
+        for f in filters:
+            if f["name"] == "envoy.filters.http.ext_proc":
+                f["typed_config"]["processing_mode"].update(
+                    request_body_mode=request_body_mode, request_trailer_mode="SKIP"
                 )
     if not ext_proc:
         hcm["http_filters"] = [
@@ -505,10 +515,16 @@ class Stack:
         return health_status(health_port)
 
     def start_envoy(
-        self, *, ext_proc: bool, name: str, response_body: bool | None = None
+        self,
+        *,
+        ext_proc: bool,
+        name: str,
+        response_body: bool | None = None,
+        request_body_mode: str = "FULL_DUPLEX_STREAMED",
     ) -> tuple[ChildProcess, int]:
         """Start an Envoy from the shipped config; returns it and its listener port.
-        ``response_body`` overrides ``StackOptions.envoy_response_body``."""
+        ``response_body`` overrides ``StackOptions.envoy_response_body``;
+        ``request_body_mode`` is ``envoy_config``'s."""
         o = self.options
         config_path = self.workdir / f"{name}.yaml"
         admin_path = self.workdir / f"{name}.admin"
@@ -527,6 +543,7 @@ class Stack:
                         o.envoy_response_body if response_body is None else response_body
                     ),
                     trusted_test_filter=o.envoy_trusted_test_filter,
+                    request_body_mode=request_body_mode,
                 )
             )
         )
