@@ -113,6 +113,8 @@ _NO_LABELS: Mapping[str, str] = MappingProxyType({})
 _BUFFERED_BODY_MODES = frozenset({2, 3})  # BUFFERED, BUFFERED_PARTIAL
 # NONE never sends the body; STREAMED forwards the headers before the body is seen
 _UNSUPPORTED_BODY_MODES: Mapping[int, str] = MappingProxyType({0: "NONE", 1: "STREAMED"})
+# response bodies: one reply per message (STREAMED, BUFFERED, BUFFERED_PARTIAL)
+_CHUNK_REPLY_BODY_MODES = frozenset({1, 2, 3})
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -139,6 +141,7 @@ class _Stream:
         "_body_done",
         "_bodyless",
         "_buffered",
+        "_chunk_replies",
         "_context",
         "_exchange",
         "_finished",
@@ -203,6 +206,11 @@ class _Stream:
         #: the name of a request body mode the EPP cannot route with (``NONE``,
         #: ``STREAMED``): the request is answered 500 saying so.
         self.unsupported_body_mode: str | None = None
+        #: Envoy sends the response body ``STREAMED``, ``BUFFERED`` or ``BUFFERED_PARTIAL``:
+        #: each body message gets exactly one reply, in order, as a plain body response (a
+        #: streamed response is for ``FULL_DUPLEX_STREAMED`` only), so the response goes
+        #: through chunk by chunk as it comes.
+        self._chunk_replies = False
 
     @property
     def finished(self) -> bool:
@@ -241,6 +249,8 @@ class _Stream:
                 # 0 is NONE: Envoy sends the response headers, then ends the stream when
                 # the response has ended (docs/decisions/0028)
                 self._bodyless = not config.response_body_mode
+                self._chunk_replies = config.response_body_mode in _CHUNK_REPLY_BODY_MODES
+                self._response_passthrough = self._chunk_replies
                 mode = config.request_body_mode
                 self._buffered = mode in _BUFFERED_BODY_MODES
                 self.unsupported_body_mode = _UNSUPPORTED_BODY_MODES.get(mode)
@@ -486,11 +496,13 @@ class _Stream:
             return []
         end_of_stream = bool(message.end_of_stream)
         if self._exchange is None:
-            return [response_body_response(message.body, end_of_stream)]
+            return [self._body_reply(message.body, message.body, end_of_stream)]
         if self._streaming or self._response_passthrough:
             self._response_done = end_of_stream
             reply = await self._exchange.response_body(message.body, end_of_stream)
-            return [response_body_response(reply.body, end_of_stream, reply.dynamic_metadata)]
+            return [
+                self._body_reply(message.body, reply.body, end_of_stream, reply.dynamic_metadata)
+            ]
         if message.body:
             self._response_chunks.append(message.body)
             self._response_buffered += len(message.body)
@@ -500,6 +512,27 @@ class _Stream:
         if not end_of_stream:
             return []
         return await self._flush_buffered_response(end_of_stream=True)
+
+    def _body_reply(
+        self,
+        received: bytes,
+        body: bytes,
+        end_of_stream: bool,
+        metadata: Mapping[str, Mapping[str, object]] | None = None,
+    ) -> Any:
+        """The reply to a response body message whose chunk was ``received`` and goes on as
+        ``body``: a streamed response, or, in the modes with a reply per message, a body
+        response replacing the chunk only when it changed."""
+        if not self._chunk_replies:
+            return response_body_response(body, end_of_stream, metadata)
+        reply = pb.ProcessingResponse()
+        common = reply.response_body.response
+        common.SetInParent()
+        if body != received:
+            common.body_mutation.body = body
+        if metadata:
+            fill_struct(reply.dynamic_metadata, metadata)
+        return reply
 
     async def _start_passthrough(self, limit: int) -> list[Any]:
         """The buffered response outgrew ``limit``: what is buffered goes on now, and the

@@ -131,6 +131,7 @@ def envoy_config(
     response_body: bool = True,
     trusted_test_filter: bool = True,
     request_body_mode: str = "FULL_DUPLEX_STREAMED",
+    response_body_mode: str = "FULL_DUPLEX_STREAMED",
 ) -> dict[str, Any]:
     """The shipped ``deploy/envoy/envoy.yaml`` with only ports and the EPP address changed.
 
@@ -156,8 +157,9 @@ def envoy_config(
     body, and ends the ext_proc stream when the response has ended (the lean mode of
     docs/decisions/0028).
 
-    ``request_body_mode`` replaces the filter's ``request_body_mode`` (a gateway configured
-    otherwise than ours: ``BUFFERED``, ``NONE``, ...; request trailers are then ``SKIP``).
+    ``request_body_mode`` and ``response_body_mode`` replace the filter's (a gateway
+    configured otherwise than ours: ``BUFFERED``, ``STREAMED``, ...; that direction's trailers
+    are then ``SKIP``, as Envoy wants them with those modes).
     """
     config: dict[str, Any] = yaml.safe_load(DEPLOY_ENVOY_CONFIG.read_text())
     if not graceful_close:
@@ -173,11 +175,13 @@ def envoy_config(
                 f["typed_config"]["processing_mode"].update(
                     response_body_mode="NONE", response_trailer_mode="SEND"
                 )
-    if request_body_mode != "FULL_DUPLEX_STREAMED":
+    for direction, mode in (("request", request_body_mode), ("response", response_body_mode)):
+        if mode == "FULL_DUPLEX_STREAMED":
+            continue
         for f in filters:
             if f["name"] == "envoy.filters.http.ext_proc":
                 f["typed_config"]["processing_mode"].update(
-                    request_body_mode=request_body_mode, request_trailer_mode="SKIP"
+                    {f"{direction}_body_mode": mode, f"{direction}_trailer_mode": "SKIP"}
                 )
     if not ext_proc:
         hcm["http_filters"] = [
@@ -521,10 +525,11 @@ class Stack:
         name: str,
         response_body: bool | None = None,
         request_body_mode: str = "FULL_DUPLEX_STREAMED",
+        response_body_mode: str = "FULL_DUPLEX_STREAMED",
     ) -> tuple[ChildProcess, int]:
         """Start an Envoy from the shipped config; returns it and its listener port.
         ``response_body`` overrides ``StackOptions.envoy_response_body``;
-        ``request_body_mode`` is ``envoy_config``'s."""
+        ``request_body_mode`` and ``response_body_mode`` are ``envoy_config``'s."""
         o = self.options
         config_path = self.workdir / f"{name}.yaml"
         admin_path = self.workdir / f"{name}.admin"
@@ -544,6 +549,7 @@ class Stack:
                     ),
                     trusted_test_filter=o.envoy_trusted_test_filter,
                     request_body_mode=request_body_mode,
+                    response_body_mode=response_body_mode,
                 )
             )
         )
