@@ -18,7 +18,7 @@ charts do. Gateways configured by hand, or by older guides, use other modes, and
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 
 import aiohttp
 import orjson
@@ -69,41 +69,48 @@ def _body(stream: bool) -> bytes:
     return orjson.dumps(payload)
 
 
-@pytest.mark.parametrize("stream", [False, True], ids=["non-streamed", "streamed"])
-async def test_a_buffering_gateway_routes_where_the_epp_chose(stack: Stack, stream: bool) -> None:
-    url = _url(stack, "BUFFERED") if not stream else _url(stack, "BUFFERED_PARTIAL")
-    body = _body(stream)
+async def _post(url: str, body: bytes) -> tuple[int, Mapping[str, str], str]:
+    """Status, headers and text of a completion sent through ``url``'s Envoy."""
     async with (
         aiohttp.ClientSession(timeout=CLIENT_TIMEOUT) as session,
         session.post(f"{url}/v1/completions", data=body) as response,
     ):
-        text = await response.text()
-        # before: no answer at all (the client's timeout)
-        assert response.status == 200, text
-        instance = response.headers[INSTANCE_HEADER]
-        assert response.headers[DESTINATION_SEEN_HEADER] == stack.simulator_addresses[instance]
-        assert response.headers["x-went-into-resp-headers"] == "true"
-        # the body reached the model server whole, as the client sent it
-        assert response.headers[BODY_SHA256_HEADER] == hashlib.sha256(body).hexdigest()
+        return response.status, dict(response.headers), await response.text()
+
+
+def _whole(text: str, *, stream: bool) -> None:
+    """The client got the whole completion of 5 tokens."""
     if stream:
-        assert text.rstrip().endswith("data: [DONE]")
+        events = [line for line in text.splitlines() if line.startswith("data: ")]
+        assert events[-1] == "data: [DONE]"
+        assert len(events) == 5 + 1  # one per token, then [DONE]
     else:
         assert orjson.loads(text)["usage"]["completion_tokens"] == 5
 
 
+@pytest.mark.parametrize("stream", [False, True], ids=["non-streamed", "streamed"])
+async def test_a_buffering_gateway_routes_where_the_epp_chose(stack: Stack, stream: bool) -> None:
+    url = _url(stack, "BUFFERED") if not stream else _url(stack, "BUFFERED_PARTIAL")
+    body = _body(stream)
+    status, headers, text = await _post(url, body)
+    # before: no answer at all (the client's timeout)
+    assert status == 200, text
+    instance = headers[INSTANCE_HEADER]
+    assert headers[DESTINATION_SEEN_HEADER] == stack.simulator_addresses[instance]
+    assert headers["x-went-into-resp-headers"] == "true"
+    # the body reached the model server whole, as the client sent it
+    assert headers[BODY_SHA256_HEADER] == hashlib.sha256(body).hexdigest()
+    _whole(text, stream=stream)
+
+
 @pytest.mark.parametrize("mode", ["NONE", "STREAMED"])
 async def test_a_mode_without_the_body_first_is_a_500_naming_it(stack: Stack, mode: str) -> None:
-    url = _url(stack, mode)
-    async with (
-        aiohttp.ClientSession(timeout=CLIENT_TIMEOUT) as session,
-        session.post(f"{url}/v1/completions", data=_body(False)) as response,
-    ):
-        text = await response.text()
+    status, headers, text = await _post(_url(stack, mode), _body(False))
     # before: no answer at all (the client's timeout)
-    assert response.status == 500
+    assert status == 500
     assert f"mode {mode}" in text
     assert "FULL_DUPLEX_STREAMED" in text
-    assert INSTANCE_HEADER not in response.headers  # nothing reached a model server
+    assert INSTANCE_HEADER not in headers  # nothing reached a model server
     assert "requests with a body are refused" in (stack.epp.log() if stack.epp else "")
 
 
@@ -125,20 +132,10 @@ async def test_a_gateway_sending_response_bodies_otherwise_gets_them_whole(
 ) -> None:
     url = _url(stack, mode, "response")
     before = _metrics(stack)
-    body = _body(stream)
-    async with (
-        aiohttp.ClientSession(timeout=CLIENT_TIMEOUT) as session,
-        session.post(f"{url}/v1/completions", data=body) as response,
-    ):
-        text = await response.text()
-        # before: 503 (BUFFERED, non-streamed), or a response cut off (STREAMED, streamed)
-        assert response.status == 200, text
-    if stream:
-        events = [line for line in text.splitlines() if line.startswith("data: ")]
-        assert events[-1] == "data: [DONE]"
-        assert len(events) == 5 + 1  # one per token, then [DONE]
-    else:
-        assert orjson.loads(text)["usage"]["completion_tokens"] == 5
+    status, _, text = await _post(url, _body(stream))
+    # before: 503 (BUFFERED, non-streamed), or a response cut off (STREAMED, streamed)
+    assert status == 200, text
+    _whole(text, stream=stream)
 
     def ended() -> dict[str, float] | None:
         now = _metrics(stack)
