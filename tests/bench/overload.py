@@ -47,7 +47,10 @@ arrivals), and the client TTFT p50/p90 of the answered, per priority (``high`` 1
 ``batch`` -1, ``--high-share`` of them ``high``)::
 
     .venv/bin/python -m tests.bench.overload --columns off,utilization,concurrency-9,\
-        concurrency-3,standing --servers fast,slow [--overload 2] [--burst 20]
+        concurrency-3,standing --servers fast,slow [--overload 2] [--burst-durations 25]
+
+``--burst-durations N``: each server kind gets N request durations at a full batch of
+arrivals (the same number of batch turnovers on fast and slow servers).
 """
 
 from __future__ import annotations
@@ -365,6 +368,8 @@ def run_columns(args: argparse.Namespace) -> None:
         capacity = args.instances * servers.max_num_seqs / duration
         rate = args.overload * capacity
         slo = args.slo_batches * duration
+        if args.burst_durations:
+            args.burst = args.burst_durations * duration
         print(
             f"{kind}: {args.instances} servers of {servers.max_num_seqs} at once, a request"
             f" {duration:.2f}s at a full batch; capacity {capacity:.1f}/s, offered"
@@ -429,6 +434,12 @@ def main() -> None:
     parser.add_argument("--servers", default="fast,slow", help="server kinds, with --columns")
     parser.add_argument(
         "--overload", type=float, default=2.0, help="offered load / capacity, with --columns"
+    )
+    parser.add_argument(
+        "--burst-durations",
+        type=float,
+        help="with --columns: seconds of arrivals in request durations at a full batch"
+        " (instead of --burst)",
     )
     parser.add_argument(
         "--slo-batches",
