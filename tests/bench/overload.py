@@ -396,7 +396,7 @@ def run_columns(args: argparse.Namespace) -> None:
     print()
     header = (
         f"{'servers':<6} {'column':<15} {'class':<6} {'sent':>5} {'200':>5} {'429':>5} "
-        f"{'503':>5} {'200/s':>6} {'goodput/s':>10} {'TTFT p50':>9} {'p90':>7}"
+        f"{'503':>5} {'200/s':>6} {'goodput/s':>10} {'TTFT p50':>9} {'p90':>8}"
     )
     print(header)
     for kind, column, slo, burst, outcomes in results:
@@ -408,8 +408,8 @@ def run_columns(args: argparse.Namespace) -> None:
             print(
                 f"{kind:<6} {column:<15} {objective:<6} {len(mine):>5} {statuses[200]:>5} "
                 f"{statuses[429]:>5} {statuses[503]:>5} {statuses[200] / burst:>6.2f} "
-                f"{good / burst:>10.2f} {percentile(ttfbs, 50):>8.2f}s "
-                f"{percentile(ttfbs, 90):>6.2f}s"
+                f"{good / burst:>10.2f} {percentile(ttfbs, 50):>8.3f}s "
+                f"{percentile(ttfbs, 90):>7.3f}s"
             )
         others = Counter(o.status for o in outcomes if o.status not in (200, 429, 503))
         if others:
