@@ -46,6 +46,7 @@ IN_TREE_MODULES = (
     "domain.requestcontrol.plugins.kv_capacity_gate",
     "domain.requestcontrol.plugins.utilization_detector",
     "domain.requestcontrol.plugins.concurrency_detector",
+    "domain.requestcontrol.plugins.standing_queue_detector",
     "domain.requestcontrol.plugins.served_verifier",
     "domain.requestcontrol.plugins.openai_parser",
     "domain.requestcontrol.plugins.passthrough_parser",

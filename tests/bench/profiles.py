@@ -106,6 +106,19 @@ def default_without_kv_gate() -> str:
     return json.dumps(config)
 
 
+def default_with_flow_control(queue_per_server: int = 1) -> str:
+    """The no-config default with flow control on, FCFS with no TTL, gated by
+    ``standing-queue-detector`` (JSON, valid YAML): decision 0030's candidate default."""
+    config: dict[str, Any] = copy.deepcopy(DEFAULT_CONFIG)
+    detector: dict[str, Any] = {"type": "standing-queue-detector"}
+    if queue_per_server != 1:
+        detector["parameters"] = {"queuePerServer": queue_per_server}
+    config["plugins"].append(detector)
+    config["featureGates"] = ["flowControl"]
+    config["flowControl"] = {"saturationDetector": {"pluginRef": "standing-queue-detector"}}
+    return json.dumps(config)
+
+
 def default_as_of_2026_11_25() -> str:
     """The no-config default from 2026-11-25 (decision 0026) until latency-aware routing:
     sticky until saturated, ``metrics-freshness-filter``, ``kv-capacity-gate`` (JSON)."""

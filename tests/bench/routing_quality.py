@@ -68,8 +68,10 @@ more than N ms above the fastest gets the request; new prefixes placed by
 without ``excludeSaturated``: an open gate passes every endpoint), ``predicted-band-qkv-1000``
 and ``predicted-band-q-1000`` (``predicted-band-1000`` choosing among the endpoints the band
 passes by the reported queue at weight 2 and, the first, KV usage at weight 2, before
-``token-load-scorer``), the candidates of issue 37's default; they are not run unless
-named.
+``token-load-scorer``), the candidates of issue 37's default; ``flow-control`` and
+``flow-control-q4`` (the default with flow control on, FCFS, no TTL, gated by
+``standing-queue-detector``, ``queuePerServer`` 1 or 4: decision 0030's candidate default);
+they are not run unless named.
 
 Issue 37's workloads (``--workload``) reuse the shared-prefix prompts: ``heterogeneous`` (the
 first simulator ``--slowdown`` (2) times slower in prefill and decode), ``external-load``
@@ -108,6 +110,7 @@ from app.config import REFERENCE_DEFAULT_CONFIG_TEXT
 from tests.bench.profiles import (
     RANDOM_CONFIG,
     default_as_of_2026_11_25,
+    default_with_flow_control,
     default_with_no_hit_lru,
     default_without_freshness,
     default_without_kv_gate,
@@ -167,6 +170,8 @@ EXTRA_MODES: dict[str, list[str]] = {
     ],
     "no-freshness": ["--config-text", default_without_freshness()],
     "no-gate": ["--config-text", default_without_kv_gate()],
+    "flow-control": ["--config-text", default_with_flow_control()],
+    "flow-control-q4": ["--config-text", default_with_flow_control(queue_per_server=4)],
     **{
         f"lru-{weight}": ["--config-text", default_with_no_hit_lru(weight)]
         for weight in (0.003, 0.01, 0.03)
