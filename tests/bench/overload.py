@@ -183,6 +183,32 @@ async def sampler(
         await asyncio.sleep(0.5)  # the sampling period
 
 
+async def send_open(
+    session: aiohttp.ClientSession,
+    url: str,
+    rate: float,
+    args: argparse.Namespace,
+    rng: random.Random,
+    t0: float,
+) -> list[asyncio.Task[Outcome]]:
+    """Poisson arrivals at ``rate`` from ``t0`` for ``--burst`` seconds, each request a task
+    (``--high-share`` of them ``high``, the others ``batch``); returns once all are sent."""
+    tasks: list[asyncio.Task[Outcome]] = []
+    next_at = 0.0
+    while True:
+        next_at += rng.expovariate(rate)
+        if next_at > args.burst:
+            return tasks
+        delay = t0 + next_at - time.monotonic()
+        if delay > 0:
+            await asyncio.sleep(delay)  # open-loop pacing, not waiting for a condition
+        objective = "high" if rng.random() < args.high_share else "batch"
+        prompt = prompt_of(len(tasks))
+        tasks.append(
+            asyncio.create_task(one_request(session, url, objective, prompt, args.max_tokens))
+        )
+
+
 async def drive(stack: Stack, args: argparse.Namespace) -> Run:
     rng = random.Random(args.seed)
     run = Run()
@@ -192,24 +218,7 @@ async def drive(stack: Stack, args: argparse.Namespace) -> Run:
         done = asyncio.Event()
         t0 = time.monotonic()
         sampling = asyncio.create_task(sampler(session, stack.epp_metrics_url, run, t0, done))
-        tasks: list[asyncio.Task[Outcome]] = []
-        next_at = 0.0
-        index = 0
-        while True:
-            next_at += rng.expovariate(args.rate)
-            if next_at > args.burst:
-                break
-            delay = t0 + next_at - time.monotonic()
-            if delay > 0:
-                await asyncio.sleep(delay)  # open-loop pacing, not waiting for a condition
-            objective = "high" if rng.random() < args.high_share else "batch"
-            prompt = f"request {index}: " + "tell me something interesting. " * 8
-            tasks.append(
-                asyncio.create_task(
-                    one_request(session, stack.url, objective, prompt, args.max_tokens)
-                )
-            )
-            index += 1
+        tasks = await send_open(session, stack.url, args.rate, args, rng, t0)
         print(f"sent {len(tasks)} requests in {time.monotonic() - t0:.1f}s; waiting for all")
         run.outcomes = list(await asyncio.gather(*tasks))
         done.set()  # the sampler takes a few more samples: the queues at rest
@@ -338,22 +347,7 @@ async def drive_open(url: str, rate: float, args: argparse.Namespace) -> list[Ou
     connector = aiohttp.TCPConnector(limit=0)
     timeout = aiohttp.ClientTimeout(total=args.burst + max(args.ttl, 60.0) + 120)
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
-        t0 = time.monotonic()
-        tasks: list[asyncio.Task[Outcome]] = []
-        next_at = 0.0
-        while True:
-            next_at += rng.expovariate(rate)
-            if next_at > args.burst:
-                break
-            delay = t0 + next_at - time.monotonic()
-            if delay > 0:
-                await asyncio.sleep(delay)  # open-loop pacing, not waiting for a condition
-            objective = "high" if rng.random() < args.high_share else "batch"
-            tasks.append(
-                asyncio.create_task(
-                    one_request(session, url, objective, prompt_of(len(tasks)), args.max_tokens)
-                )
-            )
+        tasks = await send_open(session, url, rate, args, rng, time.monotonic())
         return list(await asyncio.gather(*tasks))
 
 
