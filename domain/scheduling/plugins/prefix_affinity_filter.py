@@ -46,6 +46,12 @@ not affected, so new prefixes are still placed by the scorers alone: the servers
 of their queues, which includes load this EPP did not send, decides only where a request
 has to move.
 
+With ``queuedStickyPenaltyMs`` M (``ttftSource: latencyPredictor`` and
+``excludeSaturated``), a sticky candidate whose scrape reports a longer waiting queue than
+the shortest among the candidates keeps the request only when its prediction is within M
+ms of the fastest, not ``maxTTFTPenaltyMs``: a prefix leaves a server that queues behind
+the others sooner, and keeps the wider band where the queues are even.
+
 With probability ``explorationProbability`` the filter passes everything, so cold
 endpoints still receive some traffic for popular prefixes (the draw uses the Handle's
 random generator, seeded in tests).
@@ -95,7 +101,10 @@ class PrefixAffinityFilterParameters:
     ``excludeSaturated`` (false: an open gate passes every candidate; true: no candidate
     beyond the penalty from the fastest passes, then the sticky ones among the rest);
     ``leaveByReportedQueue`` (false; true: a request leaving its sticky endpoints passes
-    only to those with the shortest scraped waiting queue); ``prefixMatchInfoProducerName``
+    only to those with the shortest scraped waiting queue); ``queuedStickyPenaltyMs``
+    (unset; with ``ttftSource: latencyPredictor`` and ``excludeSaturated``: the narrower
+    band, within [0, ``maxTTFTPenaltyMs``], for a sticky candidate whose scrape reports a
+    longer waiting queue than the shortest); ``prefixMatchInfoProducerName``
     and ``inFlightLoadProducerName``: the plugins whose data it reads (checked to produce
     it; "": whichever does)."""
 
@@ -109,6 +118,7 @@ class PrefixAffinityFilterParameters:
     reported_request_tokens: int = 0
     exclude_saturated: bool = False
     leave_by_reported_queue: bool = False
+    queued_sticky_penalty_ms: float | None = None
     prefix_match_info_producer_name: str = ""
     in_flight_load_producer_name: str = ""
 
@@ -133,6 +143,16 @@ class PrefixAffinityFilterParameters:
         if not isinstance(self.leave_by_reported_queue, bool):
             value = self.leave_by_reported_queue
             raise ValueError(f"leaveByReportedQueue: must be true or false, got {value!r}")
+        queued = self.queued_sticky_penalty_ms
+        if queued is not None and (
+            isinstance(queued, bool)
+            or not isinstance(queued, int | float)
+            or not 0 <= queued <= self.max_TTFT_penalty_ms
+        ):
+            raise ValueError(
+                "queuedStickyPenaltyMs: must be a number within [0, maxTTFTPenaltyMs], "
+                f"got {queued!r}"
+            )
 
 
 class PrefixAffinityFilter(ConsumerPlugin, NamedProducerConsumer):
@@ -159,6 +179,7 @@ class PrefixAffinityFilter(ConsumerPlugin, NamedProducerConsumer):
         self._per_reported = parameters.reported_request_tokens
         self._exclude = parameters.exclude_saturated
         self._leave_by_queue = parameters.leave_by_reported_queue
+        self._queued_penalty_ms = parameters.queued_sticky_penalty_ms
 
     @property
     def typed_name(self) -> TypedName:
@@ -307,7 +328,19 @@ class PrefixAffinityFilter(ConsumerPlugin, NamedProducerConsumer):
             sticky = [row[0] for row in rows if row[1]]
             return sticky or candidates
         limit = best + self._penalty_ms
-        kept = [row for row in rows if row[2] <= limit]
+        queued_penalty = self._queued_penalty_ms
+        if queued_penalty is None:
+            kept = [row for row in rows if row[2] <= limit]
+        else:
+            # a sticky candidate reporting a longer queue than the shortest keeps the
+            # request only within the narrower band
+            queued = _queued_longer_than_shortest([row[0] for row in rows])
+            narrow = best + queued_penalty
+            kept = [
+                row
+                for row, longer in zip(rows, queued, strict=True)
+                if row[2] <= (narrow if row[1] and longer else limit)
+            ]
         return self._sticky_or_leaving(rows, kept)
 
     def _sticky_or_leaving(
@@ -341,6 +374,15 @@ def register(registry: PluginRegistry) -> None:
         parameters=PrefixAffinityFilterParameters,
         description="keeps endpoints holding most of the prompt prefix until they saturate",
     )
+
+
+def _queued_longer_than_shortest(candidates: Sequence[Candidate]) -> list[bool]:
+    """For each candidate, whether its scrape reports a longer waiting queue than the
+    shortest reported (false without metrics)."""
+    queues = [None if c.metrics is None else c.metrics.waiting_queue_size for c in candidates]
+    known = [q for q in queues if q is not None]
+    shortest = min(known) if known else 0
+    return [q is not None and q > shortest for q in queues]
 
 
 def _shortest_reported_queue(candidates: Sequence[Candidate]) -> Sequence[Candidate]:

@@ -434,6 +434,7 @@ def test_parameters_use_the_reference_keys() -> None:
         "reportedRequestTokens",
         "excludeSaturated",
         "leaveByReportedQueue",
+        "queuedStickyPenaltyMs",
     }
 
 

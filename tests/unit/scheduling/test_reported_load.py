@@ -225,6 +225,28 @@ def test_leave_by_reported_queue_when_the_gate_opens_and_without_metrics() -> No
     assert _kept(f, blind) == ["warm", "x", "y"]
 
 
+def test_queued_sticky_penalty_narrows_the_band_only_for_a_longer_queue() -> None:
+    f = _filter(
+        ttft_source="latencyPredictor",
+        max_TTFT_penalty_ms=1000,
+        exclude_saturated=True,
+        queued_sticky_penalty_ms=300,
+    )
+    # predicted 600 ms above the fastest: within the band, beyond the narrow one
+    warm = _predicted(_endpoint("warm", matched=10, waiting=3), 1600)
+    fast = _predicted(_endpoint("fast", waiting=1), 1000)
+    assert _kept(f, [warm, fast]) == ["fast"]
+    # the same prediction with the shortest queue: sticky
+    short = _predicted(_endpoint("warm", matched=10, waiting=1), 1600)
+    assert _kept(f, [short, fast]) == ["warm"]
+    # within the narrow band even with a longer queue: sticky
+    close = _predicted(_endpoint("warm", matched=10, waiting=3), 1200)
+    assert _kept(f, [close, fast]) == ["warm"]
+    # unset: the whole band for everyone
+    band = _filter(ttft_source="latencyPredictor", max_TTFT_penalty_ms=1000, exclude_saturated=True)
+    assert _kept(band, [warm, fast]) == ["warm"]
+
+
 @pytest.mark.parametrize(
     ("entry", "message"),
     [
@@ -243,6 +265,11 @@ def test_leave_by_reported_queue_when_the_gate_opens_and_without_metrics() -> No
         (
             "{type: prefix-cache-affinity-filter, parameters: {leaveByReportedQueue: yes-ish}}",
             "plugins[0].parameters.leaveByReportedQueue",
+        ),
+        (
+            "{type: prefix-cache-affinity-filter, parameters: {maxTTFTPenaltyMs: 1000,"
+            " queuedStickyPenaltyMs: 2000}}",
+            "plugins[0].parameters.queuedStickyPenaltyMs: must be a number within [0, max",
         ),
     ],
 )
@@ -310,8 +337,9 @@ async def _routed(director: Director, n: int) -> Counter[str]:
         predicted_break_config(),
         predicted_band_blend_config(),
         predicted_leave_config(),
+        predicted_leave_config(leave=False, queued_penalty_ms=300),
     ],
-    ids=["reported", "predicted", "predicted-blend", "predicted-leave"],
+    ids=["reported", "predicted", "predicted-blend", "predicted-leave", "predicted-queued"],
 )
 async def test_new_prompts_settle_on_the_server_that_is_free(config: str) -> None:
     director = configured_director(_two_servers(), config)
