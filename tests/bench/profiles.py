@@ -29,6 +29,7 @@ __all__ = [
     "default_without_kv_gate",
     "predicted_band_blend_config",
     "predicted_break_config",
+    "predicted_leave_config",
     "predicted_sticky_config",
     "reported_load_config",
     "sticky_config",
@@ -272,4 +273,23 @@ def predicted_band_blend_config(
         profile["plugins"][at:at] = [
             {"pluginRef": plugin_type, "weight": weight} for plugin_type, weight in added
         ]
+    return json.dumps(config)
+
+
+def predicted_leave_config(
+    penalty_ms: float = 1000.0, *, leave: bool = True, queued_penalty_ms: float | None = None
+) -> str:
+    """``predicted_break_config(penalty_ms)`` with, if ``leave``, ``leaveByReportedQueue``
+    (a request leaving its saturated sticky endpoints goes to those of the band with the
+    shortest scraped waiting queue, ``token-load-scorer`` choosing among them, while a new
+    prefix is still placed by ``token-load-scorer`` alone) and, with ``queued_penalty_ms``,
+    ``queuedStickyPenaltyMs`` (the narrower band for a sticky endpoint reporting a longer
+    queue than the shortest) (JSON)."""
+    config: dict[str, Any] = json.loads(predicted_break_config(penalty_ms))
+    if leave:
+        _with_parameters(config, "prefix-cache-affinity-filter", leaveByReportedQueue=True)
+    if queued_penalty_ms is not None:
+        _with_parameters(
+            config, "prefix-cache-affinity-filter", queuedStickyPenaltyMs=queued_penalty_ms
+        )
     return json.dumps(config)

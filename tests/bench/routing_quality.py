@@ -68,10 +68,15 @@ more than N ms above the fastest gets the request; new prefixes placed by
 without ``excludeSaturated``: an open gate passes every endpoint), ``predicted-band-qkv-1000``
 and ``predicted-band-q-1000`` (``predicted-band-1000`` choosing among the endpoints the band
 passes by the reported queue at weight 2 and, the first, KV usage at weight 2, before
-``token-load-scorer``), the candidates of issue 37's default; ``flow-control`` and
-``flow-control-q4`` (the default with flow control on, FCFS, no TTL, gated by
-``standing-queue-detector``, ``queuePerServer`` 1 or 4: decision 0030's candidate default);
-they are not run unless named.
+``token-load-scorer``), ``predicted-leave-1000`` (``predicted-band-1000`` with
+``leaveByReportedQueue``: a request leaving its saturated sticky endpoint goes to the
+shortest scraped queue in the band, a new prefix is placed by token load),
+``predicted-band-1000-queued-M`` and ``predicted-leave-1000-queued-M`` (either with
+``queuedStickyPenaltyMs`` M: a sticky endpoint whose reported queue is longer than the
+shortest keeps the request only within M ms of the fastest prediction), the candidates
+of issue 37's default; ``flow-control`` and ``flow-control-q4`` (the default with flow
+control on, FCFS, no TTL, gated by ``standing-queue-detector``, ``queuePerServer`` 1 or 4:
+decision 0030's candidate default); they are not run unless named.
 
 Issue 37's workloads (``--workload``) reuse the shared-prefix prompts: ``heterogeneous`` (the
 first simulator ``--slowdown`` (2) times slower in prefill and decode), ``external-load``
@@ -116,6 +121,7 @@ from tests.bench.profiles import (
     default_without_kv_gate,
     predicted_band_blend_config,
     predicted_break_config,
+    predicted_leave_config,
     predicted_sticky_config,
     reported_load_config,
     sticky_config,
@@ -164,6 +170,21 @@ EXTRA_MODES: dict[str, list[str]] = {
         "--config-text",
         predicted_band_blend_config(1000.0, kv_weight=0.0),
     ],
+    "predicted-leave-1000": ["--config-text", predicted_leave_config(1000.0)],
+    **{
+        f"predicted-band-1000-queued-{narrow}": [
+            "--config-text",
+            predicted_leave_config(1000.0, leave=False, queued_penalty_ms=float(narrow)),
+        ]
+        for narrow in (0, 300)
+    },
+    **{
+        f"predicted-leave-1000-queued-{narrow}": [
+            "--config-text",
+            predicted_leave_config(1000.0, queued_penalty_ms=float(narrow)),
+        ]
+        for narrow in (0, 300)
+    },
     "predicted-break-all-1000": [
         "--config-text",
         predicted_break_config(1000.0, exclude=False),

@@ -37,6 +37,21 @@ warm endpoint may keep it there), and a new prefix does not go to a saturated en
 A candidate without an ``InFlightLoad`` is never saturated; one without a prediction is
 saturated when another has one (never the fastest, as in the gate).
 
+With ``leaveByReportedQueue`` a request that leaves its sticky endpoints (they exist, but
+the gate opened, or with ``excludeSaturated`` none of them passed) goes only to the
+endpoints, among those the filter would pass, whose scrape reports the shortest waiting
+queue (a candidate without metrics only when none has any); the scorers after the filter
+choose among them. A request with no sticky endpoint (a new prefix) and one that stays are
+not affected, so new prefixes are still placed by the scorers alone: the servers' own view
+of their queues, which includes load this EPP did not send, decides only where a request
+has to move.
+
+With ``queuedStickyPenaltyMs`` M (``ttftSource: latencyPredictor`` and
+``excludeSaturated``), a sticky candidate whose scrape reports a longer waiting queue than
+the shortest among the candidates keeps the request only when its prediction is within M
+ms of the fastest, not ``maxTTFTPenaltyMs``: a prefix leaves a server that queues behind
+the others sooner, and keeps the wider band where the queues are even.
+
 With probability ``explorationProbability`` the filter passes everything, so cold
 endpoints still receive some traffic for popular prefixes (the draw uses the Handle's
 random generator, seeded in tests).
@@ -85,8 +100,13 @@ class PrefixAffinityFilterParameters:
     integer >= 0: tokens per request a server reports beyond the EPP's own);
     ``excludeSaturated`` (false: an open gate passes every candidate; true: no candidate
     beyond the penalty from the fastest passes, then the sticky ones among the rest);
-    ``prefixMatchInfoProducerName`` and ``inFlightLoadProducerName``: the plugins whose
-    data it reads (checked to produce it; "": whichever does)."""
+    ``leaveByReportedQueue`` (false; true: a request leaving its sticky endpoints passes
+    only to those with the shortest scraped waiting queue); ``queuedStickyPenaltyMs``
+    (unset; with ``ttftSource: latencyPredictor`` and ``excludeSaturated``: the narrower
+    band, within [0, ``maxTTFTPenaltyMs``], for a sticky candidate whose scrape reports a
+    longer waiting queue than the shortest); ``prefixMatchInfoProducerName``
+    and ``inFlightLoadProducerName``: the plugins whose data it reads (checked to produce
+    it; "": whichever does)."""
 
     affinity_threshold: float = 0.80
     exploration_probability: float = 0.0
@@ -97,6 +117,8 @@ class PrefixAffinityFilterParameters:
     ttft_source: str = PREFILL_THROUGHPUT
     reported_request_tokens: int = 0
     exclude_saturated: bool = False
+    leave_by_reported_queue: bool = False
+    queued_sticky_penalty_ms: float | None = None
     prefix_match_info_producer_name: str = ""
     in_flight_load_producer_name: str = ""
 
@@ -118,6 +140,19 @@ class PrefixAffinityFilterParameters:
         if not isinstance(self.exclude_saturated, bool):
             value = self.exclude_saturated
             raise ValueError(f"excludeSaturated: must be true or false, got {value!r}")
+        if not isinstance(self.leave_by_reported_queue, bool):
+            value = self.leave_by_reported_queue
+            raise ValueError(f"leaveByReportedQueue: must be true or false, got {value!r}")
+        queued = self.queued_sticky_penalty_ms
+        if queued is not None and (
+            isinstance(queued, bool)
+            or not isinstance(queued, int | float)
+            or not 0 <= queued <= self.max_TTFT_penalty_ms
+        ):
+            raise ValueError(
+                "queuedStickyPenaltyMs: must be a number within [0, maxTTFTPenaltyMs], "
+                f"got {queued!r}"
+            )
 
 
 class PrefixAffinityFilter(ConsumerPlugin, NamedProducerConsumer):
@@ -143,6 +178,8 @@ class PrefixAffinityFilter(ConsumerPlugin, NamedProducerConsumer):
         self._predicted = parameters.ttft_source == LATENCY_PREDICTOR
         self._per_reported = parameters.reported_request_tokens
         self._exclude = parameters.exclude_saturated
+        self._leave_by_queue = parameters.leave_by_reported_queue
+        self._queued_penalty_ms = parameters.queued_sticky_penalty_ms
 
     @property
     def typed_name(self) -> TypedName:
@@ -214,9 +251,9 @@ class PrefixAffinityFilter(ConsumerPlugin, NamedProducerConsumer):
             return candidates  # no load signal: the gate cannot tell, keep everyone
         gap = best_sticky - best_other
         if self._penalty_ms > 0 and gap * self._ms_per_token > self._penalty_ms:
-            return candidates
+            return self._leaving(candidates)
         if self._penalty_tokens > 0 and gap > self._penalty_tokens:
-            return candidates
+            return self._leaving(candidates)
         return sticky
 
     def _saturated(self, gap: float) -> bool:
@@ -252,8 +289,7 @@ class PrefixAffinityFilter(ConsumerPlugin, NamedProducerConsumer):
                     best = ahead
             rows.append((c, is_sticky, ahead))
         kept = [row for row in rows if row[2] < 0 or not self._saturated(row[2] - best)]
-        sticky = [row[0] for row in kept if row[1]]
-        return sticky or [row[0] for row in kept]
+        return self._sticky_or_leaving(rows, kept)
 
     def _filter_on_predictions(self, candidates: Sequence[Candidate]) -> Sequence[Candidate]:
         if self._exclude and self._penalty_ms > 0:
@@ -275,7 +311,7 @@ class PrefixAffinityFilter(ConsumerPlugin, NamedProducerConsumer):
         if not others or self._penalty_ms <= 0:
             return sticky
         if best_sticky - best_other > self._penalty_ms:  # inf - inf is NaN: sticky
-            return candidates
+            return self._leaving(candidates)
         return sticky
 
     def _predictions_excluding_saturated(
@@ -292,9 +328,39 @@ class PrefixAffinityFilter(ConsumerPlugin, NamedProducerConsumer):
             sticky = [row[0] for row in rows if row[1]]
             return sticky or candidates
         limit = best + self._penalty_ms
-        kept = [row for row in rows if row[2] <= limit]
+        queued_penalty = self._queued_penalty_ms
+        if queued_penalty is None:
+            kept = [row for row in rows if row[2] <= limit]
+        else:
+            # a sticky candidate reporting a longer queue than the shortest keeps the
+            # request only within the narrower band
+            queued = _queued_longer_than_shortest([row[0] for row in rows])
+            narrow = best + queued_penalty
+            kept = [
+                row
+                for row, longer in zip(rows, queued, strict=True)
+                if row[2] <= (narrow if row[1] and longer else limit)
+            ]
+        return self._sticky_or_leaving(rows, kept)
+
+    def _sticky_or_leaving(
+        self,
+        rows: Sequence[tuple[Candidate, bool, float]],
+        kept: Sequence[tuple[Candidate, bool, float]],
+    ) -> Sequence[Candidate]:
+        """The sticky candidates among ``kept`` if any; else all of ``kept``, narrowed by
+        ``leaveByReportedQueue`` when some of ``rows`` were sticky (the request leaves)."""
         sticky = [row[0] for row in kept if row[1]]
-        return sticky or [row[0] for row in kept]
+        if sticky:
+            return sticky
+        passed = [row[0] for row in kept]
+        if self._leave_by_queue and any(row[1] for row in rows):
+            return _shortest_reported_queue(passed)
+        return passed
+
+    def _leaving(self, candidates: Sequence[Candidate]) -> Sequence[Candidate]:
+        """What passes when the gate opens and the request leaves its sticky endpoints."""
+        return _shortest_reported_queue(candidates) if self._leave_by_queue else candidates
 
 
 def _factory(name: str, parameters: PrefixAffinityFilterParameters, handle: Handle) -> Plugin:
@@ -308,6 +374,26 @@ def register(registry: PluginRegistry) -> None:
         parameters=PrefixAffinityFilterParameters,
         description="keeps endpoints holding most of the prompt prefix until they saturate",
     )
+
+
+def _queued_longer_than_shortest(candidates: Sequence[Candidate]) -> list[bool]:
+    """For each candidate, whether its scrape reports a longer waiting queue than the
+    shortest reported (false without metrics)."""
+    queues = [None if c.metrics is None else c.metrics.waiting_queue_size for c in candidates]
+    known = [q for q in queues if q is not None]
+    shortest = min(known) if known else 0
+    return [q is not None and q > shortest for q in queues]
+
+
+def _shortest_reported_queue(candidates: Sequence[Candidate]) -> Sequence[Candidate]:
+    """The candidates whose scrape reports the shortest waiting queue, in order; all of
+    them when none has metrics (one without metrics passes only then)."""
+    queues = [None if c.metrics is None else c.metrics.waiting_queue_size for c in candidates]
+    known = [q for q in queues if q is not None]
+    if not known:
+        return candidates
+    shortest = min(known)
+    return [c for c, q in zip(candidates, queues, strict=True) if q == shortest]
 
 
 def _sticky_and_ttft(candidate: Candidate, threshold: float) -> tuple[bool, float]:

@@ -433,6 +433,8 @@ def test_parameters_use_the_reference_keys() -> None:
         # ours: load a server reports beyond the EPP's own, and leaving saturated endpoints
         "reportedRequestTokens",
         "excludeSaturated",
+        "leaveByReportedQueue",
+        "queuedStickyPenaltyMs",
     }
 
 

@@ -1,6 +1,6 @@
 """Load a server reports but the EPP did not send: ``reportedRequestTokens`` of
 ``token-load-scorer`` and ``prefix-cache-affinity-filter``, and the filter's
-``excludeSaturated``."""
+``excludeSaturated`` and ``leaveByReportedQueue``."""
 
 from __future__ import annotations
 
@@ -33,6 +33,7 @@ from ports.requests import InboundRequest
 from tests.bench.profiles import (
     predicted_band_blend_config,
     predicted_break_config,
+    predicted_leave_config,
     reported_load_config,
 )
 from tests.support.director import configured_director
@@ -166,6 +167,86 @@ def test_exclude_saturated_on_predictions() -> None:
     assert _kept(f, [_endpoint("a"), _endpoint("b")]) == ["a", "b"]
 
 
+def _placed(f: Filter, candidates: list[Candidate]) -> str:
+    """The endpoint the filter then ``token-load-scorer`` (own in-flight tokens only) pick."""
+    request = _prompt()
+    passed = list(f.filter(cycle(request), request, candidates))
+    scores = _scorer(0).score(cycle(request), request, passed)
+    return max(zip(scores, passed, strict=True), key=lambda pair: pair[0])[1].name
+
+
+def _band_servers(*, warm_ttft: float) -> list[Candidate]:
+    """A server holding the prompt (predicted ``warm_ttft`` ms), and two others within
+    the band: ``light`` with few tokens in flight from this EPP but 8 requests waiting in
+    its own queue (load the EPP did not send), ``queued`` with more tokens in flight from
+    this EPP and 1 waiting."""
+    return [
+        _predicted(_endpoint("warm", matched=10, own=4, waiting=3), warm_ttft),
+        _predicted(_endpoint("light", own=1, waiting=8), 1000),
+        _predicted(_endpoint("queued", own=3, waiting=1), 1500),
+    ]
+
+
+def test_leave_by_reported_queue_moves_a_saturated_prefix_to_the_shorter_queue() -> None:
+    leave = _filter(
+        ttft_source="latencyPredictor",
+        max_TTFT_penalty_ms=1000,
+        exclude_saturated=True,
+        leave_by_reported_queue=True,
+    )
+    band = _filter(ttft_source="latencyPredictor", max_TTFT_penalty_ms=1000, exclude_saturated=True)
+    # the warm server is predicted 3 s, 2 s beyond the fastest: the prefix leaves it, for
+    # the server whose own queue is shortest, not the one with the fewest tokens from here
+    assert _kept(leave, _band_servers(warm_ttft=3000)) == ["queued"]
+    assert _placed(leave, _band_servers(warm_ttft=3000)) == "queued"
+    assert _placed(band, _band_servers(warm_ttft=3000)) == "light"
+    # within the band the prefix stays on its warm server
+    assert _kept(leave, _band_servers(warm_ttft=1800)) == ["warm"]
+    # a brand-new prefix (no server holds it) is placed by token load, as without it
+    new = _band_servers(warm_ttft=3000)[1:]
+    assert _kept(leave, new) == ["light", "queued"]
+    assert _placed(leave, new) == "light" == _placed(band, new)
+
+
+def test_leave_by_reported_queue_when_the_gate_opens_and_without_metrics() -> None:
+    # prefill-throughput gate, no excludeSaturated: the open gate passes the shortest
+    # queues of all the candidates (the saturated sticky one included, were its shortest)
+    f = _filter(max_TTFT_penalty_ms=5000, leave_by_reported_queue=True)
+    warm = _endpoint("warm", matched=10, own=80, waiting=4)  # 8,000 tokens ahead
+    a, b = _endpoint("a", waiting=2), _endpoint("b", own=1, waiting=2)
+    assert _kept(f, [warm, a, b, _endpoint("c", waiting=5)]) == ["a", "b"]
+    # a candidate without metrics passes only when none has any
+    unknown = _endpoint("unknown")
+    unknown.metrics = None
+    assert _kept(f, [warm, unknown, a]) == ["a"]
+    blind = [_endpoint("warm", matched=10, own=80), _endpoint("x"), _endpoint("y")]
+    for c in blind:
+        c.metrics = None
+    assert _kept(f, blind) == ["warm", "x", "y"]
+
+
+def test_queued_sticky_penalty_narrows_the_band_only_for_a_longer_queue() -> None:
+    f = _filter(
+        ttft_source="latencyPredictor",
+        max_TTFT_penalty_ms=1000,
+        exclude_saturated=True,
+        queued_sticky_penalty_ms=300,
+    )
+    # predicted 600 ms above the fastest: within the band, beyond the narrow one
+    warm = _predicted(_endpoint("warm", matched=10, waiting=3), 1600)
+    fast = _predicted(_endpoint("fast", waiting=1), 1000)
+    assert _kept(f, [warm, fast]) == ["fast"]
+    # the same prediction with the shortest queue: sticky
+    short = _predicted(_endpoint("warm", matched=10, waiting=1), 1600)
+    assert _kept(f, [short, fast]) == ["warm"]
+    # within the narrow band even with a longer queue: sticky
+    close = _predicted(_endpoint("warm", matched=10, waiting=3), 1200)
+    assert _kept(f, [close, fast]) == ["warm"]
+    # unset: the whole band for everyone
+    band = _filter(ttft_source="latencyPredictor", max_TTFT_penalty_ms=1000, exclude_saturated=True)
+    assert _kept(band, [warm, fast]) == ["warm"]
+
+
 @pytest.mark.parametrize(
     ("entry", "message"),
     [
@@ -180,6 +261,15 @@ def test_exclude_saturated_on_predictions() -> None:
         (
             "{type: prefix-cache-affinity-filter, parameters: {excludeSaturated: 1}}",
             "plugins[0].parameters.excludeSaturated",
+        ),
+        (
+            "{type: prefix-cache-affinity-filter, parameters: {leaveByReportedQueue: yes-ish}}",
+            "plugins[0].parameters.leaveByReportedQueue",
+        ),
+        (
+            "{type: prefix-cache-affinity-filter, parameters: {maxTTFTPenaltyMs: 1000,"
+            " queuedStickyPenaltyMs: 2000}}",
+            "plugins[0].parameters.queuedStickyPenaltyMs: must be a number within [0, max",
         ),
     ],
 )
@@ -242,8 +332,14 @@ async def _routed(director: Director, n: int) -> Counter[str]:
 
 @pytest.mark.parametrize(
     "config",
-    [reported_load_config(), predicted_break_config(), predicted_band_blend_config()],
-    ids=["reported", "predicted", "predicted-blend"],
+    [
+        reported_load_config(),
+        predicted_break_config(),
+        predicted_band_blend_config(),
+        predicted_leave_config(),
+        predicted_leave_config(leave=False, queued_penalty_ms=300),
+    ],
+    ids=["reported", "predicted", "predicted-blend", "predicted-leave", "predicted-queued"],
 )
 async def test_new_prompts_settle_on_the_server_that_is_free(config: str) -> None:
     director = configured_director(_two_servers(), config)
