@@ -496,13 +496,15 @@ class _Stream:
             return []
         end_of_stream = bool(message.end_of_stream)
         if self._exchange is None:
-            return [self._body_reply(message.body, message.body, end_of_stream)]
+            if self._chunk_replies:
+                return [self._plain_body_reply(message.body, message.body, None)]
+            return [response_body_response(message.body, end_of_stream)]
         if self._streaming or self._response_passthrough:
             self._response_done = end_of_stream
             reply = await self._exchange.response_body(message.body, end_of_stream)
-            return [
-                self._body_reply(message.body, reply.body, end_of_stream, reply.dynamic_metadata)
-            ]
+            if self._chunk_replies:
+                return [self._plain_body_reply(message.body, reply.body, reply.dynamic_metadata)]
+            return [response_body_response(reply.body, end_of_stream, reply.dynamic_metadata)]
         if message.body:
             self._response_chunks.append(message.body)
             self._response_buffered += len(message.body)
@@ -513,18 +515,13 @@ class _Stream:
             return []
         return await self._flush_buffered_response(end_of_stream=True)
 
-    def _body_reply(
-        self,
-        received: bytes,
-        body: bytes,
-        end_of_stream: bool,
-        metadata: Mapping[str, Mapping[str, object]] | None = None,
+    @staticmethod
+    def _plain_body_reply(
+        received: bytes, body: bytes, metadata: Mapping[str, Mapping[str, object]] | None
     ) -> Any:
-        """The reply to a response body message whose chunk was ``received`` and goes on as
-        ``body``: a streamed response, or, in the modes with a reply per message, a body
+        """In the modes with a reply per message (``_chunk_replies``), the reply to a
+        response body message whose chunk was ``received`` and goes on as ``body``: a body
         response replacing the chunk only when it changed."""
-        if not self._chunk_replies:
-            return response_body_response(body, end_of_stream, metadata)
         reply = pb.ProcessingResponse()
         common = reply.response_body.response
         common.SetInParent()
