@@ -20,8 +20,9 @@ The Envoys run the shipped config (without the test stack's stand-in trusted fil
 Four workloads: completions of ``--tokens`` (default 30 and 300) output tokens, not streamed
 and streamed (``stream: true`` with usage). Prompts share one of ``--prefixes`` long
 prefixes, so the cache-aware policies have work to do. Each round runs every workload through
-every front end in turn, closed loop at ``--concurrency``; ``--rounds`` rounds alternate, so
-that the machine's drifting load falls on each alike.
+every front end in turn, closed loop at ``--concurrency``, or open loop at ``--rate``
+requests/s (Poisson arrivals, as a load tool at a fixed rate sends them); ``--rounds`` rounds
+alternate, so that the machine's drifting load falls on each alike.
 
 For each process (the EPP, each Envoy, the SGLang router with its children) the CPU time is
 read from ``/proc`` before and after each run and given per request, net of its idle CPU
@@ -134,38 +135,56 @@ def _json_headers() -> dict[str, str]:
     return {"content-type": "application/json"}
 
 
-async def _closed_loop(
+async def _load(
     url: str,
     body: Callable[[], bytes],
     total: int,
     concurrency: int,
     headers: Callable[[], dict[str, str]] = _json_headers,
+    rate: float = 0.0,
 ) -> tuple[float, list[float], int]:
+    """``total`` requests, closed loop at ``concurrency``, or, with ``rate`` (requests/s),
+    open loop: Poisson arrivals at that rate, at most ``concurrency`` at once."""
     latencies: list[float] = []
     errors = 0
     remaining = total
 
+    async def one(session: aiohttp.ClientSession) -> None:
+        nonlocal errors
+        started = time.perf_counter()
+        try:
+            async with session.post(
+                f"{url}/v1/completions", data=body(), headers=headers()
+            ) as response:
+                await response.read()
+                if response.status != 200:
+                    errors += 1
+        except aiohttp.ClientError:
+            errors += 1
+        latencies.append((time.perf_counter() - started) * 1000)
+
     async def worker(session: aiohttp.ClientSession) -> None:
-        nonlocal remaining, errors
+        nonlocal remaining
         while remaining > 0:
             remaining -= 1
-            started = time.perf_counter()
-            try:
-                async with session.post(
-                    f"{url}/v1/completions", data=body(), headers=headers()
-                ) as response:
-                    await response.read()
-                    if response.status != 200:
-                        errors += 1
-            except aiohttp.ClientError:
-                errors += 1
-            latencies.append((time.perf_counter() - started) * 1000)
+            await one(session)
+
+    async def arrivals(session: aiohttp.ClientSession) -> None:
+        rng = random.Random(total)
+        tasks = []
+        for _ in range(total):
+            tasks.append(asyncio.create_task(one(session)))
+            await asyncio.sleep(rng.expovariate(rate))
+        await asyncio.gather(*tasks)
 
     connector = aiohttp.TCPConnector(limit=concurrency)
     timeout = aiohttp.ClientTimeout(total=120)
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
         started = time.perf_counter()
-        await asyncio.gather(*(worker(session) for _ in range(concurrency)))
+        if rate > 0:
+            await arrivals(session)
+        else:
+            await asyncio.gather(*(worker(session) for _ in range(concurrency)))
         return time.perf_counter() - started, latencies, errors
 
 
@@ -193,11 +212,12 @@ def _run(
     total: int,
     concurrency: int,
     idle: dict[str, float],
+    rate: float = 0.0,
 ) -> Sample:
     before = {name: _tree_cpu(pid) for name, pid in front.processes.items()}
     messages = _messages(stack, front.envoy_name)
     seconds, latencies, errors = asyncio.run(
-        _closed_loop(front.url, body, total, concurrency, front.headers)
+        _load(front.url, body, total, concurrency, front.headers, rate)
     )
     cpu = {
         name: _tree_cpu(pid) - before[name] - idle[name] * seconds
@@ -227,6 +247,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument(
+        "--rate",
+        type=float,
+        default=0.0,
+        help="requests/s, open loop (Poisson arrivals, at most --concurrency at once); "
+        "0: closed loop",
+    )
     parser.add_argument("--simulators", type=int, default=4)
     parser.add_argument("--itl-ms", type=float, default=2.0)
     parser.add_argument("--tokens", default="30,300", help="output tokens per workload")
@@ -311,7 +338,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                 order = fronts if round_ % 2 == 0 else list(reversed(fronts))
                 for front in order:
                     body = _bodies(tokens, stream, args.prefixes, 100 + round_)
-                    sample = _run(stack, front, body, total, args.concurrency, idle)
+                    sample = _run(stack, front, body, total, args.concurrency, idle, args.rate)
                     results.setdefault((label, front.name), Sample()).add(sample)
         for front in fronts:
             if front.envoy_name is not None:
@@ -322,7 +349,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     print(
         f"{time.strftime('%Y-%m-%d')}, {platform.node()}, {os.cpu_count()} CPUs, load average "
         f"{os.getloadavg()[0]:.1f}; {args.simulators} simulated servers (ITL {args.itl_ms:g} ms),"
-        f" concurrency {args.concurrency}, {args.rounds} rounds, EPP TLS "
+        f" concurrency {args.concurrency}"
+        + (f", open loop at {args.rate:g} requests/s" if args.rate else ", closed loop")
+        + f", {args.rounds} rounds, EPP TLS "
         f"{'off' if args.plaintext else 'on'}, EPP flags {args.epp_arg or 'default'}; "
         "idle CPU (% of a core): "
         + ", ".join(f"{name} {rate * 100:.1f}" for name, rate in idle.items())

@@ -88,7 +88,9 @@ each, 48 clients), ``--load light`` 8 clients. ``--slo-ttft-ms`` and ``--slo-tpo
 (simulated) go to every request as ``x-slo-*`` headers and add the SLO attainment row; the
 hit rate is then the client's own requests' (the simulators report cached tokens), the
 EPP's TTFT prediction error after the first third of the requests is read from its
-``/metrics`` when it exports it.
+``/metrics`` when it exports it, and so are the share of the requests ``kv-capacity-gate``
+held and for how long, and the scheduler's p90. ``--repeat`` N runs every column N times,
+the order alternated, and adds a table of all the runs' requests pooled.
 """
 
 from __future__ import annotations
@@ -620,6 +622,8 @@ class Outcome:
     prediction_error_ms: tuple[float, float] = (math.nan, math.nan)
     #: requests the external load completed straight on its server
     external_requests: int = 0
+    #: where requests waited in the EPP (``_epp_wait``; empty: no EPP)
+    epp_wait: tuple[float, ...] = ()
 
 
 def simulator_args(args: argparse.Namespace) -> list[str]:
@@ -648,6 +652,7 @@ def summarise(
     slo_ms: tuple[float, float] = (0.0, 0.0),
     prediction_error_ms: tuple[float, float] = (math.nan, math.nan),
     external_requests: int = 0,
+    epp_wait: tuple[float, ...] = (),
 ) -> Outcome:
     """One column: the client's record and the simulators' counters (``/sim/stats``);
     with ``time_scale`` also the client's TTFB and TPOT in simulated time, and the share
@@ -721,6 +726,7 @@ def summarise(
         ),
         prediction_error_ms=prediction_error_ms,
         external_requests=external_requests,
+        epp_wait=epp_wait,
     )
 
 
@@ -756,6 +762,10 @@ def run_mode(
             _drive(args, workload, sessions, url, stack, metrics_url)
         )
         stats = asyncio.run(sim_stats(stack.simulator_urls))
+        wait: tuple[float, ...] = ()
+        if metrics_url is not None:
+            sent = sum(len(s) for s in sessions)
+            wait = asyncio.run(_epp_wait(metrics_url, sent, args.time_scale))
     return summarise(
         mode,
         rec,
@@ -765,11 +775,15 @@ def run_mode(
         slo_ms=(args.slo_ttft_ms, args.slo_tpot_ms),
         prediction_error_ms=error,
         external_requests=external,
+        epp_wait=wait,
     )
 
 
 #: The EPP's histogram of its TTFT prediction errors (per endpoint and kind).
 PREDICTION_ERROR = "inference_extension_latency_prediction_error_seconds"
+#: How long ``kv-capacity-gate`` held requests, and how long each scheduling took.
+KV_GATE_WAIT_METRIC = "inference_extension_kv_capacity_gate_wait_seconds"
+SCHEDULER_METRIC = "inference_extension_scheduler_e2e_duration_seconds"
 
 
 async def _drive(
@@ -853,24 +867,55 @@ def slo_headers(args: argparse.Namespace) -> dict[str, str]:
     return headers
 
 
-async def _error_buckets(metrics_url: str) -> dict[float, float] | None:
-    """The EPP's TTFT prediction-error histogram, every endpoint's summed: upper bound ->
-    cumulative count; ``None`` when the EPP does not export it."""
+async def _metrics_text(metrics_url: str) -> str:
     async with (
         aiohttp.ClientSession() as session,
         session.get(metrics_url) as response,
     ):
-        text = (await response.read()).decode()
+        return (await response.read()).decode()
+
+
+def _histogram(text: str, name: str, match: str = "") -> tuple[dict[float, float], float]:
+    """The histogram ``name`` in an exposition ``text``, every series whose labels contain
+    ``match`` summed: upper bound -> cumulative count, and the sum of the observations."""
     buckets: dict[float, float] = {}
-    prefix = f"{PREDICTION_ERROR}_bucket{{"
+    total = 0.0
+    prefix = f"{name}_bucket{{"
+    sum_prefix = f"{name}_sum"
     for line in text.splitlines():
-        if not line.startswith(prefix) or 'kind="ttft"' not in line:
+        if line.startswith(sum_prefix) and match in line:
+            total += float(line.rsplit(" ", 1)[1])
+            continue
+        if not line.startswith(prefix) or match not in line:
             continue
         labels, value = line[len(prefix) :].rsplit(" ", 1)
         bound = labels.split('le="', 1)[1].split('"', 1)[0]
         le = math.inf if bound == "+Inf" else float(bound)
         buckets[le] = buckets.get(le, 0.0) + float(value)
+    return buckets, total
+
+
+async def _error_buckets(metrics_url: str) -> dict[float, float] | None:
+    """The EPP's TTFT prediction-error histogram, every endpoint's summed: upper bound ->
+    cumulative count; ``None`` when the EPP does not export it."""
+    buckets, _ = _histogram(await _metrics_text(metrics_url), PREDICTION_ERROR, 'kind="ttft"')
     return buckets or None
+
+
+async def _epp_wait(metrics_url: str, requests: int, time_scale: float) -> tuple[float, ...]:
+    """Where a request waited in the EPP over the run: the share of the requests
+    ``kv-capacity-gate`` held, their mean and p90 hold (ms, simulated), and the
+    scheduler's p90 per decision (ms, real)."""
+    text = await _metrics_text(metrics_url)
+    gate, gate_sum = _histogram(text, KV_GATE_WAIT_METRIC)
+    held = max(gate.values(), default=0.0)
+    schedule, _ = _histogram(text, SCHEDULER_METRIC)
+    return (
+        held / max(1, requests),
+        gate_sum / held * 1e3 / time_scale if held else 0.0,
+        _bucket_quantile(gate, 0.9) * 1e3 / time_scale if held else 0.0,
+        _bucket_quantile(schedule, 0.9) * 1e3,
+    )
 
 
 def _bucket_quantile(cumulative: Mapping[float, float], q: float) -> float:
@@ -1017,6 +1062,22 @@ def print_table(
             (
                 "TTFT prediction error p50 / p90 (ms, sim.)",
                 ["{:.0f} / {:.0f}".format(*o.prediction_error_ms) for o in outcomes],
+            )
+        )
+    if any(o.epp_wait for o in outcomes):
+        rows.append(
+            (
+                "held by kv gate: share, mean / p90 (ms, sim.)",
+                [
+                    "{:.1%}, {:.0f} / {:.0f}".format(*o.epp_wait[:3]) if o.epp_wait else "-"
+                    for o in outcomes
+                ],
+            )
+        )
+        rows.append(
+            (
+                "scheduling p90 (ms, real)",
+                [f"{o.epp_wait[3]:.2f}" if o.epp_wait else "-" for o in outcomes],
             )
         )
     if any(o.external_requests for o in outcomes):
@@ -1181,6 +1242,12 @@ def main() -> None:
         help="external-load: concurrent requests sent straight to the first server",
     )
     parser.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="runs of every column (orders alternated), then the requests of all pooled",
+    )
+    parser.add_argument(
         "--burst-rate",
         type=float,
         default=4.0,
@@ -1219,15 +1286,77 @@ def main() -> None:
     for name in names:
         sessions, line = build_sessions(name, args)
         print(f"== {name}: {line}", flush=True)
-        outcomes = []
-        for mode in modes:
-            started = time.perf_counter()
-            outcome = run_mode(mode, args, sessions, name)
-            print(f"  {mode}: done in {time.perf_counter() - started:.0f} s", flush=True)
-            outcomes.append(outcome)
-        print()
-        print_table(outcomes)
-        print(flush=True)
+        runs: list[dict[str, Outcome]] = []
+        for repeat in range(args.repeat):
+            outcomes: dict[str, Outcome] = {}
+            # alternate the order, so that the machine's drifting load falls on each alike
+            for mode in modes if repeat % 2 == 0 else list(reversed(modes)):
+                started = time.perf_counter()
+                outcomes[mode] = run_mode(mode, args, sessions, name)
+                print(f"  {mode}: done in {time.perf_counter() - started:.0f} s", flush=True)
+            runs.append(outcomes)
+            print()
+            print_table([outcomes[mode] for mode in modes])
+            print(flush=True)
+        if args.repeat > 1:
+            print_pooled(name, modes, runs)
+
+
+def print_pooled(name: str, modes: Sequence[str], runs: Sequence[Mapping[str, Outcome]]) -> None:
+    """Every run's requests pooled per column: client TTFT percentiles over all of them,
+    the hit rate's and the gate's figures per run."""
+    print(f"== {name}, {len(runs)} runs pooled (the columns' order alternated)")
+    rows: list[tuple[str, list[str]]] = []
+    pooled = {m: [t for run in runs for t in run[m].client_ttft_samples_ms] for m in modes}
+    rows.append(
+        (
+            "client TTFT p50 / p90 / p99 (ms, sim.)",
+            [
+                " / ".join(f"{percentile(pooled[m], q):.0f}" for q in (0.5, 0.9, 0.99))
+                for m in modes
+            ],
+        )
+    )
+    base = percentile(pooled[modes[0]], 0.9)
+    rows.append(
+        (
+            f"client TTFT p90 against {modes[0]}",
+            [f"{percentile(pooled[m], 0.9) / base - 1:+.1%}" for m in modes],
+        )
+    )
+    rows.append(
+        (
+            "client TTFT p90 per run (ms, sim.)",
+            [" ".join(f"{run[m].client_ttft_ms[1]:.0f}" for run in runs) for m in modes],
+        )
+    )
+    rows.append(
+        ("hit rate per run", [" ".join(f"{run[m].hit_rate:.1%}" for run in runs) for m in modes])
+    )
+    rows.append(
+        (
+            "hit rate mean",
+            [f"{sum(run[m].hit_rate for run in runs) / len(runs):.1%}" for m in modes],
+        )
+    )
+    rows.append(
+        (
+            "held by kv gate per run (share)",
+            [
+                " ".join(f"{run[m].epp_wait[0]:.0%}" if run[m].epp_wait else "-" for run in runs)
+                for m in modes
+            ],
+        )
+    )
+    width = max(len(label) for label, _ in rows)
+    columns = [max(len(m), *(len(r[1][i]) for r in rows)) for i, m in enumerate(modes)]
+    print(f"{'':<{width}}  " + "  ".join(f"{m:>{c}}" for m, c in zip(modes, columns, strict=True)))
+    for label, values in rows:
+        print(
+            f"{label:<{width}}  "
+            + "  ".join(f"{v:>{c}}" for v, c in zip(values, columns, strict=True))
+        )
+    print(flush=True)
 
 
 if __name__ == "__main__":
