@@ -277,15 +277,21 @@ def predicted_band_blend_config(
 
 
 def predicted_leave_config(
-    penalty_ms: float = 1000.0, *, leave: bool = True, queued_penalty_ms: float | None = None
+    penalty_ms: float = 1000.0,
+    *,
+    leave: bool = True,
+    queued_penalty_ms: float | None = None,
+    gate: bool = True,
 ) -> str:
     """``predicted_break_config(penalty_ms)`` with, if ``leave``, ``leaveByReportedQueue``
     (a request leaving its saturated sticky endpoints goes to those of the band with the
     shortest scraped waiting queue, ``token-load-scorer`` choosing among them, while a new
     prefix is still placed by ``token-load-scorer`` alone) and, with ``queued_penalty_ms``,
     ``queuedStickyPenaltyMs`` (the narrower band for a sticky endpoint reporting a longer
-    queue than the shortest) (JSON)."""
+    queue than the shortest); without ``kv-capacity-gate`` unless ``gate`` (JSON)."""
     config: dict[str, Any] = json.loads(predicted_break_config(penalty_ms))
+    if not gate:
+        config["plugins"] = [p for p in config["plugins"] if p["type"] != "kv-capacity-gate"]
     if leave:
         _with_parameters(config, "prefix-cache-affinity-filter", leaveByReportedQueue=True)
     if queued_penalty_ms is not None:

@@ -70,7 +70,8 @@ and ``predicted-band-q-1000`` (``predicted-band-1000`` choosing among the endpoi
 passes by the reported queue at weight 2 and, the first, KV usage at weight 2, before
 ``token-load-scorer``), ``predicted-leave-1000`` (``predicted-band-1000`` with
 ``leaveByReportedQueue``: a request leaving its saturated sticky endpoint goes to the
-shortest scraped queue in the band, a new prefix is placed by token load),
+shortest scraped queue in the band, a new prefix is placed by token load;
+``predicted-leave-nogate-1000`` the same without ``kv-capacity-gate``),
 ``predicted-band-1000-queued-M`` and ``predicted-leave-1000-queued-M`` (either with
 ``queuedStickyPenaltyMs`` M: a sticky endpoint whose reported queue is longer than the
 shortest keeps the request only within M ms of the fastest prediction), the candidates
@@ -173,6 +174,10 @@ EXTRA_MODES: dict[str, list[str]] = {
         predicted_band_blend_config(1000.0, kv_weight=0.0),
     ],
     "predicted-leave-1000": ["--config-text", predicted_leave_config(1000.0)],
+    "predicted-leave-nogate-1000": [
+        "--config-text",
+        predicted_leave_config(1000.0, gate=False),
+    ],
     **{
         f"predicted-band-1000-queued-{narrow}": [
             "--config-text",
