@@ -51,9 +51,10 @@ another. Tenants are told apart by
   high's client TTFT (time to first byte) p50/p90 against alone (target: p90 within 10%).
 
 The light scenarios also report the light tenant's mean time from the first byte to the
-end (the server's decoding as the client sees it); the light and equal ones, the CPU cores
-the EPPs, simulators, Envoy, Redis and this client used in the measured window (a column whose parts used little
-CPU yet ran slow was starved by the machine's other work).
+end (the server's decoding as the client sees it), ``equal`` each tenant's; all three the
+CPU cores the EPPs, simulators, Envoy, Redis and this client used in the measured window
+(a column whose parts used little CPU yet ran slow was starved by the machine's other
+work).
 
 Prints one table per scenario, the columns side by side.
 
@@ -654,6 +655,15 @@ async def equal_scenario(stack: Stack, args: argparse.Namespace, limit: int) -> 
         "light share": f"{light / total:.1%}" if total else "-",
         "heavy share": f"{heavy / total:.1%}" if total else "-",
         "total (req/s)": f"{total:.1f}",
+        "TTFB mean, light / heavy (ms)": (
+            f"{mean_ms(mixed.ttfbs('light'))} / {mean_ms(mixed.ttfbs('heavy'))}"
+        ),
+        "first byte to end mean, light / heavy (ms)": (
+            f"{mean_ms(mixed.stream_times('light'))} / {mean_ms(mixed.stream_times('heavy'))}"
+        ),
+        "in flight (client), light / heavy": (
+            f"{mixed.in_flight('light'):.1f} / {mixed.in_flight('heavy'):.1f}"
+        ),
         "on the servers, mean / max": servers(mixed, limit),
         "samples over the limit / mean excess": over(mixed, limit),
         "CPU cores: EPPs / sims / Envoy / Redis / client": cores(mixed),

@@ -76,6 +76,7 @@ class Outcome:
     sent: dict[str, int] = field(default_factory=dict)
     waits: dict[str, list[float]] = field(default_factory=dict)
     over_limit: float = 0.0  # share of dispatches that found the slots full
+    peak: int = 0  # most requests running at once, warm-up included
 
     def rate(self, tenant: str) -> float:
         return self.completed.get(tenant, 0) / self.seconds
@@ -188,6 +189,7 @@ class PoolSim:
         if self.running >= self.slots:
             self.crowded += 1
         self.running += 1
+        self.outcome.peak = max(self.outcome.peak, self.running)
 
         def complete() -> None:
             self.running -= 1
