@@ -87,6 +87,12 @@ class Outcome:
 
 
 class PoolSim:
+    """``processes`` flow controllers on one fake clock, each one's saturation the pool's
+    requests in flight as it knows them (its own plus its copy of the others') over
+    ``slots``, as the app's capacity-based saturation. ``shared=False``: nothing shared,
+    each controller sees only its own. Requests go to a process at random and hold a slot
+    for a time drawn from ``service``; releases go to the process that dispatched."""
+
     def __init__(
         self,
         *,
