@@ -36,16 +36,30 @@ another. Tenants are told apart by
   concurrency) alone, then ``light`` with ``heavy`` (30 users, 5x): light's completed
   requests per second in the mix against alone (target >= 90%), heavy's, and the requests
   running on the servers (sampled every 50 ms) against the pool's limit;
+- ``light-open``: (a), first part, as an offered rate: ``light`` open-loop Poisson at
+  ``--light-rate`` (4/s, about a quarter of what the pool completes on one replica) alone,
+  then with ``heavy`` (30 users): the share of light's requests sent in the window that it
+  completes in the window (edge effects make it ±5% around 100% alone), against alone,
+  its TTFB, and its requests sent and not ended (the slots it holds, plus its queue).
+  The closed-loop ``light`` ratio also counts each request's own slow-down when the
+  servers run full (a closed-loop user sends less when answered slower); the open-loop
+  one does not: it asks whether the tenant is served what it asks;
 - ``equal``: (a), second part. ``light`` (16 users, two thirds of the pool) and ``heavy``
   (80): each one's share of the completions (target 45-55%);
 - ``priority``: (b). ``high`` (objective ``high``, priority 10) alone, open-loop Poisson at
   ``--high-rate`` (8/s), then the same with ``batch`` (priority 0, 40 users) flooding:
   high's client TTFT (time to first byte) p50/p90 against alone (target: p90 within 10%).
 
+The light scenarios also report the light tenant's mean time from the first byte to the
+end (the server's decoding as the client sees it), ``equal`` each tenant's; all three the
+CPU cores the EPPs, simulators, Envoy, Redis and this client used in the measured window
+(a column whose parts used little CPU yet ran slow was starved by the machine's other
+work).
+
 Prints one table per scenario, the columns side by side.
 
     .venv/bin/python -m tests.bench.fairness [--quick] [--columns 1,3-local,3-pool]
-        [--scenarios light,equal,priority]
+        [--scenarios light,light-open,equal,priority] [--light-rate 4] [--time-scale 0.5]
 """
 
 from __future__ import annotations
@@ -70,6 +84,8 @@ import orjson
 import yaml
 
 from app.config.loader import DEFAULT_CONFIG
+from tests.bench.load import cpu_seconds
+from tests.bench.pod import pod_pids
 from tests.bench.replicas import redis_for
 from tests.simulator import DEFAULT_MODEL
 from tests.support.stack import Stack, StackOptions, trusted_header
@@ -107,7 +123,7 @@ COLUMNS: dict[str, ColumnSpec] = {
     "1-maxmin": ColumnSpec("1 replica, max-min", 1, False, MAX_MIN),
     "3-off": ColumnSpec("3 redis, no flow control", 3, True, None),
 }
-SCENARIOS = ("light", "equal", "priority")
+SCENARIOS = ("light", "light-open", "equal", "priority")
 HOLDBACK = "-holdback"
 
 
@@ -167,9 +183,11 @@ def epp_config(spec: ColumnSpec, max_concurrency: int) -> str:
 
 @dataclass
 class Done:
-    """One finished request: who sent it, when it ended, its TTFB (None: it failed)."""
+    """One finished request: who sent it, when it was sent and when it ended, its TTFB
+    (None: it failed)."""
 
     who: str
+    sent: float
     ended: float
     ttfb: float | None
     status: int
@@ -213,7 +231,8 @@ async def one(
                     ttfb = time.perf_counter() - start
     except (aiohttp.ClientError, TimeoutError):
         status = 0
-    log.done.append(Done(who, time.perf_counter(), ttfb if status == 200 else None, status))
+    ttfb = ttfb if status == 200 else None
+    log.done.append(Done(who, start, time.perf_counter(), ttfb, status))
 
 
 async def closed_loop(
@@ -281,12 +300,14 @@ async def running_on_servers(urls: dict[str, str], samples: list[int], stop: asy
 
 @dataclass
 class Phase:
-    """What one measured phase saw: its requests, its length, the servers' in-flight."""
+    """What one measured phase saw: its requests, its length, the servers' in-flight, and
+    the CPU cores each part of the stack used over the measured window."""
 
     log: Log
     start: float
     end: float
     running: list[int]
+    cores: dict[str, float] = field(default_factory=dict)
 
     def rate(self, who: str) -> float:
         ok = [d for d in self.log.done if d.who == who and d.status == 200]
@@ -294,6 +315,29 @@ class Phase:
 
     def errors(self) -> int:
         return sum(d.status != 200 for d in self.log.done)
+
+    def sent(self, who: str) -> int:
+        """``who``'s requests sent within the measured window (answered or not)."""
+        return sum(d.who == who and self.start <= d.sent < self.end for d in self.log.done)
+
+    def in_flight(self, who: str) -> float:
+        """``who``'s requests sent and not yet ended, averaged over the measured window
+        (the client's view: queued in the EPP or on a server)."""
+        held = sum(
+            max(0.0, min(d.ended, self.end) - max(d.sent, self.start))
+            for d in self.log.done
+            if d.who == who
+        )
+        return held / (self.end - self.start)
+
+    def stream_times(self, who: str) -> list[float]:
+        """From the first byte to the end, for ``who``'s answered requests in the window
+        (the server's decoding, as the client sees it)."""
+        return [
+            d.ended - d.sent - d.ttfb
+            for d in self.log.done
+            if d.who == who and d.ttfb is not None and self.start <= d.ended < self.end
+        ]
 
     def ttfbs(self, who: str) -> list[float]:
         return [
@@ -303,6 +347,57 @@ class Phase:
         ]
 
 
+def redis_cpu(redis_args: Sequence[str]) -> float:
+    """CPU seconds the Redis in ``redis_args`` has used so far (0 without Redis)."""
+    if not redis_args:
+        return 0.0
+    import redis
+
+    host, _, port = redis_args[1].split("://", 1)[1].split(",")[0].rpartition(":")
+    node = redis.Redis(host=host, port=int(port))
+    try:
+        info = node.info("cpu")
+    finally:
+        node.close()
+    return float(info["used_cpu_sys"]) + float(info["used_cpu_user"])
+
+
+def cpu_by_part(stack: Stack, redis_args: Sequence[str]) -> dict[str, float]:
+    """CPU seconds used so far by the stack's EPPs (with their workers), simulators,
+    Envoy and Redis, and by this client."""
+    used = {"EPPs": 0.0, "simulators": 0.0, "Envoy": 0.0, "Redis": redis_cpu(redis_args)}
+    for child in stack.children:
+        if child.process is None:
+            continue
+        part = (
+            "EPPs"
+            if child.name.startswith("epp")
+            else "simulators"
+            if child.name.startswith("simulator")
+            else "Envoy"
+            if child.name.startswith("envoy")
+            else None
+        )
+        if part is None:
+            continue
+        for pid in pod_pids(child.process.pid):
+            with contextlib.suppress(FileNotFoundError, ProcessLookupError):
+                used[part] += cpu_seconds(pid)
+    used["client"] = time.process_time()
+    return used
+
+
+async def cpu_over(
+    stack: Stack, redis_args: Sequence[str], start: float, end: float, cores: dict[str, float]
+) -> None:
+    """Fills ``cores`` with the CPU cores each part used between ``start`` and ``end``."""
+    await asyncio.sleep(max(0.0, start - time.perf_counter()))  # the window's start
+    before, at = cpu_by_part(stack, redis_args), time.perf_counter()
+    await asyncio.sleep(max(0.0, end - time.perf_counter()))  # the window's end
+    after, length = cpu_by_part(stack, redis_args), time.perf_counter() - at
+    cores.update({part: (after[part] - before[part]) / length for part in before})
+
+
 async def phase(
     stack: Stack,
     loads: Sequence[Load],
@@ -310,6 +405,7 @@ async def phase(
 ) -> Phase:
     log = Log()
     samples: list[int] = []
+    cores: dict[str, float] = {}
     stop = asyncio.Event()
     connector = aiohttp.TCPConnector(limit=0)
     timeout = aiohttp.ClientTimeout(total=120)
@@ -317,12 +413,14 @@ async def phase(
         start = time.perf_counter() + args.warmup
         end = start + args.seconds
         sampler = asyncio.create_task(running_on_servers(stack.simulator_urls, samples, stop))
+        cpu = asyncio.create_task(cpu_over(stack, args.redis_args, start, end, cores))
         await asyncio.gather(*(load(session, stack.url, end, log) for load in loads))
         stop.set()
         await sampler
+        await cpu
     # samples taken over the whole phase; keep the measured window's share (by count)
     skip = int(len(samples) * args.warmup / (args.warmup + args.seconds))
-    return Phase(log, start, end, samples[skip:])
+    return Phase(log, start, end, samples[skip:], cores)
 
 
 #: One load of a phase: (session, Envoy's URL, end of the phase, log) -> a coroutine.
@@ -335,6 +433,16 @@ def tenant(who: str, users: int, args: argparse.Namespace, seed: int) -> Load:
 
     def load(session: aiohttp.ClientSession, url: str, until: float, log: Log) -> Awaitable[None]:
         return closed_loop(session, url, who, headers, users, until, args.max_tokens, log, seed)
+
+    return load
+
+
+def tenant_open(who: str, rate: float, args: argparse.Namespace, seed: int) -> Load:
+    """Open-loop Poisson arrivals of fairness id ``who`` at ``rate`` per second."""
+    headers = {FAIRNESS_HEADER: who}
+
+    def load(session: aiohttp.ClientSession, url: str, until: float, log: Log) -> Awaitable[None]:
+        return open_loop(session, url, who, headers, rate, until, args.max_tokens, log, seed)
 
     return load
 
@@ -381,6 +489,7 @@ def run_column(key: str, args: argparse.Namespace) -> Column:
     ):
         objectives = Path(tmp) / "objectives.yaml"
         objectives.write_text(OBJECTIVES)
+        args.redis_args = list(redis_args)
         more = list(redis_args)
         if spec.redis and not spec.shared_admission:
             more.append("--redis-shared-admission=false")
@@ -438,6 +547,18 @@ def over(p: Phase, limit: int) -> str:
     return f"{share:.0%} / {excess:+.1%}"
 
 
+def cores(p: Phase) -> str:
+    """The CPU cores the EPPs, simulators, Envoy, Redis and the client used in ``p``."""
+    if not p.cores:
+        return "-"
+    parts = ("EPPs", "simulators", "Envoy", "Redis", "client")
+    return " / ".join(f"{p.cores[part]:.2f}" for part in parts)
+
+
+def mean_ms(values: Sequence[float]) -> str:
+    return ms(statistics.mean(values)) if values else "-"
+
+
 async def light_scenario(stack: Stack, args: argparse.Namespace, limit: int) -> dict[str, str]:
     alone = await phase(stack, [tenant("light", args.light_users, args, 1)], args)
     mixed = await phase(
@@ -457,8 +578,68 @@ async def light_scenario(stack: Stack, args: argparse.Namespace, limit: int) -> 
         "light TTFB p90 alone / mixed (ms)": (
             f"{ms(pct(alone.ttfbs('light'), 0.9))} / {ms(pct(mixed.ttfbs('light'), 0.9))}"
         ),
+        "light TTFB mean alone / mixed (ms)": (
+            f"{mean_ms(alone.ttfbs('light'))} / {mean_ms(mixed.ttfbs('light'))}"
+        ),
+        "light first byte to end, mean alone / mixed (ms)": (
+            f"{mean_ms(alone.stream_times('light'))} / {mean_ms(mixed.stream_times('light'))}"
+        ),
         "on the servers, mean / max": servers(mixed, limit),
         "samples over the limit / mean excess": over(mixed, limit),
+        "CPU cores alone: EPPs / sims / Envoy / Redis / client": cores(alone),
+        "CPU cores mixed: EPPs / sims / Envoy / Redis / client": cores(mixed),
+        "errors": str(alone.errors() + mixed.errors()),
+    }
+
+
+async def light_open_scenario(stack: Stack, args: argparse.Namespace, limit: int) -> dict[str, str]:
+    light = tenant_open("light", args.light_rate, args, 7)
+    alone = await phase(stack, [light], args)
+    mixed = await phase(
+        stack,
+        [
+            tenant_open("light", args.light_rate, args, 7),
+            tenant("heavy", args.light_users * 5, args, 2),
+        ],
+        args,
+    )
+
+    def share(p: Phase) -> str:
+        sent = p.sent("light")
+        return f"{p.rate('light') * (p.end - p.start) / sent:.1%}" if sent else "-"
+
+    def offered(p: Phase) -> str:
+        return f"{p.sent('light') / (p.end - p.start):.1f}"
+
+    return {
+        "light offered alone / with heavy (req/s)": f"{offered(alone)} / {offered(mixed)}",
+        "light offered / the pool's completions with heavy": (
+            f"{float(offered(mixed)) / pool:.0%}"
+            if (pool := mixed.rate("light") + mixed.rate("heavy"))
+            else "-"
+        ),
+        "light completed / offered, alone": share(alone),
+        "light completed / offered, with heavy": share(mixed),
+        "light completed with heavy / alone": (
+            f"{mixed.rate('light') / alone.rate('light'):.1%}" if alone.rate("light") else "-"
+        ),
+        "heavy (req/s)": f"{mixed.rate('heavy'):.1f}",
+        "light TTFB p50 alone / mixed (ms)": (
+            f"{ms(pct(alone.ttfbs('light'), 0.5))} / {ms(pct(mixed.ttfbs('light'), 0.5))}"
+        ),
+        "light TTFB p90 alone / mixed (ms)": (
+            f"{ms(pct(alone.ttfbs('light'), 0.9))} / {ms(pct(mixed.ttfbs('light'), 0.9))}"
+        ),
+        "light first byte to end, mean alone / mixed (ms)": (
+            f"{mean_ms(alone.stream_times('light'))} / {mean_ms(mixed.stream_times('light'))}"
+        ),
+        "light in flight, mean alone / mixed": (
+            f"{alone.in_flight('light'):.1f} / {mixed.in_flight('light'):.1f}"
+        ),
+        "on the servers, mean / max": servers(mixed, limit),
+        "samples over the limit / mean excess": over(mixed, limit),
+        "CPU cores alone: EPPs / sims / Envoy / Redis / client": cores(alone),
+        "CPU cores mixed: EPPs / sims / Envoy / Redis / client": cores(mixed),
         "errors": str(alone.errors() + mixed.errors()),
     }
 
@@ -474,8 +655,18 @@ async def equal_scenario(stack: Stack, args: argparse.Namespace, limit: int) -> 
         "light share": f"{light / total:.1%}" if total else "-",
         "heavy share": f"{heavy / total:.1%}" if total else "-",
         "total (req/s)": f"{total:.1f}",
+        "TTFB mean, light / heavy (ms)": (
+            f"{mean_ms(mixed.ttfbs('light'))} / {mean_ms(mixed.ttfbs('heavy'))}"
+        ),
+        "first byte to end mean, light / heavy (ms)": (
+            f"{mean_ms(mixed.stream_times('light'))} / {mean_ms(mixed.stream_times('heavy'))}"
+        ),
+        "in flight (client), light / heavy": (
+            f"{mixed.in_flight('light'):.1f} / {mixed.in_flight('heavy'):.1f}"
+        ),
         "on the servers, mean / max": servers(mixed, limit),
         "samples over the limit / mean excess": over(mixed, limit),
+        "CPU cores: EPPs / sims / Envoy / Redis / client": cores(mixed),
         "errors": str(mixed.errors()),
     }
 
@@ -499,7 +690,12 @@ async def priority_scenario(stack: Stack, args: argparse.Namespace, limit: int) 
     }
 
 
-SCENARIO_RUNS = {"light": light_scenario, "equal": equal_scenario, "priority": priority_scenario}
+SCENARIO_RUNS = {
+    "light": light_scenario,
+    "light-open": light_open_scenario,
+    "equal": equal_scenario,
+    "priority": priority_scenario,
+}
 
 
 def print_tables(columns: Sequence[Column], scenarios: Sequence[str]) -> None:
@@ -537,6 +733,9 @@ def main() -> None:
     parser.add_argument("--max-concurrency", type=int, default=8, help="per server")
     parser.add_argument("--max-tokens", type=int, default=100)
     parser.add_argument("--light-users", type=int, default=6)
+    parser.add_argument(
+        "--light-rate", type=float, default=4.0, help="light-open's requests per second"
+    )
     parser.add_argument("--equal-users", type=int, default=16)
     parser.add_argument("--flood-users", type=int, default=40)
     parser.add_argument("--high-rate", type=float, default=8.0, help="high requests per second")
