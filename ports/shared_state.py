@@ -129,10 +129,13 @@ class PoolFlows:
     waiting: Mapping[int, int] = field(default_factory=lambda: _NO_TOTALS)
     in_flight: int = 0
     top_waiting: int | None = None
+    #: how many other processes were live when the copy was taken, holding requests or not
+    processes: int = 0
 
     @classmethod
-    def of(cls, entries: Mapping[tuple[int, str], FlowCounts]) -> PoolFlows:
-        """From (priority, flow key) -> counts; entries at zero are left out."""
+    def of(cls, entries: Mapping[tuple[int, str], FlowCounts], processes: int = 0) -> PoolFlows:
+        """From (priority, flow key) -> counts, the other live ``processes``; entries at
+        zero are left out."""
         bands: dict[int, dict[str, FlowCounts]] = {}
         waiting: dict[int, int] = {}
         in_flight = 0
@@ -143,13 +146,15 @@ class PoolFlows:
             in_flight += max(0, counts.in_flight)
             if counts.waiting > 0:
                 waiting[priority] = waiting.get(priority, 0) + counts.waiting
+        processes = max(0, processes)
         if not bands:
-            return NO_POOL_FLOWS
+            return NO_POOL_FLOWS if not processes else cls(processes=processes)
         return cls(
             bands=MappingProxyType({p: MappingProxyType(f) for p, f in bands.items()}),
             waiting=MappingProxyType(waiting),
             in_flight=in_flight,
             top_waiting=max(waiting) if waiting else None,
+            processes=processes,
         )
 
 
@@ -177,6 +182,12 @@ class SharedAdmission(Protocol):
 
     def flows(self) -> PoolFlows:
         """The other processes' counts, summed (the same object until it changes)."""
+        ...
+
+    def refreshes(self) -> int:
+        """A number that changes each time the copy is taken again (whether or not it
+        changed): what this process dispatched since, the others do not know yet, nor it
+        what they dispatched."""
         ...
 
     def watch(self, callback: Callable[[], None]) -> None:

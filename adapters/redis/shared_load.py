@@ -153,7 +153,8 @@ end
 # delete, the pairs (field, "a b"), the fields to delete; then the blocks: own block-hash
 # entries expected after the writes, the number of endpoints changed, and for each: its name,
 # its blocks not shared, the number of hashes added and removed, those hashes.
-# Reply: a status, the number of load triples, the number of flow triples, the (endpoint,
+# Reply: a status, the number of load triples, the number of flow triples, the number of
+# other live processes, two zeros (the header is two triples), the (endpoint,
 # requests, tokens) triples of the other live processes, their ("<priority> <flow key>", in
 # flight, waiting) triples, then (endpoint, blocks beyond this process's, the sampled hashes
 # the others hold there, concatenated) triples.
@@ -270,7 +271,11 @@ local function sum(prefix)
   end
   return a, b, order
 end
-local out = {status, 0, 0}
+local others = 0
+for _, id in ipairs(ids) do
+  if id ~= ARGV[1] then others = others + 1 end
+end
+local out = {status, 0, 0, others, 0, 0}
 local a, b, order = sum(ARGV[3])
 out[2] = #order
 for _, f in ipairs(order) do
@@ -363,6 +368,7 @@ class RedisSharedLoad:
         "_process_id",
         "_process_prefix",
         "_refresh_budget",
+        "_refreshes",
         "_refused",
         "_republish",
         "_sample_prefix",
@@ -421,6 +427,7 @@ class RedisSharedLoad:
         self._own_flows: dict[str, FlowCounts] = {}
         self._dirty_flows: set[str] = set()
         self._flows: PoolFlows = NO_POOL_FLOWS
+        self._refreshes = 0  # successful round trips
         self._flows_raw: dict[tuple[int, str], FlowCounts] = {}
         self._watchers: list[Callable[[], None]] = []
         self._republish = True
@@ -507,6 +514,9 @@ class RedisSharedLoad:
         if time.monotonic() - self._copy_at > self._admission_lease:
             return NO_POOL_FLOWS
         return self._flows
+
+    def refreshes(self) -> int:
+        return self._refreshes
 
     def watch(self, callback: Callable[[], None]) -> None:
         self._watchers.append(callback)
@@ -729,17 +739,18 @@ class RedisSharedLoad:
                     args,
                 ),
             )
-            status, copy, flows, blocks = _parse_reply(reply)
+            status, copy, flows, blocks, processes = _parse_reply(reply)
         except BaseException:
             # Not written: write it again next time (everything, the store may be empty).
             self._republish = True
             raise
         self._copy = copy
         self._copy_at = time.monotonic()
+        self._refreshes += 1
         self._take_blocks(blocks)
-        if flows != self._flows_raw:
+        if flows != self._flows_raw or processes != self._flows.processes:
             self._flows_raw = flows
-            self._flows = PoolFlows.of(flows)
+            self._flows = PoolFlows.of(flows, processes)
             for callback in self._watchers:
                 callback()
         if status == b"ok":
@@ -822,6 +833,10 @@ def _hex(block: int) -> str:
     return f"{block & HASH_MASK:016x}"
 
 
+#: The reply's header: status, load triples, flow triples, other live processes, 0, 0.
+_HEADER = 6
+
+
 def _parse_reply(
     reply: object,
 ) -> tuple[
@@ -829,27 +844,31 @@ def _parse_reply(
     dict[str, EndpointLoad],
     dict[tuple[int, str], FlowCounts],
     dict[str, tuple[int, bytes]],
+    int,
 ]:
-    """The script's status, the others' load, their flow counts and their blocks per
-    endpoint; anything malformed is an error (a flow field that does not parse is skipped,
-    as a total that does not)."""
+    """The script's status, the others' load, their flow counts, their blocks per
+    endpoint and how many other processes are live; anything malformed is an error (a flow
+    field that does not parse is skipped, as a total that does not)."""
     if (
         not isinstance(reply, list)
+        or len(reply) < _HEADER
         or len(reply) % 3 != 0
         or not isinstance(reply[0], bytes)
         or not isinstance(reply[1], int)
         or not isinstance(reply[2], int)
+        or not isinstance(reply[3], int)
         or reply[1] < 0
         or reply[2] < 0
-        or reply[1] + reply[2] > (len(reply) - 3) // 3
+        or reply[3] < 0
+        or reply[1] + reply[2] > (len(reply) - _HEADER) // 3
     ):
         raise SharedStateReplyError(f"redis load sync: unexpected reply {reply!r:.100}")
     loads: dict[str, EndpointLoad] = {}
     flows: dict[tuple[int, str], FlowCounts] = {}
     blocks: dict[str, tuple[int, bytes]] = {}
-    end_of_loads = 3 + 3 * reply[1]
+    end_of_loads = _HEADER + 3 * reply[1]
     end_of_flows = end_of_loads + 3 * reply[2]
-    for i in range(3, len(reply), 3):
+    for i in range(_HEADER, len(reply), 3):
         name, first, second = reply[i : i + 3]
         if not isinstance(name, bytes) or not isinstance(first, int):
             raise SharedStateReplyError(f"redis load sync: unexpected reply {reply!r:.100}")
@@ -875,4 +894,4 @@ def _parse_reply(
             continue
         if space:
             flows[(band, flow)] = FlowCounts(in_flight=first, waiting=second)
-    return reply[0], loads, flows, blocks
+    return reply[0], loads, flows, blocks, reply[3]

@@ -338,6 +338,10 @@ class FlowController:
         self._pool = pool
         self._pool_flows: PoolFlows = NO_POOL_FLOWS
         self._published = 0
+        #: requests dispatched since the copy of the others' counts was last taken
+        #: (``pool.refreshes()`` was ``_refresh_seen`` then)
+        self._since_refresh = 0
+        self._refresh_seen = 0
         if pool is not None:
             pool.watch(self.notify)
 
@@ -482,10 +486,25 @@ class FlowController:
         return self._in_flight
 
     def pool_in_flight(self) -> int:
-        """``in_flight`` plus the other processes' (as of their last shared counts)."""
-        if self._pool is None:
+        """``in_flight`` plus the other processes' (as of their last shared counts) plus,
+        for each other live process, as many as this one dispatched since those counts
+        were read: until the next read, each process assumes the others take the free
+        room as fast as it does, so that idle processes receiving a burst together share
+        the room instead of each filling all of it."""
+        pool = self._pool
+        if pool is None:
             return self._in_flight
-        return self._in_flight + self._pool.flows().in_flight
+        flows = pool.flows()
+        return self._in_flight + flows.in_flight + flows.processes * self._dispatched_unseen()
+
+    def _dispatched_unseen(self) -> int:
+        """Requests this process dispatched since the copy of the others' counts was taken."""
+        assert self._pool is not None
+        seen = self._pool.refreshes()
+        if seen != self._refresh_seen:
+            self._refresh_seen = seen
+            self._since_refresh = 0
+        return self._since_refresh
 
     def stats(self) -> FlowControlStats:
         return FlowControlStats(
@@ -855,6 +874,7 @@ class FlowController:
         flow.in_flight += 1
         self._in_flight += 1
         if self._pool is not None:
+            self._since_refresh = self._dispatched_unseen() + 1
             self._publish(flow)
 
     def _publish(self, flow: _Flow) -> None:

@@ -75,6 +75,9 @@ class LocalSharedLoad:
     def flows(self) -> PoolFlows:
         return NO_POOL_FLOWS
 
+    def refreshes(self) -> int:
+        return 0
+
     def watch(self, callback: Callable[[], None]) -> None:
         return None
 
@@ -125,6 +128,9 @@ class LoadBoard:
         self.clock = clock
         self._entries: dict[str, _Entry] = {}
         self._members: list[BoardMember] = []
+        #: flow-count writes so far: a member reads the board directly, so its copy is
+        #: as new as the last write
+        self.flow_writes = 0
 
     def member(
         self, process_id: str, *, lease: float | None = None, staleness: float = 0.0
@@ -158,6 +164,7 @@ class LoadBoard:
         self, process_id: str, priority: int, flow: str, counts: FlowCounts, lease: float
     ) -> None:
         entry = self._entry(process_id)
+        self.flow_writes += 1
         key = (priority, flow)
         before = entry.flows.get(key)
         if counts.in_flight > 0 or counts.waiting > 0:
@@ -169,6 +176,13 @@ class LoadBoard:
             for member in self._members:
                 if member.process_id != process_id:
                     member._changed()
+
+    def _processes(self, process_id: str) -> int:
+        """The other live members (whose lease runs)."""
+        now = self.clock()
+        return sum(
+            1 for pid, entry in self._entries.items() if pid != process_id and entry.lease_end > now
+        )
 
     def _flows(self, process_id: str) -> dict[tuple[int, str], FlowCounts]:
         now = self.clock()
@@ -325,10 +339,14 @@ class BoardMember:
 
     def flows(self) -> PoolFlows:
         current = self._board._flows(self.process_id)
-        if current != self._flows_at:
+        processes = self._board._processes(self.process_id)
+        if current != self._flows_at or processes != self._flows.processes:
             self._flows_at = current
-            self._flows = PoolFlows.of(current)
+            self._flows = PoolFlows.of(current, processes)
         return self._flows
+
+    def refreshes(self) -> int:
+        return self._board.flow_writes
 
     def watch(self, callback: Callable[[], None]) -> None:
         self._watchers.append(callback)

@@ -39,7 +39,9 @@ async def test_another_process_sees_the_flows_one_publishes(pool: Processes) -> 
     assert seen.waiting == {10: 5}
     assert seen.in_flight == 3
     assert seen.top_waiting == 10
-    assert a.flows() is NO_POOL_FLOWS  # its own flows are not "others"
+    assert not counts(a.flows())  # its own flows are not "others"
+    assert b.flows().processes == 1  # a is live
+    await until(lambda: a.flows().processes == 1, "a sees b live")
 
 
 async def test_the_others_flows_are_summed(pool: Processes) -> None:
@@ -63,7 +65,9 @@ async def test_flow_counts_are_absolute_and_zero_removes(pool: Processes) -> Non
     a.publish_flow(0, "t", FlowCounts(1, 0))  # repeated: no harm
     await until(lambda: counts(b.flows()) == {(0, "t"): FlowCounts(1, 0)}, "1 and 0")
     a.publish_flow(0, "t", FlowCounts())
-    await until(lambda: b.flows() is NO_POOL_FLOWS, "nothing left")
+    await until(lambda: not counts(b.flows()), "nothing left")
+    assert b.flows().in_flight == 0
+    assert b.flows().top_waiting is None
 
 
 async def test_flows_is_the_same_object_until_it_changes(pool: Processes) -> None:
@@ -114,7 +118,7 @@ async def test_a_dead_process_stops_counting_within_the_admission_lease(pool: Pr
     await pool.crash(a)
     pool.started.remove(a)
     await until(
-        lambda: b.flows() is NO_POOL_FLOWS,
+        lambda: not counts(b.flows()),
         "a's flows lapsed",
         within=ADMISSION_LEASE + SEEN_WITHIN,
     )

@@ -40,6 +40,7 @@ class StaleView:
         self._member = member
         self._copy: PoolFlows = NO_POOL_FLOWS
         self._watchers: list[Callable[[], None]] = []
+        self._syncs = 0
 
     def publish_flow(self, priority: int, flow: str, counts: FlowCounts) -> None:
         self._member.publish_flow(priority, flow, counts)
@@ -47,10 +48,14 @@ class StaleView:
     def flows(self) -> PoolFlows:
         return self._copy
 
+    def refreshes(self) -> int:
+        return self._syncs
+
     def watch(self, callback: Callable[[], None]) -> None:
         self._watchers.append(callback)
 
     def sync(self) -> None:
+        self._syncs += 1
         current = self._member.flows()
         if current is not self._copy:
             self._copy = current
@@ -103,7 +108,10 @@ class PoolSim:
         slots: int = 24,
         service: tuple[float, float] = (0.4, 1.2),
         seed: int = 1,
+        receivers: int | None = None,
     ) -> None:
+        #: the requests go to the first ``receivers`` processes (all by default)
+        self.receivers = receivers or processes
         self.clock = FakeClock()
         self.timers = FakeTimers(self.clock)
         self.board = LoadBoard(clock=self.clock, admission_lease=3600.0, lease=3600.0)
@@ -129,6 +137,7 @@ class PoolSim:
             pool: StaleView | BoardMember | None = None
             if shared and processes > 1:
                 member = self.board.member(f"p{index}")
+                member.renew()  # live, as a started process
                 if staleness > 0:
                     view = StaleView(member)
                     self.views.append(view)
@@ -145,6 +154,9 @@ class PoolSim:
             )
             controller.start()
             self.controllers.append(controller)
+        # the processes have been up a while: each is live and its copy taken
+        for view in self.views:
+            view.sync()
         for index, view in enumerate(self.views):
             # each process's round trips on their own phase
             self._at(staleness * (index + 1) / (len(self.views) + 1), self._syncer(view))
@@ -173,7 +185,7 @@ class PoolSim:
         return self._window[0] <= when < self._window[1]
 
     def _send(self, tenant: Tenant) -> None:
-        index = self.rng.randrange(len(self.controllers))
+        index = self.rng.randrange(self.receivers)
         task = asyncio.ensure_future(self._request(tenant, index))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)

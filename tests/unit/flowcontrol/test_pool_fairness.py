@@ -8,8 +8,6 @@ control (no shared counts) is the contrast: it lets each process fill the pool."
 
 from __future__ import annotations
 
-import pytest
-
 from tests.unit.flowcontrol.pool_sim import ROUND_ROBIN, PoolSim, Tenant
 
 STALENESS = 0.02
@@ -17,8 +15,12 @@ WARMUP = 5.0
 SECONDS = 30.0
 
 
-def pool(*, shared: bool = True, fairness: str = "max-min-fairness-policy") -> PoolSim:
-    return PoolSim(processes=3, staleness=STALENESS, shared=shared, fairness=fairness)
+def pool(
+    *, shared: bool = True, fairness: str = "max-min-fairness-policy", receivers: int = 3
+) -> PoolSim:
+    return PoolSim(
+        processes=3, staleness=STALENESS, shared=shared, fairness=fairness, receivers=receivers
+    )
 
 
 async def test_an_open_loop_tenant_under_half_the_pool_gets_what_it_asks() -> None:
@@ -57,15 +59,21 @@ async def test_per_process_flow_control_gives_the_heavier_tenant_more_and_overfi
     assert mixed.over_limit > 0.5
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known: idle processes each fill the pool before the others' counts arrive",
-)
 async def test_a_burst_at_idle_processes_is_held_to_the_pools_limit() -> None:
-    # 96 users start at once, spread over 3 idle processes whose copies are 20 ms old:
-    # each process sees an empty pool and lets in up to the whole limit on its own (72 in
-    # all, 5 heavy for 1 light), and the excess takes a request's length to drain.
+    # 96 users start at once, spread over 3 idle processes whose copies are 20 ms old.
+    # Before: each process saw an empty pool and let in up to the whole limit on its own
+    # (72 in all, 5 heavy for 1 light), and the excess took a request's length to drain.
+    # Now each counts, for every other live process, as many as it let in since its copy.
     burst = await pool().run(
         [Tenant("light", users=16), Tenant("heavy", users=80)], warmup=0.0, seconds=1.0
     )
     assert burst.peak <= 26
+
+
+async def test_one_process_receiving_everything_still_fills_the_pool() -> None:
+    # The others are live and idle: the share a process assumes they take lasts only until
+    # its next copy shows they took nothing, so it still fills the pool alone.
+    alone = await pool(receivers=1).run([Tenant("heavy", users=40)], warmup=1.0, seconds=10.0)
+    spread = await pool().run([Tenant("heavy", users=40)], warmup=1.0, seconds=10.0)
+    assert alone.peak == 24
+    assert alone.rate("heavy") >= 0.97 * spread.rate("heavy")
