@@ -83,6 +83,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
 import math
 import os
 import re
@@ -98,6 +99,7 @@ from typing import Any
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
+from app.config.loader import DEFAULT_CONFIG
 from tests.bench.load import cpu_seconds
 from tests.bench.pod import pod_pids
 from tests.bench.routing_quality import (
@@ -126,10 +128,25 @@ COLUMNS: dict[str, tuple[str, int, str | None]] = {
     "redis": ("3 redis", REPLICAS, "server"),
     "cluster": ("3 cluster", REPLICAS, "cluster"),
     "redis-est": ("3 redis, gate estimate", REPLICAS, "server"),
+    "1-nogate": ("1 replica, no gate", 1, None),
+    "redis-nogate": ("3 redis, no gate", REPLICAS, "server"),
 }
 #: Column key → more EPP flags: ``redis-est`` keeps kv-capacity-gate (and flow control) per
 #: process, counting the other replicas' requests by their published uncached tokens.
-COLUMN_FLAGS: dict[str, list[str]] = {"redis-est": ["--redis-shared-admission=false"]}
+DEFAULT_COLUMNS = ("1", "local", "redis", "cluster", "redis-est")
+#: ``1-nogate`` and ``redis-nogate`` run the default without ``kv-capacity-gate``: what the
+#: gate itself costs the hit rate, apart from Redis.
+NO_GATE_CONFIG = json.dumps(
+    {
+        **DEFAULT_CONFIG,
+        "plugins": [p for p in DEFAULT_CONFIG["plugins"] if p["type"] != "kv-capacity-gate"],
+    }
+)
+COLUMN_FLAGS: dict[str, list[str]] = {
+    "redis-est": ["--redis-shared-admission=false"],
+    "1-nogate": ["--config-text", NO_GATE_CONFIG],
+    "redis-nogate": ["--config-text", NO_GATE_CONFIG],
+}
 #: ``redisN``: N EPPs on one redis-server; ``podN``: one EPP with ``--workers N`` on it.
 SCALED = re.compile(r"(redis|pod)([1-9][0-9]*)")
 
@@ -159,6 +176,7 @@ WRITES = "inference_extension_shared_state_writes_total"
 CLAIMS = "inference_extension_shared_state_claims_total"
 DEGRADED = "inference_extension_shared_state_degraded"
 REQUESTS = "inference_objective_request_total"
+KV_GATE_WAIT = "inference_extension_kv_capacity_gate_wait_seconds"
 MATCHES = ROUNDTRIP + "_count"
 #: Seconds the replicas' CPU is measured without traffic, before it.
 IDLE_SECONDS = 2.0
@@ -262,24 +280,27 @@ def redis_for(kind: str | None) -> Iterator[list[str]]:
         store.close()
 
 
-def redis_counters(redis_args: Sequence[str]) -> tuple[float, float]:
-    """(reply writes, commands) every node of the Redis in ``redis_args`` has processed so
-    far (``INFO stats``); NaN without Redis."""
+def redis_counters(redis_args: Sequence[str]) -> tuple[float, float, float]:
+    """(reply writes, commands, CPU seconds) every node of the Redis in ``redis_args`` has
+    processed or used so far (``INFO stats``, ``INFO cpu``: the main thread's user +
+    system time); NaN without Redis."""
     if not redis_args:
-        return math.nan, math.nan
+        return math.nan, math.nan, math.nan
     import redis
 
-    writes = commands = 0.0
+    writes = commands = used = 0.0
     for address in redis_args[1].split("://", 1)[1].split(","):
         host, _, port = address.rpartition(":")
         node = redis.Redis(host=host, port=int(port), decode_responses=True)
         try:
             info = node.info("stats")
+            cpu = node.info("cpu")
         finally:
             node.close()
         writes += float(info["total_writes_processed"])
         commands += float(info["total_commands_processed"])
-    return writes, commands
+        used += float(cpu["used_cpu_user_main_thread"]) + float(cpu["used_cpu_sys_main_thread"])
+    return writes, commands, used
 
 
 # --- tenants ---
@@ -391,6 +412,8 @@ class Column:
     #: traffic; round trips per second without traffic (NaN: no Redis)
     redis_trips_per_request: float = math.nan
     redis_commands_per_request: float = math.nan
+    #: the Redis server's main-thread CPU per answered request over the traffic (ms)
+    redis_cpu_ms_per_request: float = math.nan
     redis_idle_trips_per_s: float = math.nan
     #: Envoy's ext_proc fault counters that are not 0 (``Stack.EXTPROC_FAULTS``)
     extproc_faults: dict[str, int] = field(default_factory=dict)
@@ -466,6 +489,7 @@ def run_column(key: str, args: argparse.Namespace, workload: Sequence[tuple[int,
         else (),
         redis_trips_per_request=(redis_after[0] - redis_before[0]) / done,
         redis_commands_per_request=(redis_after[1] - redis_before[1]) / done,
+        redis_cpu_ms_per_request=(redis_after[2] - redis_before[2]) / done * 1000,
         redis_idle_trips_per_s=(redis_before[0] - idle_redis[0]) / idle_for,
         extproc_faults=faults,
     )
@@ -551,6 +575,11 @@ def extra_rows(columns: Sequence[Column]) -> list[tuple[str, list[str]]]:
         ("redis add round trip p50 (ms)", shared(trip(0.5, "add"))),
         ("shared matches answered", shared(lambda m: f"{total(m, MATCHES, operation='match'):.0f}")),  # noqa: E501
         ("deadline misses (local fallback)", shared(lambda m: f"{total(m, MISSES):.0f}")),
+        ("kv gate: requests held / wait p50 / p90 (ms)", every(
+            lambda c: f"{total(c.metrics, KV_GATE_WAIT + '_count'):.0f}"
+            f" / {_ms(quantile(c.metrics, KV_GATE_WAIT, 0.5))}"
+            f" / {_ms(quantile(c.metrics, KV_GATE_WAIT, 0.9))}"
+            if present(c.metrics, KV_GATE_WAIT + '_count') else "-")),
         ("new-prefix claims won / moved / lost / fallback", shared(
             lambda m: " / ".join(
                 f"{total(m, CLAIMS, outcome=o):.0f}"
@@ -574,6 +603,8 @@ def extra_rows(columns: Sequence[Column]) -> list[tuple[str, list[str]]]:
         ("redis round trips per request (writes)", every(
             lambda c: _num(c.redis_trips_per_request))),
         ("redis commands per request", every(lambda c: _num(c.redis_commands_per_request))),
+        ("redis CPU per request (ms, server)", every(
+            lambda c: _ms(c.redis_cpu_ms_per_request / 1000))),
         ("redis round trips per s per replica", every(
             lambda c: _num(c.redis_trips_per_request * c.outcome.requests
                            / c.outcome.elapsed / len(c.metrics), 0))),
@@ -879,8 +910,9 @@ def main() -> None:
     add_workload_arguments(parser)
     parser.add_argument(
         "--columns",
-        default=",".join(COLUMNS),
-        help=f"which columns, in order (default: all of {', '.join(COLUMNS)})",
+        default=",".join(DEFAULT_COLUMNS),
+        help=f"which columns, in order (default: {', '.join(DEFAULT_COLUMNS)}; also"
+        " 1-nogate, redis-nogate: without kv-capacity-gate)",
     )
     parser.add_argument(
         "--replicas",
