@@ -280,6 +280,31 @@ def redis_for(kind: str | None) -> Iterator[list[str]]:
         store.close()
 
 
+def redis_commandstats(redis_args: Sequence[str]) -> dict[str, tuple[float, float]]:
+    """Per command (``INFO commandstats``, scripts' inner commands included): calls and µs
+    so far, summed over every node; empty without Redis."""
+    if not redis_args:
+        return {}
+    import redis
+
+    stats: dict[str, tuple[float, float]] = {}
+    for address in redis_args[1].split("://", 1)[1].split(","):
+        host, _, port = address.rpartition(":")
+        node = redis.Redis(host=host, port=int(port), decode_responses=True)
+        try:
+            info = node.info("commandstats")
+        finally:
+            node.close()
+        for name, value in info.items():
+            if isinstance(value, dict):
+                calls, usec = stats.get(name.removeprefix("cmdstat_"), (0.0, 0.0))
+                stats[name.removeprefix("cmdstat_")] = (
+                    calls + float(value["calls"]),
+                    usec + float(value["usec"]),
+                )
+    return stats
+
+
 def redis_counters(redis_args: Sequence[str]) -> tuple[float, float, float]:
     """(reply writes, commands, CPU seconds) every node of the Redis in ``redis_args`` has
     processed or used so far (``INFO stats``, ``INFO cpu``: the main thread's user +
@@ -415,6 +440,9 @@ class Column:
     #: the Redis server's main-thread CPU per answered request over the traffic (ms)
     redis_cpu_ms_per_request: float = math.nan
     redis_idle_trips_per_s: float = math.nan
+    #: per Redis command: calls and µs per answered request over the traffic (``evalsha``
+    #: and ``eval``: the scripts' whole run, their inner commands included)
+    redis_commands: dict[str, tuple[float, float]] = field(default_factory=dict)
     #: Envoy's ext_proc fault counters that are not 0 (``Stack.EXTPROC_FAULTS``)
     extproc_faults: dict[str, int] = field(default_factory=dict)
 
@@ -446,6 +474,7 @@ def run_column(key: str, args: argparse.Namespace, workload: Sequence[tuple[int,
             time.sleep(IDLE_SECONDS)  # a benchmark, not a test: the replicas' idle CPU
             cpu_before = epp_cpu_seconds(stack)
             redis_before = redis_counters(redis_args)
+            commands_before = redis_commandstats(redis_args)
             scrapes_before = asyncio.run(scrape_counts(stack.simulator_urls))
             started = time.perf_counter()
             idle_for = started - idle_from[1]
@@ -455,6 +484,7 @@ def run_column(key: str, args: argparse.Namespace, workload: Sequence[tuple[int,
             )
             cpu = epp_cpu_seconds(stack) - cpu_before
             redis_after = redis_counters(redis_args)
+            commands_after = redis_commandstats(redis_args)
             stats = asyncio.run(sim_stats(stack.simulator_urls))
             scraped = time.perf_counter() - started
             holders = chain_holders(redis_args)
@@ -491,6 +521,13 @@ def run_column(key: str, args: argparse.Namespace, workload: Sequence[tuple[int,
         redis_commands_per_request=(redis_after[1] - redis_before[1]) / done,
         redis_cpu_ms_per_request=(redis_after[2] - redis_before[2]) / done * 1000,
         redis_idle_trips_per_s=(redis_before[0] - idle_redis[0]) / idle_for,
+        redis_commands={
+            name: (
+                (calls - commands_before.get(name, (0.0, 0.0))[0]) / done,
+                (usec - commands_before.get(name, (0.0, 0.0))[1]) / done,
+            )
+            for name, (calls, usec) in commands_after.items()
+        },
         extproc_faults=faults,
     )
 
@@ -688,6 +725,14 @@ def one_run(
         columns.append(column)
     print()
     print_table([c.outcome for c in columns], extra_rows(columns))
+    for column in columns:
+        busiest = sorted(column.redis_commands.items(), key=lambda kv: -kv[1][1])[:10]
+        if busiest:
+            print(f"{column.outcome.mode}: Redis commands per request (calls, µs)")
+            print(
+                "  "
+                + ", ".join(f"{name} {calls:.1f} / {usec:.0f}" for name, (calls, usec) in busiest)
+            )
     for column in columns:
         if column.notes:
             print(f"{column.outcome.mode}: the replicas' shared-state log lines")
