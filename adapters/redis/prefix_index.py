@@ -2,10 +2,13 @@
 
 Keys (``P`` is the pool's key prefix; hashes are written as 16 lower-case hex digits):
 
-- ``P:b:{<root>}:<hash>``: a hash, endpoint name -> the time (ms) it was last sent that
-  block. ``<root>`` is the first hash of the sequence given to ``match``/``add``: a chain's
-  hashes each cover the whole prefix before them, so every block of one chain shares its
-  root, and the hash tag ``{<root>}`` puts a chain in one cluster slot.
+- ``P:c:{<root>}``: a hash per chain, block hash -> the block's holders, one
+  ``"<ms> <endpoint>\n"`` line each (the time it was last sent that block), in the order
+  they first held it. ``<root>`` is the first hash of the sequence given to
+  ``match``/``add``: a chain's hashes each cover the whole prefix before them, so every
+  block of one chain shares its root, and the hash tag ``{<root>}`` puts a chain in one
+  cluster slot. The field ``~`` keeps ``"<fields> <ms>"`` of the key's last sweep (see
+  *Bounds*). An endpoint name may not contain a newline.
 - ``P:claims:{P:claims}``: a hash, endpoint name -> ``"<count> <ms>"``: how many new chains were
   claimed for it lately (decayed by half every ``CLAIM_HALF_LIFE``); it expires 20
   half-lives after the last claim.
@@ -17,27 +20,44 @@ Keys (``P`` is the pool's key prefix; hashes are written as 16 lower-case hex di
   it orders the blocks within one add and does not depend on the processes' clocks.
 
 Every key gets a TTL (``ttl`` seconds) each time it is written. ``match`` ignores an entry
-older than the TTL (the ms value in the block hash), so an endpoint whose recency set
-expired is not matched through a block key that other endpoints kept alive.
+older than the TTL (its ms value), so an endpoint whose recency set expired is not matched
+through a chain that other endpoints kept alive.
+
+*Bounds.* A chain's key lives as long as some endpoint is sent its blocks. A write drops
+the stale entries of the blocks it touches, and evictions take their endpoint out; an
+entry whose eviction was lost (a recency set expired or evicted, a cluster follow-up that
+failed) is swept: a write to a key of more than 128 fields drops every stale entry, and
+the blocks left without one, when the key has more than twice the fields the last sweep
+left or that sweep is older than the TTL.
+
+*Earlier layout.* Versions before 2026-11-29 kept one hash per block
+(``P:b:{<root>}:<hash>``). Nothing reads those keys; they expire within the TTL. Their
+recency-set members have this layout's form (``<root>:<hash>``): evicting one takes the
+endpoint out of a block of ``P:c:{<root>}`` that does not hold it, which changes nothing.
 
 One round trip per call on a single server:
 
-- ``match``: one script over the chain's block keys (walk, stop at the first block nobody
-  holds, count per endpoint);
-- ``add``: one script: write the blocks, push them on the endpoint's recency set, pop what
-  is beyond ``capacity`` and remove the endpoint from those blocks;
+- ``match``: one script: one ``HMGET`` of the chain's blocks (per 500), then the walk
+  (stop at the first block nobody holds, count per endpoint);
+- ``add``: one script: read and write the blocks (one ``HMGET`` and one ``HSET`` per 500,
+  one ``PEXPIRE``), push them on the endpoint's recency set, pop what is beyond
+  ``capacity`` and take the endpoint out of those blocks (one ``HMGET`` and one ``HSET``
+  or ``HDEL`` per chain they belong to);
 - ``claim``: one script: the chain's owner when its first block is held (the walk of
   ``match``, the endpoint counting the most), otherwise ``add``'s writes for the least
   claimed lately of the endpoint and its alternates (``P:claims:{P:claims}``); atomic, so of several
   processes claiming one new chain at once exactly one writes it, and processes placing
   different new chains at once spread them;
-- ``remove_endpoint``: one script (removes the endpoint from every block of its set, then
-  the set).
+- ``remove_endpoint``: one script (takes the endpoint out of every block of its set, then
+  deletes the set).
 
-On a cluster the recency set is in another slot than the chain's blocks, so ``add`` sends
-two scripts at once, one to each slot's node (the blocks; the recency set, which returns
-the evicted members), then removes the endpoint from the evicted blocks with one pipeline
-(one request per node). ``claim`` sends the chain's node the walk-or-write script, then,
+On a cluster the recency set is in another slot than the chain, so ``add`` sends
+two scripts at once, one to each slot's node (the chain; the recency set, which returns
+the evicted members), then takes the endpoint out of the evicted blocks with one script
+per chain they belong to, sent together. A chain is one key, declared by every call on
+it: while its slot migrates it is on the old node or the new one, never split, and the
+calls follow ``ASK`` and ``MOVED``. ``claim`` sends the chain's node the walk-or-write
+script, then,
 when it wrote, the endpoint's node the recency push (two or three round trips on a cluster,
 one on a single server). With alternates, a cluster first sends the claim counts' node
 the choice (the counts are one key, in another slot than the chain): one more round trip.
@@ -50,7 +70,7 @@ back: only the owner's claim counts, as on one server, also while claims are in 
 answered and leaves the recency push and the count's correction to the caller, which
 runs them after the reply to Envoy: a cluster's claim then delays its request by one
 round trip, or two with alternates.
-``remove_endpoint`` reads the set, then pipelines the removals.
+``remove_endpoint`` reads the set, then sends the removals, one script per chain.
 Those follow-ups are not atomic with the add: an endpoint re-added to a block by another
 process between the two steps can lose that block's entry (it is then matched a little
 less until it is added again). The add runs after the reply to Envoy, off the routing path.
