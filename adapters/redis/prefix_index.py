@@ -121,7 +121,9 @@ end
 # first held it. ``entries`` calls ``fn(ms, endpoint)`` for each; ``rewrite`` returns the
 # value with the stale entries (older than ``cutoff``) dropped and ``ep``'s entry set to
 # ``now`` (in place, or appended; ``now`` false: removed); '' when no entry is left.
-# The fields are read ``_CHUNK`` at a time (``HMGET``'s arguments stay few).
+# ``touch`` and ``without`` do the same for ``ep`` alone, without parsing the other
+# entries when ``ep``'s is found as a whole 13-digit entry or not at all (the sweep drops
+# the stale ones). The fields are read ``CHUNK`` at a time (``HMGET``'s arguments stay few).
 _ENTRIES = """
 local CHUNK = 500
 local function entries(value, fn)
@@ -141,6 +143,28 @@ local function rewrite(value, ep, now, cutoff)
   end
   if now and not seen then out[#out + 1] = now .. ' ' .. ep .. '\\n' end
   return table.concat(out)
+end
+-- Where ``ep``'s entry starts in ``value``: nil when it has none, false when it cannot
+-- tell without parsing (a name ending in " <ep>", a time not of 13 digits).
+local function find(value, ep)
+  local at = string.find(value, ' ' .. ep .. '\\n', 1, true)
+  if at == nil then return nil end
+  if at < 14 or (at > 14 and string.byte(value, at - 14) ~= 10) then return false end
+  if string.find(string.sub(value, at - 13, at - 1), '%D') then return false end
+  return at - 13
+end
+local function touch(value, ep, now, cutoff)
+  if not value or value == '' then return now .. ' ' .. ep .. '\\n' end
+  local at = find(value, ep)
+  if at == nil then return value .. now .. ' ' .. ep .. '\\n' end
+  if at == false then return rewrite(value, ep, now, cutoff) end
+  return string.sub(value, 1, at - 1) .. now .. string.sub(value, at + 13)
+end
+local function without(value, ep, cutoff)
+  local at = find(value, ep)
+  if at == nil then return value end
+  if at == false then return rewrite(value, ep, false, cutoff) end
+  return string.sub(value, 1, at - 1) .. string.sub(value, at + 15 + #ep)
 end
 -- ``fn(i, value)`` for the fields ``hashes`` of ``key`` in order, until it returns false.
 local function each_field(key, hashes, fn)
@@ -228,7 +252,7 @@ local function write_blocks(key, hashes, ep, now, ttl, cutoff)
   local batch = {}
   each_field(key, hashes, function(i, value)
     batch[#batch + 1] = hashes[i]
-    batch[#batch + 1] = rewrite(value, ep, now, cutoff)
+    batch[#batch + 1] = touch(value, ep, now, cutoff)
     if #batch >= 2 * CHUNK then redis.call('HSET', key, unpack(batch)); batch = {} end
   end)
   if #batch > 0 then redis.call('HSET', key, unpack(batch)) end
@@ -239,7 +263,7 @@ local function drop(key, hashes, ep, cutoff)
   local sets, dels = {}, {}
   each_field(key, hashes, function(i, value)
     if value then
-      local kept = rewrite(value, ep, false, cutoff)
+      local kept = without(value, ep, cutoff)
       if kept == '' then dels[#dels + 1] = hashes[i]
       elseif kept ~= value then sets[#sets + 1] = hashes[i]; sets[#sets + 1] = kept end
     end

@@ -209,6 +209,23 @@ async def test_keys_of_the_earlier_one_key_per_block_layout_are_ignored(
     assert int(redis_server.cli("PTTL", f"{key_prefix}:b:{{{root}}}:{CHAIN[0]:016x}")) > 0
 
 
+async def test_an_endpoint_name_that_ends_like_another_is_kept_apart(
+    redis_client: RedisClient, key_prefix: str
+) -> None:
+    """A block's holders are lines of one value: a name that ends in another's (after a
+    space) must not be taken for it when that one is refreshed or evicted."""
+    index = RedisPrefixIndex(redis_client, key_prefix=key_prefix)
+    await index.add(CHAIN, "x pod-a", 100)
+    await index.add(CHAIN, "pod-a", 100)
+    await index.add(CHAIN, "x pod-a", 100)
+    await index.add(CHAIN, "pod-a", 100)
+    assert await index.match(CHAIN) == {"x pod-a": 8, "pod-a": 8}
+    await index.add([CHAIN[0] + 100 + i for i in range(8)], "pod-a", 8)  # evicts CHAIN
+    assert await index.match(CHAIN) == {"x pod-a": 8}
+    await index.remove_endpoint("x pod-a")
+    assert await index.match(CHAIN) == {}
+
+
 async def test_a_chain_key_sheds_the_blocks_nobody_holds_any_more(
     redis_server: RedisServer, redis_client: RedisClient, key_prefix: str
 ) -> None:
