@@ -546,10 +546,11 @@ def chain_holders(redis_args: Sequence[str]) -> Counter[str]:
         host, _, port = address.rpartition(":")
         node = redis.Redis(host=host, port=int(port), decode_responses=True)
         try:
-            for key in node.scan_iter(match=f"{prefix}:b:*", count=1000):
-                root, _, block = str(key).rpartition(":")
-                if root.endswith("{" + block + "}"):  # the chain's first block
-                    names = [str(name) for name in node.hkeys(key)]
+            for key in node.scan_iter(match=f"{prefix}:c:*", count=1000):
+                root = str(key).rpartition("{")[2].rstrip("}")
+                first = node.hget(key, root)  # the chain's first block: "<ms> <name>" lines
+                if first:
+                    names = [line.partition(" ")[2] for line in str(first).splitlines()]
                     found[f"held by {len(names)}"] += 1
                     found.update(names)
         finally:
