@@ -2,10 +2,13 @@
 
 Keys (``P`` is the pool's key prefix; hashes are written as 16 lower-case hex digits):
 
-- ``P:b:{<root>}:<hash>``: a hash, endpoint name -> the time (ms) it was last sent that
-  block. ``<root>`` is the first hash of the sequence given to ``match``/``add``: a chain's
-  hashes each cover the whole prefix before them, so every block of one chain shares its
-  root, and the hash tag ``{<root>}`` puts a chain in one cluster slot.
+- ``P:c:{<root>}``: a hash per chain, block hash -> the block's holders, one
+  ``"<ms> <endpoint>\n"`` line each (the time it was last sent that block), in the order
+  they first held it. ``<root>`` is the first hash of the sequence given to
+  ``match``/``add``: a chain's hashes each cover the whole prefix before them, so every
+  block of one chain shares its root, and the hash tag ``{<root>}`` puts a chain in one
+  cluster slot. The field ``~`` keeps ``"<fields> <ms>"`` of the key's last sweep (see
+  *Bounds*). An endpoint name may not contain a newline.
 - ``P:claims:{P:claims}``: a hash, endpoint name -> ``"<count> <ms>"``: how many new chains were
   claimed for it lately (decayed by half every ``CLAIM_HALF_LIFE``); it expires 20
   half-lives after the last claim.
@@ -17,27 +20,44 @@ Keys (``P`` is the pool's key prefix; hashes are written as 16 lower-case hex di
   it orders the blocks within one add and does not depend on the processes' clocks.
 
 Every key gets a TTL (``ttl`` seconds) each time it is written. ``match`` ignores an entry
-older than the TTL (the ms value in the block hash), so an endpoint whose recency set
-expired is not matched through a block key that other endpoints kept alive.
+older than the TTL (its ms value), so an endpoint whose recency set expired is not matched
+through a chain that other endpoints kept alive.
+
+*Bounds.* A chain's key lives as long as some endpoint is sent its blocks. A write drops
+the stale entries of the blocks it touches, and evictions take their endpoint out; an
+entry whose eviction was lost (a recency set expired or evicted, a cluster follow-up that
+failed) is swept: a write to a key of more than 128 fields drops every stale entry, and
+the blocks left without one, when the key has more than twice the fields the last sweep
+left or that sweep is older than the TTL.
+
+*Earlier layout.* Versions before 2026-11-29 kept one hash per block
+(``P:b:{<root>}:<hash>``). Nothing reads those keys; they expire within the TTL. Their
+recency-set members have this layout's form (``<root>:<hash>``): evicting one takes the
+endpoint out of a block of ``P:c:{<root>}`` that does not hold it, which changes nothing.
 
 One round trip per call on a single server:
 
-- ``match``: one script over the chain's block keys (walk, stop at the first block nobody
-  holds, count per endpoint);
-- ``add``: one script: write the blocks, push them on the endpoint's recency set, pop what
-  is beyond ``capacity`` and remove the endpoint from those blocks;
+- ``match``: one script: one ``HMGET`` of the chain's blocks (per 500), then the walk
+  (stop at the first block nobody holds, count per endpoint);
+- ``add``: one script: read and write the blocks (one ``HMGET`` and one ``HSET`` per 500,
+  one ``PEXPIRE``), push them on the endpoint's recency set, pop what is beyond
+  ``capacity`` and take the endpoint out of those blocks (one ``HMGET`` and one ``HSET``
+  or ``HDEL`` per chain they belong to);
 - ``claim``: one script: the chain's owner when its first block is held (the walk of
   ``match``, the endpoint counting the most), otherwise ``add``'s writes for the least
   claimed lately of the endpoint and its alternates (``P:claims:{P:claims}``); atomic, so of several
   processes claiming one new chain at once exactly one writes it, and processes placing
   different new chains at once spread them;
-- ``remove_endpoint``: one script (removes the endpoint from every block of its set, then
-  the set).
+- ``remove_endpoint``: one script (takes the endpoint out of every block of its set, then
+  deletes the set).
 
-On a cluster the recency set is in another slot than the chain's blocks, so ``add`` sends
-two scripts at once, one to each slot's node (the blocks; the recency set, which returns
-the evicted members), then removes the endpoint from the evicted blocks with one pipeline
-(one request per node). ``claim`` sends the chain's node the walk-or-write script, then,
+On a cluster the recency set is in another slot than the chain, so ``add`` sends
+two scripts at once, one to each slot's node (the chain; the recency set, which returns
+the evicted members), then takes the endpoint out of the evicted blocks with one script
+per chain they belong to, sent together. A chain is one key, declared by every call on
+it: while its slot migrates it is on the old node or the new one, never split, and the
+calls follow ``ASK`` and ``MOVED``. ``claim`` sends the chain's node the walk-or-write
+script, then,
 when it wrote, the endpoint's node the recency push (two or three round trips on a cluster,
 one on a single server). With alternates, a cluster first sends the claim counts' node
 the choice (the counts are one key, in another slot than the chain): one more round trip.
@@ -50,7 +70,7 @@ back: only the owner's claim counts, as on one server, also while claims are in 
 answered and leaves the recency push and the count's correction to the caller, which
 runs them after the reply to Envoy: a cluster's claim then delays its request by one
 round trip, or two with alternates.
-``remove_endpoint`` reads the set, then pipelines the removals.
+``remove_endpoint`` reads the set, then sends the removals, one script per chain.
 Those follow-ups are not atomic with the add: an endpoint re-added to a block by another
 process between the two steps can lose that block's entry (it is then matched a little
 less until it is added again). The add runs after the reply to Envoy, off the routing path.
@@ -88,8 +108,7 @@ DEFAULT_PREFIX_TTL = 3600.0
 
 # Hashes travel as one argument, each hash as 16 hex digits (``packed``): a few µs of client
 # CPU for a 256-block chain, where one argument per hash cost the client more than the round
-# trip. Block keys are built in the scripts from the chain's block-key prefix; they all share
-# the hash tag of the key the call declares (its routing key), so they are in its slot.
+# trip. Every block of a chain is a field of the chain's one key.
 _SPLIT = """
 local function split(packed)
   local out = {}
@@ -98,31 +117,87 @@ local function split(packed)
 end
 """
 
-# Walk block keys in order, stop at the first block no fresh entry holds, count per endpoint:
-# returns the endpoints in the order first seen and their counts.
-_WALK = """
-local function walk(n, key_at, cutoff)
-  local counts, order = {}, {}
-  for i = 1, n do
-    local flat = redis.call('HGETALL', key_at(i))
-    local held = false
-    for j = 1, #flat, 2 do
-      if tonumber(flat[j + 1]) >= cutoff then
-        held = true
-        local ep = flat[j]
-        local c = counts[ep]
-        if c then counts[ep] = c + 1 else counts[ep] = 1; order[#order + 1] = ep end
+# A block's value lists its holders, one "<ms> <endpoint>\n" entry each, in the order they
+# first held it. ``entries`` calls ``fn(ms, endpoint)`` for each; ``rewrite`` returns the
+# value with the stale entries (older than ``cutoff``) dropped and ``ep``'s entry set to
+# ``now`` (in place, or appended; ``now`` false: removed); '' when no entry is left.
+# ``touch`` and ``without`` do the same for ``ep`` alone, without parsing the other
+# entries when ``ep``'s is found as a whole 13-digit entry or not at all (the sweep drops
+# the stale ones). The fields are read ``CHUNK`` at a time (``HMGET``'s arguments stay few).
+_ENTRIES = """
+local CHUNK = 500
+local function entries(value, fn)
+  for at, name in string.gmatch(value, '(%d+) ([^\\n]*)\\n') do fn(tonumber(at), name) end
+end
+local function rewrite(value, ep, now, cutoff)
+  local out, seen = {}, false
+  if value then
+    entries(value, function(at, name)
+      if name == ep then
+        seen = true
+        if now then out[#out + 1] = now .. ' ' .. ep .. '\\n' end
+      elseif at >= cutoff then
+        out[#out + 1] = at .. ' ' .. name .. '\\n'
       end
-    end
-    if not held then break end
+    end)
   end
+  if now and not seen then out[#out + 1] = now .. ' ' .. ep .. '\\n' end
+  return table.concat(out)
+end
+-- Where ``ep``'s entry starts in ``value``: nil when it has none, false when it cannot
+-- tell without parsing (a name ending in " <ep>", a time not of 13 digits).
+local function find(value, ep)
+  local at = string.find(value, ' ' .. ep .. '\\n', 1, true)
+  if at == nil then return nil end
+  if at < 14 or (at > 14 and string.byte(value, at - 14) ~= 10) then return false end
+  if string.find(string.sub(value, at - 13, at - 1), '%D') then return false end
+  return at - 13
+end
+local function touch(value, ep, now, cutoff)
+  if not value or value == '' then return now .. ' ' .. ep .. '\\n' end
+  local at = find(value, ep)
+  if at == nil then return value .. now .. ' ' .. ep .. '\\n' end
+  if at == false then return rewrite(value, ep, now, cutoff) end
+  return string.sub(value, 1, at - 1) .. now .. string.sub(value, at + 13)
+end
+local function without(value, ep, cutoff)
+  local at = find(value, ep)
+  if at == nil then return value end
+  if at == false then return rewrite(value, ep, false, cutoff) end
+  return string.sub(value, 1, at - 1) .. string.sub(value, at + 15 + #ep)
+end
+-- ``fn(i, value)`` for the fields ``hashes`` of ``key`` in order, until it returns false.
+local function each_field(key, hashes, fn)
+  local n = #hashes
+  for first = 1, n, CHUNK do
+    local last = math.min(n, first + CHUNK - 1)
+    local values = redis.call('HMGET', key, unpack(hashes, first, last))
+    for k = 1, last - first + 1 do
+      if fn(first + k - 1, values[k]) == false then return end
+    end
+  end
+end
+"""
+
+# Walk the chain's blocks in order, stop at the first block no fresh entry holds, count per
+# endpoint: returns the endpoints in the order first seen and their counts.
+_WALK = """
+local function walk(key, hashes, cutoff)
+  local counts, order = {}, {}
+  each_field(key, hashes, function(_, value)
+    local held = false
+    if value then
+      entries(value, function(at, ep)
+        if at >= cutoff then
+          held = true
+          local c = counts[ep]
+          if c then counts[ep] = c + 1 else counts[ep] = 1; order[#order + 1] = ep end
+        end
+      end)
+    end
+    return held
+  end)
   return order, counts
-end
-local function chain_walk(base, hashes, cutoff)
-  return walk(#hashes, function(i) return base .. hashes[i] end, cutoff)
-end
-local function keys_walk(keys, cutoff)
-  return walk(#keys, function(i) return keys[i] end, cutoff)
 end
 local function best(order, counts)
   local top, most = false, 0
@@ -133,14 +208,92 @@ local function best(order, counts)
 end
 """
 
-# KEYS = the chain's first block key; ARGV = cutoff ms, block-key prefix "P:b:{<root>}:",
-# packed hashes.
+# Write ``ep`` into the blocks ``hashes`` of the chain ``key`` (one HMGET and one HSET per
+# ``CHUNK`` blocks, one PEXPIRE), or take it out of them (``drop``). A chain's key holds the
+# blocks any endpoint was sent lately; a block whose holders all went stale without being
+# evicted (a recency set that expired or was lost) would stay while the chain is written.
+# So a write to a key of more than ``SWEEP_FLOOR`` fields sweeps it (drops every stale
+# entry, and the blocks left without one) when it has more fields than twice what the last
+# sweep left, or the last sweep is older than the TTL; the field "~" keeps "<fields left>
+# <ms>" of the last sweep. A sweep's cost is paid by as many writes, or once per TTL.
+_WRITE_BLOCKS = """
+local SWEEP_FLOOR = 128
+local function apply(key, sets, dels)
+  for j = 1, #dels, CHUNK do
+    redis.call('HDEL', key, unpack(dels, j, math.min(#dels, j + CHUNK - 1)))
+  end
+  for j = 1, #sets, 2 * CHUNK do
+    redis.call('HSET', key, unpack(sets, j, math.min(#sets, j + 2 * CHUNK - 1)))
+  end
+end
+local function sweep(key, now, cutoff)
+  local n = redis.call('HLEN', key)
+  if n <= SWEEP_FLOOR then return end
+  local last, at = string.match(redis.call('HGET', key, '~') or '', '^(%d+) (%d+)$')
+  if last and n <= 2 * tonumber(last) and tonumber(at) >= cutoff then return end
+  local flat = redis.call('HGETALL', key)
+  local sets, dels, left = {}, {}, 0
+  for j = 1, #flat, 2 do
+    local field, value = flat[j], flat[j + 1]
+    if field ~= '~' then
+      local kept = rewrite(value, false, false, cutoff)
+      if kept == '' then dels[#dels + 1] = field
+      else
+        left = left + 1
+        if kept ~= value then sets[#sets + 1] = field; sets[#sets + 1] = kept end
+      end
+    end
+  end
+  apply(key, sets, dels)
+  redis.call('HSET', key, '~', left .. ' ' .. now)
+end
+local function write_blocks(key, hashes, ep, now, ttl, cutoff)
+  if #hashes == 0 then return end
+  local batch = {}
+  each_field(key, hashes, function(i, value)
+    batch[#batch + 1] = hashes[i]
+    batch[#batch + 1] = touch(value, ep, now, cutoff)
+    if #batch >= 2 * CHUNK then redis.call('HSET', key, unpack(batch)); batch = {} end
+  end)
+  if #batch > 0 then redis.call('HSET', key, unpack(batch)) end
+  sweep(key, now, cutoff)
+  redis.call('PEXPIRE', key, ttl)
+end
+local function drop(key, hashes, ep, cutoff)
+  local sets, dels = {}, {}
+  each_field(key, hashes, function(i, value)
+    if value then
+      local kept = without(value, ep, cutoff)
+      if kept == '' then dels[#dels + 1] = hashes[i]
+      elseif kept ~= value then sets[#sets + 1] = hashes[i]; sets[#sets + 1] = kept end
+    end
+  end)
+  apply(key, sets, dels)
+end
+-- Take ``ep`` out of the blocks named by recency-set members "<root>:<hash>", one chain at
+-- a time (``prefix`` .. ':c:{' .. root .. '}').
+local function forget(prefix, members, ep, cutoff)
+  local by_root, roots = {}, {}
+  for _, m in ipairs(members) do
+    local r, h = string.match(m, '^(%x+):(%x+)$')
+    if r then
+      if by_root[r] == nil then by_root[r] = {}; roots[#roots + 1] = r end
+      local hs = by_root[r]
+      hs[#hs + 1] = h
+    end
+  end
+  for _, r in ipairs(roots) do drop(prefix .. ':c:{' .. r .. '}', by_root[r], ep, cutoff) end
+end
+"""
+
+# KEYS = the chain key; ARGV = cutoff ms, packed hashes.
 _MATCH = LuaScript(
     "prefix-match",
     _SPLIT
+    + _ENTRIES
     + _WALK
     + """
-local order, counts = chain_walk(ARGV[2], split(ARGV[3]), tonumber(ARGV[1]))
+local order, counts = walk(KEYS[1], split(ARGV[2]), tonumber(ARGV[1]))
 local out = {}
 for k = 1, #order do out[2 * k - 1] = order[k]; out[2 * k] = counts[order[k]] end
 return out
@@ -174,50 +327,52 @@ local function lru_push(lru, capacity, ttl, root, hashes)
 end
 """
 
-_WRITE_BLOCKS = """
-local function write_blocks(base, hashes, ep, now, ttl)
-  for _, h in ipairs(hashes) do
-    redis.call('HSET', base .. h, ep, now)
-    redis.call('PEXPIRE', base .. h, ttl)
-  end
-end
-"""
-
-# Single server: KEYS = lru; ARGV = endpoint, now ms, ttl ms, capacity, key prefix P, root,
-# packed hashes.
+# Single server: KEYS = lru, the chain key; ARGV = endpoint, now ms, ttl ms, capacity, key
+# prefix P, root, packed hashes.
 _ADD_ONE_NODE = LuaScript(
     "prefix-add",
     _SPLIT
+    + _ENTRIES
     + _LRU_PUSH
     + _WRITE_BLOCKS
     + """
-local ep, now, ttl, prefix, root = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[5], ARGV[6]
+local ep, now, ttl, capacity = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local hashes = split(ARGV[7])
-write_blocks(prefix .. ':b:{' .. root .. '}:', hashes, ep, now, ttl)
-local evicted = lru_push(KEYS[1], tonumber(ARGV[4]), ttl, root, hashes)
-for _, m in ipairs(evicted) do
-  local r, h = string.match(m, '^(%x+):(%x+)$')
-  if r then redis.call('HDEL', prefix .. ':b:{' .. r .. '}:' .. h, ep) end
-end
+write_blocks(KEYS[2], hashes, ep, now, ttl, now - ttl)
+local evicted = lru_push(KEYS[1], capacity, ttl, ARGV[6], hashes)
+forget(ARGV[5], evicted, ep, now - ttl)
 return #evicted
 """,
 )
 
-# Cluster, the chain's node: KEYS = every block key; ARGV = endpoint, now ms, ttl ms.
-# Every key is declared (not built in the script as on one server): while the chain's slot
-# migrates, Redis then answers TRYAGAIN or ASK for the whole call instead of letting the
-# script create, on the importing node, a key the old node still holds, which would make
-# the migration's MIGRATE fail with BUSYKEY. Off the routing path, so the client's cost of
-# one argument per key is paid after the reply to Envoy.
+# Cluster, the chain's node: KEYS = the chain key; ARGV = endpoint, now ms, ttl ms, packed
+# hashes. The chain is one key, declared: while its slot migrates, Redis
+# answers ASK for it (moved already) or serves it (not yet), and never lets the script
+# create, on the importing node, a key the old node still holds.
 _ADD_BLOCKS = LuaScript(
     "prefix-add-blocks",
-    """
-local ep, now, ttl = ARGV[1], ARGV[2], tonumber(ARGV[3])
-for _, key in ipairs(KEYS) do
-  redis.call('HSET', key, ep, now)
-  redis.call('PEXPIRE', key, ttl)
-end
-return #KEYS
+    _SPLIT
+    + _ENTRIES
+    + _WRITE_BLOCKS
+    + """
+local now, ttl = tonumber(ARGV[2]), tonumber(ARGV[3])
+local hashes = split(ARGV[4])
+write_blocks(KEYS[1], hashes, ARGV[1], now, ttl, now - ttl)
+return #hashes
+""",
+)
+
+# Cluster, the chain's node: KEYS = the chain key; ARGV = endpoint, cutoff ms, packed
+# hashes: the endpoint taken out of those blocks (evicted from its recency set).
+_DROP_BLOCKS = LuaScript(
+    "prefix-drop-blocks",
+    _SPLIT
+    + _ENTRIES
+    + _WRITE_BLOCKS
+    + """
+local hashes = split(ARGV[3])
+drop(KEYS[1], hashes, ARGV[1], tonumber(ARGV[2]))
+return #hashes
 """,
 )
 
@@ -312,70 +467,68 @@ return 1
 """,
 )
 
-# Single server: KEYS = lru, claim counts; ARGV = endpoint, now ms, ttl ms, capacity, key
-# prefix P, root, packed hashes, cutoff ms, half-life ms, alternates (newline-separated).
-# The chain's owner if its first block is held, else the add for the least claimed of the
-# endpoint and its alternates (a count per endpoint, "<count> <ms>", halving every
-# half-life; the endpoint wins a tie).
+# Single server: KEYS = lru, claim counts, the chain key; ARGV = endpoint, now ms, ttl ms,
+# capacity, key prefix P, root, packed hashes, cutoff ms, half-life ms, alternates
+# (newline-separated). The chain's owner if its first block is held, else the add for the
+# least claimed of the endpoint and its alternates (a count per endpoint, "<count> <ms>",
+# halving every half-life; the endpoint wins a tie).
 _CLAIM_ONE_NODE = LuaScript(
     "prefix-claim",
     _SPLIT
+    + _ENTRIES
     + _WALK
     + _LRU_PUSH
     + _WRITE_BLOCKS
     + _LEAST_CLAIMED
     + """
-local ep, now, ttl, prefix, root = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[5], ARGV[6]
-local now_ms = ARGV[2]
+local ep, now, ttl, capacity = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local hashes = split(ARGV[7])
-local base = prefix .. ':b:{' .. root .. '}:'
-local owner = best(chain_walk(base, hashes, tonumber(ARGV[8])))
+local owner = best(walk(KEYS[3], hashes, tonumber(ARGV[8])))
 if owner then return owner end
 local lru = KEYS[1]
 ep = least_claimed(KEYS[2], ep, ARGV[10], now, tonumber(ARGV[9]))
-if ep ~= ARGV[1] then lru = prefix .. ':lru:{' .. ep .. '}' end
-write_blocks(base, hashes, ep, now_ms, ttl)
-local evicted = lru_push(lru, tonumber(ARGV[4]), ttl, root, hashes)
-for _, m in ipairs(evicted) do
-  local r, h = string.match(m, '^(%x+):(%x+)$')
-  if r then redis.call('HDEL', prefix .. ':b:{' .. r .. '}:' .. h, ep) end
-end
+if ep ~= ARGV[1] then lru = ARGV[5] .. ':lru:{' .. ep .. '}' end
+write_blocks(KEYS[3], hashes, ep, now, ttl, now - ttl)
+local evicted = lru_push(lru, capacity, ttl, ARGV[6], hashes)
+forget(ARGV[5], evicted, ep, now - ttl)
 return ep
 """,
 )
 
-# Cluster, the chain's node: KEYS = every block key; ARGV = endpoint, now ms, ttl ms,
-# cutoff ms. The chain's owner and 0 if its first block is held (by that endpoint too),
-# else the blocks' write and the endpoint and 1.
+# Cluster, the chain's node: KEYS = the chain key; ARGV = endpoint, now ms, ttl ms, cutoff
+# ms, packed hashes. The chain's owner and 0 if its first block is held (by that
+# endpoint too), else the blocks' write and the endpoint and 1.
 _CLAIM_BLOCKS = LuaScript(
     "prefix-claim-blocks",
-    _WALK
+    _SPLIT
+    + _ENTRIES
+    + _WALK
+    + _WRITE_BLOCKS
     + """
-local ep, now, ttl = ARGV[1], ARGV[2], tonumber(ARGV[3])
-local owner = best(keys_walk(KEYS, tonumber(ARGV[4])))
+local ep, now, ttl = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
+local hashes = split(ARGV[5])
+local owner = best(walk(KEYS[1], hashes, tonumber(ARGV[4])))
 if owner then return {owner, 0} end
-for _, key in ipairs(KEYS) do
-  redis.call('HSET', key, ep, now)
-  redis.call('PEXPIRE', key, ttl)
-end
+write_blocks(KEYS[1], hashes, ep, now, ttl, now - ttl)
 return {ep, 1}
 """,
 )
 
-# Single server: KEYS = lru; ARGV = endpoint, key prefix P.
+# Single server: KEYS = lru; ARGV = endpoint, key prefix P, cutoff ms.
 _REMOVE_ONE_NODE = LuaScript(
     "prefix-remove",
-    """
+    _SPLIT
+    + _ENTRIES
+    + _WRITE_BLOCKS
+    + """
 local members = redis.call('ZRANGE', KEYS[1], 0, -1)
-for _, m in ipairs(members) do
-  local root, h = string.match(m, '^(%x+):(%x+)$')
-  if root then redis.call('HDEL', ARGV[2] .. ':b:{' .. root .. '}:' .. h, ARGV[1]) end
-end
+forget(ARGV[2], members, ARGV[1], tonumber(ARGV[3]))
 redis.call('DEL', KEYS[1])
 return #members
 """,
 )
 
+#: Chains whose evicted blocks one round of a cluster's eviction takes out at once.
 _PIPELINE_CHUNK = 1000
 _HALF_LIFE_MS = round(CLAIM_HALF_LIFE * 1000)
 # How long a cluster remembers the choice made for a new chain: six half-lives, so a claim
@@ -405,8 +558,12 @@ class RedisPrefixIndex:
         self._ttl_ms = max(1, round(ttl * 1000))
 
     # Keys
-    def block_key(self, root: int, block: int) -> str:
-        return f"{self._prefix}:b:{{{root:016x}}}:{block:016x}"
+    def chain_key(self, root: int) -> str:
+        """The hash of the chain whose first hash is ``root``: block hash -> its holders."""
+        return self._chain_key(f"{root:016x}")
+
+    def _chain_key(self, root: str) -> str:
+        return f"{self._prefix}:c:{{{root}}}"
 
     def lru_key(self, endpoint: str) -> str:
         return f"{self._prefix}:lru:{{{endpoint}}}"
@@ -422,10 +579,9 @@ class RedisPrefixIndex:
     async def match(self, hashes: Sequence[int]) -> Mapping[str, int]:
         if not hashes:
             return {}
-        root = f"{hashes[0]:016x}"
-        base = f"{self._prefix}:b:{{{root}}}:"
-        args = (_now_ms() - self._ttl_ms, base, _pack(hashes))
-        reply = await guarded("prefix match", _MATCH.run(self._client, [base + root], args))
+        key = self._chain_key(f"{hashes[0]:016x}")
+        args = (_now_ms() - self._ttl_ms, _pack(hashes))
+        reply = await guarded("prefix match", _MATCH.run(self._client, [key], args))
         return _parse_counts(reply)
 
     async def add(self, hashes: Sequence[int], endpoint: str, capacity: int) -> None:
@@ -443,19 +599,20 @@ class RedisPrefixIndex:
         """Write the blocks ``packed`` of the chain ``root`` for ``endpoint``."""
         if capacity <= 0:
             raise ValueError(f"capacity must be positive, got {capacity}")
+        _check_name(endpoint)
         lru = self.lru_key(endpoint)
+        chain = self._chain_key(root)
         now = _now_ms()
         if not self._cluster:
             args = (endpoint, now, self._ttl_ms, capacity, self._prefix, root, packed)
-            reply = await guarded("prefix add", _ADD_ONE_NODE.run(self._client, [lru], args))
+            reply = await guarded("prefix add", _ADD_ONE_NODE.run(self._client, [lru, chain], args))
             if not isinstance(reply, int):
                 raise SharedStateReplyError(f"redis prefix add: unexpected reply {reply!r:.100}")
             return
         calls = [_ADD_LRU.run(self._client, [lru], (capacity, self._ttl_ms, root, packed))]
         if packed:
-            base = f"{self._prefix}:b:{{{root}}}:"
-            keys = [base + packed[i : i + 16] for i in range(0, len(packed), 16)]
-            calls.append(_ADD_BLOCKS.run(self._client, keys, (endpoint, now, self._ttl_ms)))
+            write = (endpoint, now, self._ttl_ms, packed)
+            calls.append(_ADD_BLOCKS.run(self._client, [chain], write))
         replies = await guarded("prefix add", _gather(calls))
         evicted = _members("prefix add", replies[0])
         if evicted:
@@ -484,7 +641,9 @@ class RedisPrefixIndex:
             raise ValueError("claim needs at least one hash")
         if capacity <= 0:
             raise ValueError(f"capacity must be positive, got {capacity}")
+        _check_name(endpoint)
         root = f"{hashes[0]:016x}"
+        chain = self._chain_key(root)
         packed = _pack(hashes)
         now = _now_ms()
         cutoff = now - self._ttl_ms
@@ -502,7 +661,7 @@ class RedisPrefixIndex:
                 _HALF_LIFE_MS,
                 others,
             )
-            keys = [self.lru_key(endpoint), self.claims_key()]
+            keys = [self.lru_key(endpoint), self.claims_key(), chain]
             reply = await guarded("prefix claim", _CLAIM_ONE_NODE.run(self._client, keys, args))
             return _owner(reply), None
         # The claim counts are in another slot than the chain: with alternates the choice
@@ -517,9 +676,9 @@ class RedisPrefixIndex:
         )
         if others:
             endpoint, how = _chosen(await guarded("prefix claim", choose))
-        base = f"{self._prefix}:b:{{{root}}}:"
-        keys = [base + packed[i : i + 16] for i in range(0, len(packed), 16)]
-        claim = _CLAIM_BLOCKS.run(self._client, keys, (endpoint, now, self._ttl_ms, cutoff))
+        claim = _CLAIM_BLOCKS.run(
+            self._client, [chain], (endpoint, now, self._ttl_ms, cutoff, packed)
+        )
         if others:
             owner, won = _claimed(await guarded("prefix claim", claim))
         else:
@@ -564,7 +723,9 @@ class RedisPrefixIndex:
         if not self._cluster:
             await guarded(
                 "prefix remove",
-                _REMOVE_ONE_NODE.run(self._client, [lru], [endpoint, self._prefix]),
+                _REMOVE_ONE_NODE.run(
+                    self._client, [lru], [endpoint, self._prefix, _now_ms() - self._ttl_ms]
+                ),
             )
             return
         reply = await guarded("prefix remove", self._client.zrange(lru, 0, -1))
@@ -577,23 +738,33 @@ class RedisPrefixIndex:
 
     # Internals
     async def _forget(self, endpoint: str, members: Sequence[bytes]) -> None:
-        """Remove ``endpoint`` from the blocks named by recency-set ``members`` (cluster:
-        one pipeline, which the client splits into one request per node)."""
-        by_key: dict[str, None] = {}
+        """Take ``endpoint`` out of the blocks named by recency-set ``members`` (cluster: one
+        script per chain, sent together; a chain's blocks are one key)."""
+        by_root: dict[str, list[str]] = {}
         for member in members:
             root, sep, block = member.decode("ascii", "replace").partition(":")
-            if sep:
-                by_key[f"{self._prefix}:b:{{{root}}}:{block}"] = None
-        keys = list(by_key)
-        for start in range(0, len(keys), _PIPELINE_CHUNK):
-            pipe = self._client.pipeline(transaction=False)
-            for key in keys[start : start + _PIPELINE_CHUNK]:
-                pipe.hdel(key, endpoint)
-            await guarded("prefix evict", pipe.execute())
+            if sep and len(block) == 16:
+                by_root.setdefault(root, []).append(block)
+        cutoff = _now_ms() - self._ttl_ms
+        chains = list(by_root.items())
+        for start in range(0, len(chains), _PIPELINE_CHUNK):
+            calls = [
+                _DROP_BLOCKS.run(
+                    self._client, [self._chain_key(root)], (endpoint, cutoff, "".join(blocks))
+                )
+                for root, blocks in chains[start : start + _PIPELINE_CHUNK]
+            ]
+            await guarded("prefix evict", _gather(calls))
 
 
 async def _gather(calls: list[Coroutine[Any, Any, object]]) -> list[object]:
     return list(await asyncio.gather(*calls))
+
+
+def _check_name(endpoint: str) -> None:
+    """An endpoint name is stored as one line of a block's value."""
+    if "\n" in endpoint:
+        raise ValueError(f"endpoint name must not contain a newline: {endpoint!r:.100}")
 
 
 def _pack(hashes: Sequence[int]) -> str:

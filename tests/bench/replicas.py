@@ -83,6 +83,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
 import math
 import os
 import re
@@ -98,6 +99,7 @@ from typing import Any
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
+from app.config.loader import DEFAULT_CONFIG
 from tests.bench.load import cpu_seconds
 from tests.bench.pod import pod_pids
 from tests.bench.routing_quality import (
@@ -126,10 +128,25 @@ COLUMNS: dict[str, tuple[str, int, str | None]] = {
     "redis": ("3 redis", REPLICAS, "server"),
     "cluster": ("3 cluster", REPLICAS, "cluster"),
     "redis-est": ("3 redis, gate estimate", REPLICAS, "server"),
+    "1-nogate": ("1 replica, no gate", 1, None),
+    "redis-nogate": ("3 redis, no gate", REPLICAS, "server"),
 }
 #: Column key → more EPP flags: ``redis-est`` keeps kv-capacity-gate (and flow control) per
 #: process, counting the other replicas' requests by their published uncached tokens.
-COLUMN_FLAGS: dict[str, list[str]] = {"redis-est": ["--redis-shared-admission=false"]}
+DEFAULT_COLUMNS = ("1", "local", "redis", "cluster", "redis-est")
+#: ``1-nogate`` and ``redis-nogate`` run the default without ``kv-capacity-gate``: what the
+#: gate itself costs the hit rate, apart from Redis.
+NO_GATE_CONFIG = json.dumps(
+    {
+        **DEFAULT_CONFIG,
+        "plugins": [p for p in DEFAULT_CONFIG["plugins"] if p["type"] != "kv-capacity-gate"],
+    }
+)
+COLUMN_FLAGS: dict[str, list[str]] = {
+    "redis-est": ["--redis-shared-admission=false"],
+    "1-nogate": ["--config-text", NO_GATE_CONFIG],
+    "redis-nogate": ["--config-text", NO_GATE_CONFIG],
+}
 #: ``redisN``: N EPPs on one redis-server; ``podN``: one EPP with ``--workers N`` on it.
 SCALED = re.compile(r"(redis|pod)([1-9][0-9]*)")
 
@@ -159,6 +176,7 @@ WRITES = "inference_extension_shared_state_writes_total"
 CLAIMS = "inference_extension_shared_state_claims_total"
 DEGRADED = "inference_extension_shared_state_degraded"
 REQUESTS = "inference_objective_request_total"
+KV_GATE_WAIT = "inference_extension_kv_capacity_gate_wait_seconds"
 MATCHES = ROUNDTRIP + "_count"
 #: Seconds the replicas' CPU is measured without traffic, before it.
 IDLE_SECONDS = 2.0
@@ -262,24 +280,52 @@ def redis_for(kind: str | None) -> Iterator[list[str]]:
         store.close()
 
 
-def redis_counters(redis_args: Sequence[str]) -> tuple[float, float]:
-    """(reply writes, commands) every node of the Redis in ``redis_args`` has processed so
-    far (``INFO stats``); NaN without Redis."""
+def redis_commandstats(redis_args: Sequence[str]) -> dict[str, tuple[float, float]]:
+    """Per command (``INFO commandstats``, scripts' inner commands included): calls and µs
+    so far, summed over every node; empty without Redis."""
     if not redis_args:
-        return math.nan, math.nan
+        return {}
     import redis
 
-    writes = commands = 0.0
+    stats: dict[str, tuple[float, float]] = {}
+    for address in redis_args[1].split("://", 1)[1].split(","):
+        host, _, port = address.rpartition(":")
+        node = redis.Redis(host=host, port=int(port), decode_responses=True)
+        try:
+            info = node.info("commandstats")
+        finally:
+            node.close()
+        for name, value in info.items():
+            if isinstance(value, dict):
+                calls, usec = stats.get(name.removeprefix("cmdstat_"), (0.0, 0.0))
+                stats[name.removeprefix("cmdstat_")] = (
+                    calls + float(value["calls"]),
+                    usec + float(value["usec"]),
+                )
+    return stats
+
+
+def redis_counters(redis_args: Sequence[str]) -> tuple[float, float, float]:
+    """(reply writes, commands, CPU seconds) every node of the Redis in ``redis_args`` has
+    processed or used so far (``INFO stats``, ``INFO cpu``: the main thread's user +
+    system time); NaN without Redis."""
+    if not redis_args:
+        return math.nan, math.nan, math.nan
+    import redis
+
+    writes = commands = used = 0.0
     for address in redis_args[1].split("://", 1)[1].split(","):
         host, _, port = address.rpartition(":")
         node = redis.Redis(host=host, port=int(port), decode_responses=True)
         try:
             info = node.info("stats")
+            cpu = node.info("cpu")
         finally:
             node.close()
         writes += float(info["total_writes_processed"])
         commands += float(info["total_commands_processed"])
-    return writes, commands
+        used += float(cpu["used_cpu_user_main_thread"]) + float(cpu["used_cpu_sys_main_thread"])
+    return writes, commands, used
 
 
 # --- tenants ---
@@ -391,7 +437,12 @@ class Column:
     #: traffic; round trips per second without traffic (NaN: no Redis)
     redis_trips_per_request: float = math.nan
     redis_commands_per_request: float = math.nan
+    #: the Redis server's main-thread CPU per answered request over the traffic (ms)
+    redis_cpu_ms_per_request: float = math.nan
     redis_idle_trips_per_s: float = math.nan
+    #: per Redis command: calls and µs per answered request over the traffic (``evalsha``
+    #: and ``eval``: the scripts' whole run, their inner commands included)
+    redis_commands: dict[str, tuple[float, float]] = field(default_factory=dict)
     #: Envoy's ext_proc fault counters that are not 0 (``Stack.EXTPROC_FAULTS``)
     extproc_faults: dict[str, int] = field(default_factory=dict)
 
@@ -423,6 +474,7 @@ def run_column(key: str, args: argparse.Namespace, workload: Sequence[tuple[int,
             time.sleep(IDLE_SECONDS)  # a benchmark, not a test: the replicas' idle CPU
             cpu_before = epp_cpu_seconds(stack)
             redis_before = redis_counters(redis_args)
+            commands_before = redis_commandstats(redis_args)
             scrapes_before = asyncio.run(scrape_counts(stack.simulator_urls))
             started = time.perf_counter()
             idle_for = started - idle_from[1]
@@ -432,6 +484,7 @@ def run_column(key: str, args: argparse.Namespace, workload: Sequence[tuple[int,
             )
             cpu = epp_cpu_seconds(stack) - cpu_before
             redis_after = redis_counters(redis_args)
+            commands_after = redis_commandstats(redis_args)
             stats = asyncio.run(sim_stats(stack.simulator_urls))
             scraped = time.perf_counter() - started
             holders = chain_holders(redis_args)
@@ -466,7 +519,15 @@ def run_column(key: str, args: argparse.Namespace, workload: Sequence[tuple[int,
         else (),
         redis_trips_per_request=(redis_after[0] - redis_before[0]) / done,
         redis_commands_per_request=(redis_after[1] - redis_before[1]) / done,
+        redis_cpu_ms_per_request=(redis_after[2] - redis_before[2]) / done * 1000,
         redis_idle_trips_per_s=(redis_before[0] - idle_redis[0]) / idle_for,
+        redis_commands={
+            name: (
+                (calls - commands_before.get(name, (0.0, 0.0))[0]) / done,
+                (usec - commands_before.get(name, (0.0, 0.0))[1]) / done,
+            )
+            for name, (calls, usec) in commands_after.items()
+        },
         extproc_faults=faults,
     )
 
@@ -485,10 +546,11 @@ def chain_holders(redis_args: Sequence[str]) -> Counter[str]:
         host, _, port = address.rpartition(":")
         node = redis.Redis(host=host, port=int(port), decode_responses=True)
         try:
-            for key in node.scan_iter(match=f"{prefix}:b:*", count=1000):
-                root, _, block = str(key).rpartition(":")
-                if root.endswith("{" + block + "}"):  # the chain's first block
-                    names = [str(name) for name in node.hkeys(key)]
+            for key in node.scan_iter(match=f"{prefix}:c:*", count=1000):
+                root = str(key).rpartition("{")[2].rstrip("}")
+                first = node.hget(key, root)  # the chain's first block: "<ms> <name>" lines
+                if first:
+                    names = [line.partition(" ")[2] for line in str(first).splitlines()]
                     found[f"held by {len(names)}"] += 1
                     found.update(names)
         finally:
@@ -551,6 +613,11 @@ def extra_rows(columns: Sequence[Column]) -> list[tuple[str, list[str]]]:
         ("redis add round trip p50 (ms)", shared(trip(0.5, "add"))),
         ("shared matches answered", shared(lambda m: f"{total(m, MATCHES, operation='match'):.0f}")),  # noqa: E501
         ("deadline misses (local fallback)", shared(lambda m: f"{total(m, MISSES):.0f}")),
+        ("kv gate: requests held / wait p50 / p90 (ms)", every(
+            lambda c: f"{total(c.metrics, KV_GATE_WAIT + '_count'):.0f}"
+            f" / {_ms(quantile(c.metrics, KV_GATE_WAIT, 0.5))}"
+            f" / {_ms(quantile(c.metrics, KV_GATE_WAIT, 0.9))}"
+            if present(c.metrics, KV_GATE_WAIT + '_count') else "-")),
         ("new-prefix claims won / moved / lost / fallback", shared(
             lambda m: " / ".join(
                 f"{total(m, CLAIMS, outcome=o):.0f}"
@@ -574,6 +641,8 @@ def extra_rows(columns: Sequence[Column]) -> list[tuple[str, list[str]]]:
         ("redis round trips per request (writes)", every(
             lambda c: _num(c.redis_trips_per_request))),
         ("redis commands per request", every(lambda c: _num(c.redis_commands_per_request))),
+        ("redis CPU per request (ms, server)", every(
+            lambda c: _ms(c.redis_cpu_ms_per_request / 1000))),
         ("redis round trips per s per replica", every(
             lambda c: _num(c.redis_trips_per_request * c.outcome.requests
                            / c.outcome.elapsed / len(c.metrics), 0))),
@@ -657,6 +726,14 @@ def one_run(
         columns.append(column)
     print()
     print_table([c.outcome for c in columns], extra_rows(columns))
+    for column in columns:
+        busiest = sorted(column.redis_commands.items(), key=lambda kv: -kv[1][1])[:10]
+        if busiest:
+            print(f"{column.outcome.mode}: Redis commands per request (calls, µs)")
+            print(
+                "  "
+                + ", ".join(f"{name} {calls:.1f} / {usec:.0f}" for name, (calls, usec) in busiest)
+            )
     for column in columns:
         if column.notes:
             print(f"{column.outcome.mode}: the replicas' shared-state log lines")
@@ -879,8 +956,9 @@ def main() -> None:
     add_workload_arguments(parser)
     parser.add_argument(
         "--columns",
-        default=",".join(COLUMNS),
-        help=f"which columns, in order (default: all of {', '.join(COLUMNS)})",
+        default=",".join(DEFAULT_COLUMNS),
+        help=f"which columns, in order (default: {', '.join(DEFAULT_COLUMNS)}; also"
+        " 1-nogate, redis-nogate: without kv-capacity-gate)",
     )
     parser.add_argument(
         "--replicas",

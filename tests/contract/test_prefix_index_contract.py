@@ -238,12 +238,13 @@ async def test_chains_with_different_roots_spread_over_the_cluster(
         assert await index.match(hashes) == {f"pod-{i % 3}": 8}
     if isinstance(backend.client, ClusterClient) and isinstance(index, RedisPrefixIndex):
         client = backend.client
-        nodes = {str(client.get_node_from_key(index.block_key(h[0], h[0]))) for h in chains}
+        nodes = {str(client.get_node_from_key(index.chain_key(h[0]))) for h in chains}
         assert len(nodes) > 1, "every chain landed on one node"
-        # Each chain's blocks share one slot.
-        for hashes in chains:
-            slots = {client.keyslot(index.block_key(hashes[0], h)) for h in hashes}
-            assert len(slots) == 1
+        # Each chain's blocks are one key: its node holds them all.
+        for i, hashes in enumerate(chains):
+            stored = await client.hgetall(index.chain_key(hashes[0]))
+            assert {f"{h:016x}".encode() for h in hashes} <= set(stored)
+            assert all(f" pod-{i % 3}\n".encode() in stored[f"{h:016x}".encode()] for h in hashes)
 
 
 async def test_adding_a_tail_records_the_end_of_the_chain(index: PrefixIndex) -> None:

@@ -185,11 +185,71 @@ async def test_noscript_on_a_cluster_is_transparent(
         await client.aclose()
 
 
+async def test_keys_of_the_earlier_one_key_per_block_layout_are_ignored(
+    redis_server: RedisServer, redis_client: RedisClient, key_prefix: str
+) -> None:
+    """Keys an earlier version wrote (one hash per block, ``P:b:{<root>}:<hash>``; recency
+    members that name them) break nothing: matches ignore them, evicting or removing their
+    endpoint succeeds, and they expire on their own."""
+    index = RedisPrefixIndex(redis_client, key_prefix=key_prefix)
+    root = f"{CHAIN[0]:016x}"
+    now_ms = str(time.time_ns() // 1_000_000)
+    for block in CHAIN:
+        old = f"{key_prefix}:b:{{{root}}}:{block:016x}"
+        redis_server.cli("HSET", old, "pod-old", now_ms)
+        redis_server.cli("PEXPIRE", old, "60000")
+        redis_server.cli("ZADD", index.lru_key("pod-a"), "0", f"{root}:{block:016x}")
+    assert await index.match(CHAIN) == {}
+    # pod-a's recency set holds the old members first: this add evicts them.
+    await index.add(CHAIN[:3], "pod-a", 3)
+    assert await index.match(CHAIN) == {"pod-a": 3}
+    assert await index.claim(CHAIN, "pod-b", 100) == "pod-a"
+    await index.remove_endpoint("pod-a")
+    assert await index.match(CHAIN) == {}
+    assert int(redis_server.cli("PTTL", f"{key_prefix}:b:{{{root}}}:{CHAIN[0]:016x}")) > 0
+
+
+async def test_an_endpoint_name_that_ends_like_another_is_kept_apart(
+    redis_client: RedisClient, key_prefix: str
+) -> None:
+    """A block's holders are lines of one value: a name that ends in another's (after a
+    space) must not be taken for it when that one is refreshed or evicted."""
+    index = RedisPrefixIndex(redis_client, key_prefix=key_prefix)
+    await index.add(CHAIN, "x pod-a", 100)
+    await index.add(CHAIN, "pod-a", 100)
+    await index.add(CHAIN, "x pod-a", 100)
+    await index.add(CHAIN, "pod-a", 100)
+    assert await index.match(CHAIN) == {"x pod-a": 8, "pod-a": 8}
+    await index.add([CHAIN[0] + 100 + i for i in range(8)], "pod-a", 8)  # evicts CHAIN
+    assert await index.match(CHAIN) == {"x pod-a": 8}
+    await index.remove_endpoint("x pod-a")
+    assert await index.match(CHAIN) == {}
+
+
+async def test_a_chain_key_sheds_the_blocks_nobody_holds_any_more(
+    redis_server: RedisServer, redis_client: RedisClient, key_prefix: str
+) -> None:
+    """A chain written for as long as it is used keeps only the blocks some endpoint held
+    within the TTL, even when an endpoint's evictions were lost (its recency set gone)."""
+    index = RedisPrefixIndex(redis_client, key_prefix=key_prefix, ttl=0.3)
+    long_chain = [CHAIN[0] + i for i in range(200)]
+    await index.add(long_chain, "pod-a", 1000)
+    redis_server.cli("DEL", index.lru_key("pod-a"))  # its entries can no longer be evicted
+    key = index.chain_key(CHAIN[0])
+    assert int(redis_server.cli("HLEN", key)) >= 200
+    started = time.monotonic()
+    while int(redis_server.cli("HLEN", key)) > 3:  # the live block and the sweep mark
+        assert time.monotonic() - started < 5.0, "the stale blocks stayed"
+        await index.add(CHAIN[:1], "pod-b", 10)  # keeps the chain key alive
+        await asyncio.sleep(0.02)
+    assert await index.match(long_chain) == {"pod-b": 1}
+
+
 async def test_an_error_reply_is_a_shared_state_error(
     redis_server: RedisServer, redis_client: RedisClient, key_prefix: str
 ) -> None:
     index = RedisPrefixIndex(redis_client, key_prefix=key_prefix)
-    redis_server.cli("SET", index.block_key(CHAIN[0], CHAIN[0]), "not a hash")
+    redis_server.cli("SET", index.chain_key(CHAIN[0]), "not a hash")
     with pytest.raises(SharedStateError, match="WRONGTYPE"):
         await index.match(CHAIN)
     with pytest.raises(SharedStateError, match="WRONGTYPE"):

@@ -78,8 +78,8 @@ async def test_evicted_keys_mean_fewer_matches_and_republished_load(
     try:
         await remote.add(CHAIN, "pod-a", 100)  # another process's add: not in index.local
         assert await index.match(CHAIN) == {"pod-a": 8}
-        # One block of the chain evicted: the walk stops there.
-        lru_server.cli("DEL", remote.block_key(CHAIN[0], CHAIN[5]))
+        # One block of the chain gone (another process's eviction): the walk stops there.
+        lru_server.cli("HDEL", remote.chain_key(CHAIN[0]), f"{CHAIN[5]:016x}")
         assert await index.match(CHAIN) == {"pod-a": 5}
 
         a.publish("pod-a", EndpointLoad(3, 30))
@@ -88,9 +88,9 @@ async def test_evicted_keys_mean_fewer_matches_and_republished_load(
         await b.sync_once()
         assert b.others() == {"pod-a": EndpointLoad(3, 30), "pod-b": EndpointLoad(1, 10)}
 
-        blocks = [remote.block_key(CHAIN[0], h) for h in CHAIN if h != CHAIN[5]]
         load_keys = [f"{key_prefix}:load:{{{key_prefix}}}:p:{a.process_id}"]
-        await _flood_until_gone(lru_server, [*blocks, remote.lru_key("pod-a"), *load_keys])
+        chain = remote.chain_key(CHAIN[0])
+        await _flood_until_gone(lru_server, [chain, remote.lru_key("pod-a"), *load_keys])
 
         # Everything evicted: no match, no error, the store still in use.
         assert await index.match(CHAIN) == {}

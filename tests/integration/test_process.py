@@ -343,7 +343,7 @@ async def test_redis_coming_up_later_heals_the_shared_state(tmp_path: Path) -> N
         # The add made while degraded was re-sent: the prompt's blocks are in redis.
         await asyncio.to_thread(
             wait_for,
-            lambda: server.cli("--raw", "KEYS", "epp:static:b:*").strip(),
+            lambda: server.cli("--raw", "KEYS", "epp:static:c:*").strip(),
             timeout=10,
             what="the re-sent prefix blocks",
         )
