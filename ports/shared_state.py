@@ -184,10 +184,10 @@ class SharedAdmission(Protocol):
         """The other processes' counts, summed (the same object until it changes)."""
         ...
 
-    def refreshes(self) -> int:
-        """A number that changes each time the copy is taken again (whether or not it
-        changed): what this process dispatched since, the others do not know yet, nor it
-        what they dispatched."""
+    def visible_after(self) -> float:
+        """At most how long (seconds) a dispatch at another process takes to show in this
+        process's copy, its write's delay and this copy's refresh together; in that time
+        each process is blind to what the others let in."""
         ...
 
     def watch(self, callback: Callable[[], None]) -> None:

@@ -368,7 +368,6 @@ class RedisSharedLoad:
         "_process_id",
         "_process_prefix",
         "_refresh_budget",
-        "_refreshes",
         "_refused",
         "_republish",
         "_sample_prefix",
@@ -427,7 +426,6 @@ class RedisSharedLoad:
         self._own_flows: dict[str, FlowCounts] = {}
         self._dirty_flows: set[str] = set()
         self._flows: PoolFlows = NO_POOL_FLOWS
-        self._refreshes = 0  # successful round trips
         self._flows_raw: dict[tuple[int, str], FlowCounts] = {}
         self._watchers: list[Callable[[], None]] = []
         self._republish = True
@@ -515,8 +513,11 @@ class RedisSharedLoad:
             return NO_POOL_FLOWS
         return self._flows
 
-    def refreshes(self) -> int:
-        return self._refreshes
+    def visible_after(self) -> float:
+        # Under traffic a changed count is written at most a quarter of ``staleness`` after
+        # the change, and the copy read at most a quarter after this process's own last
+        # change; with both round trips, within ``staleness`` when Redis is healthy.
+        return self._staleness
 
     def watch(self, callback: Callable[[], None]) -> None:
         self._watchers.append(callback)
@@ -746,7 +747,6 @@ class RedisSharedLoad:
             raise
         self._copy = copy
         self._copy_at = time.monotonic()
-        self._refreshes += 1
         self._take_blocks(blocks)
         if flows != self._flows_raw or processes != self._flows.processes:
             self._flows_raw = flows

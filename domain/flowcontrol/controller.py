@@ -40,6 +40,7 @@ import asyncio
 import logging
 import math
 import time
+from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -103,6 +104,8 @@ _NO_LABELS: Mapping[str, str] = MappingProxyType({})
 _DISPATCHED = QueueOutcome.DISPATCHED
 _NOT_YET = QueueOutcome.NOT_YET_FINALIZED
 _ZERO = FlowCounts()
+#: At most this many recent dispatches kept for the pool's estimate (``pool_in_flight``).
+_MAX_RECENT = 4096
 _NO_COUNTS: Mapping[str, FlowCounts] = MappingProxyType({})
 
 
@@ -338,10 +341,8 @@ class FlowController:
         self._pool = pool
         self._pool_flows: PoolFlows = NO_POOL_FLOWS
         self._published = 0
-        #: requests dispatched since the copy of the others' counts was last taken
-        #: (``pool.refreshes()`` was ``_refresh_seen`` then)
-        self._since_refresh = 0
-        self._refresh_seen = 0
+        #: when this process dispatched, within the pool's ``visible_after`` (oldest first)
+        self._recent: deque[float] = deque(maxlen=_MAX_RECENT)
         if pool is not None:
             pool.watch(self.notify)
 
@@ -487,24 +488,26 @@ class FlowController:
 
     def pool_in_flight(self) -> int:
         """``in_flight`` plus the other processes' (as of their last shared counts) plus,
-        for each other live process, as many as this one dispatched since those counts
-        were read: until the next read, each process assumes the others take the free
-        room as fast as it does, so that idle processes receiving a burst together share
-        the room instead of each filling all of it."""
+        for each other live process, as many as this one dispatched in the time a dispatch
+        takes to show in the others' counts (``visible_after``): in that time each process
+        assumes the others take the free room as fast as it does, so that idle processes
+        receiving a burst together share the room instead of each filling all of it."""
         pool = self._pool
         if pool is None:
             return self._in_flight
         flows = pool.flows()
-        return self._in_flight + flows.in_flight + flows.processes * self._dispatched_unseen()
+        if not flows.processes:
+            return self._in_flight + flows.in_flight
+        return self._in_flight + flows.in_flight + flows.processes * self._unseen(pool)
 
-    def _dispatched_unseen(self) -> int:
-        """Requests this process dispatched since the copy of the others' counts was taken."""
-        assert self._pool is not None
-        seen = self._pool.refreshes()
-        if seen != self._refresh_seen:
-            self._refresh_seen = seen
-            self._since_refresh = 0
-        return self._since_refresh
+    def _unseen(self, pool: SharedAdmission) -> int:
+        """This process's dispatches the others may not see yet."""
+        recent = self._recent
+        if recent:
+            horizon = self._clock() - pool.visible_after()
+            while recent and recent[0] <= horizon:
+                recent.popleft()
+        return len(recent)
 
     def stats(self) -> FlowControlStats:
         return FlowControlStats(
@@ -874,7 +877,8 @@ class FlowController:
         flow.in_flight += 1
         self._in_flight += 1
         if self._pool is not None:
-            self._since_refresh = self._dispatched_unseen() + 1
+            if self._pool.visible_after() > 0:
+                self._recent.append(self._clock())
             self._publish(flow)
 
     def _publish(self, flow: _Flow) -> None:

@@ -75,8 +75,8 @@ class LocalSharedLoad:
     def flows(self) -> PoolFlows:
         return NO_POOL_FLOWS
 
-    def refreshes(self) -> int:
-        return 0
+    def visible_after(self) -> float:
+        return 0.0
 
     def watch(self, callback: Callable[[], None]) -> None:
         return None
@@ -128,9 +128,6 @@ class LoadBoard:
         self.clock = clock
         self._entries: dict[str, _Entry] = {}
         self._members: list[BoardMember] = []
-        #: flow-count writes so far: a member reads the board directly, so its copy is
-        #: as new as the last write
-        self.flow_writes = 0
 
     def member(
         self, process_id: str, *, lease: float | None = None, staleness: float = 0.0
@@ -164,7 +161,6 @@ class LoadBoard:
         self, process_id: str, priority: int, flow: str, counts: FlowCounts, lease: float
     ) -> None:
         entry = self._entry(process_id)
-        self.flow_writes += 1
         key = (priority, flow)
         before = entry.flows.get(key)
         if counts.in_flight > 0 or counts.waiting > 0:
@@ -345,8 +341,8 @@ class BoardMember:
             self._flows = PoolFlows.of(current, processes)
         return self._flows
 
-    def refreshes(self) -> int:
-        return self._board.flow_writes
+    def visible_after(self) -> float:
+        return 0.0  # reads the board directly
 
     def watch(self, callback: Callable[[], None]) -> None:
         self._watchers.append(callback)

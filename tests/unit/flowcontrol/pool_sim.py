@@ -36,11 +36,11 @@ class StaleView:
     """A ``SharedAdmission`` whose copy of the others' counts changes only at ``sync``
     (writes reach the board at once; reads are as old as the last sync)."""
 
-    def __init__(self, member: BoardMember) -> None:
+    def __init__(self, member: BoardMember, period: float) -> None:
         self._member = member
+        self._period = period  # between two syncs
         self._copy: PoolFlows = NO_POOL_FLOWS
         self._watchers: list[Callable[[], None]] = []
-        self._syncs = 0
 
     def publish_flow(self, priority: int, flow: str, counts: FlowCounts) -> None:
         self._member.publish_flow(priority, flow, counts)
@@ -48,14 +48,13 @@ class StaleView:
     def flows(self) -> PoolFlows:
         return self._copy
 
-    def refreshes(self) -> int:
-        return self._syncs
+    def visible_after(self) -> float:
+        return self._period
 
     def watch(self, callback: Callable[[], None]) -> None:
         self._watchers.append(callback)
 
     def sync(self) -> None:
-        self._syncs += 1
         current = self._member.flows()
         if current is not self._copy:
             self._copy = current
@@ -139,7 +138,7 @@ class PoolSim:
                 member = self.board.member(f"p{index}")
                 member.renew()  # live, as a started process
                 if staleness > 0:
-                    view = StaleView(member)
+                    view = StaleView(member, staleness)
                     self.views.append(view)
                     pool = view
                 else:
