@@ -370,6 +370,7 @@ class RedisSharedLoad:
         "_refresh_budget",
         "_refused",
         "_republish",
+        "_round_trip",
         "_sample_prefix",
         "_sampled_raw",
         "_set_prefix",
@@ -426,6 +427,7 @@ class RedisSharedLoad:
         self._own_flows: dict[str, FlowCounts] = {}
         self._dirty_flows: set[str] = set()
         self._flows: PoolFlows = NO_POOL_FLOWS
+        self._round_trip = 0.0  # seconds: the load sync's, recent slowest
         self._flows_raw: dict[tuple[int, str], FlowCounts] = {}
         self._watchers: list[Callable[[], None]] = []
         self._republish = True
@@ -515,9 +517,10 @@ class RedisSharedLoad:
 
     def visible_after(self) -> float:
         # Under traffic a changed count is written at most a quarter of ``staleness`` after
-        # the change, and the copy read at most a quarter after this process's own last
-        # change; with both round trips, within ``staleness`` when Redis is healthy.
-        return self._staleness
+        # the change (the other's round trip), and this copy read at most a quarter after
+        # this process's own last change (its round trip): half of ``staleness`` and two
+        # round trips, which a busy machine stretches.
+        return self._staleness / 2 + 2 * self._round_trip
 
     def watch(self, callback: Callable[[], None]) -> None:
         self._watchers.append(callback)
@@ -725,6 +728,7 @@ class RedisSharedLoad:
             *flow_deleted,
             *self._block_args(republish),
         ]
+        started = time.monotonic()
         try:
             reply = await guarded(
                 "load sync",
@@ -746,7 +750,9 @@ class RedisSharedLoad:
             self._republish = True
             raise
         self._copy = copy
-        self._copy_at = time.monotonic()
+        self._copy_at = now = time.monotonic()
+        # the slowest of the recent round trips, decaying by a tenth a round trip
+        self._round_trip = max(now - started, 0.9 * self._round_trip)
         self._take_blocks(blocks)
         if flows != self._flows_raw or processes != self._flows.processes:
             self._flows_raw = flows
