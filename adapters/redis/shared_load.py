@@ -31,7 +31,8 @@ though at most once per ``staleness / 4``: under traffic the others see a bookin
 this process reads theirs, within about a quarter of ``staleness`` plus a round trip.
 A process idle for a second (no ``publish``, ``remove_endpoint`` or ``refresh``) with
 nothing booked and no flow counts runs it every ``idle_period`` (1 s, at most a quarter of
-the lease) instead: its totals do not change, its lease is renewed, and its next decision
+the lease and half the admission lease, so that its copy of the others' flow counts never
+lapses) instead: its totals do not change, its lease is renewed, and its next decision
 reads the others' load with ``refresh`` anyway; the first ``publish`` wakes the task again.
 ``publish``, ``publish_flow``, ``publish_blocks`` and ``remove_endpoint`` only change local
 state and wake the task.
@@ -440,7 +441,9 @@ class RedisSharedLoad:
         self._task: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
         self._refresh_budget = refresh_budget
-        self._idle_period = max(staleness, min(IDLE_PERIOD, lease / 4))
+        # Less than half the admission lease: an idle process's copy of the others' flow
+        # counts never lapses between two round trips, so a burst finds it current.
+        self._idle_period = max(staleness, min(IDLE_PERIOD, lease / 4, self._admission_lease / 2))
         self._idle_after = idle_after
         self._active_at = time.monotonic()
         #: The round trip under way, shared by the background task and ``refresh``.
