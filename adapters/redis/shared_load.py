@@ -522,8 +522,9 @@ class RedisSharedLoad:
         # Under traffic a changed count is written at most a quarter of ``staleness`` after
         # the change (the other's round trip), and this copy read at most a quarter after
         # this process's own last change (its round trip): half of ``staleness`` and two
-        # round trips, which a busy machine stretches.
-        return self._staleness / 2 + 2 * self._round_trip
+        # round trips, which a busy machine stretches (a burst slows the round trips
+        # before they are measured, hence the whole ``staleness``).
+        return self._staleness + 2 * self._round_trip
 
     def watch(self, callback: Callable[[], None]) -> None:
         self._watchers.append(callback)
