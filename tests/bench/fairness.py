@@ -559,6 +559,24 @@ def mean_ms(values: Sequence[float]) -> str:
     return ms(statistics.mean(values)) if values else "-"
 
 
+def light_alone_and_mixed(alone: Phase, mixed: Phase, limit: int) -> dict[str, str]:
+    """The rows both light scenarios end with: the light tenant's TTFB p90 and stream
+    time alone and beside the heavy one, the servers, the CPU, the errors."""
+    return {
+        "light TTFB p90 alone / mixed (ms)": (
+            f"{ms(pct(alone.ttfbs('light'), 0.9))} / {ms(pct(mixed.ttfbs('light'), 0.9))}"
+        ),
+        "light first byte to end, mean alone / mixed (ms)": (
+            f"{mean_ms(alone.stream_times('light'))} / {mean_ms(mixed.stream_times('light'))}"
+        ),
+        "on the servers, mean / max": servers(mixed, limit),
+        "samples over the limit / mean excess": over(mixed, limit),
+        "CPU cores alone: EPPs / sims / Envoy / Redis / client": cores(alone),
+        "CPU cores mixed: EPPs / sims / Envoy / Redis / client": cores(mixed),
+        "errors": str(alone.errors() + mixed.errors()),
+    }
+
+
 async def light_scenario(stack: Stack, args: argparse.Namespace, limit: int) -> dict[str, str]:
     alone = await phase(stack, [tenant("light", args.light_users, args, 1)], args)
     mixed = await phase(
@@ -575,20 +593,10 @@ async def light_scenario(stack: Stack, args: argparse.Namespace, limit: int) -> 
         "light with heavy (req/s)": f"{light_mixed:.1f}",
         "light with heavy / alone": f"{light_mixed / light_alone:.1%}" if light_alone else "-",
         "heavy (req/s)": f"{mixed.rate('heavy'):.1f}",
-        "light TTFB p90 alone / mixed (ms)": (
-            f"{ms(pct(alone.ttfbs('light'), 0.9))} / {ms(pct(mixed.ttfbs('light'), 0.9))}"
-        ),
         "light TTFB mean alone / mixed (ms)": (
             f"{mean_ms(alone.ttfbs('light'))} / {mean_ms(mixed.ttfbs('light'))}"
         ),
-        "light first byte to end, mean alone / mixed (ms)": (
-            f"{mean_ms(alone.stream_times('light'))} / {mean_ms(mixed.stream_times('light'))}"
-        ),
-        "on the servers, mean / max": servers(mixed, limit),
-        "samples over the limit / mean excess": over(mixed, limit),
-        "CPU cores alone: EPPs / sims / Envoy / Redis / client": cores(alone),
-        "CPU cores mixed: EPPs / sims / Envoy / Redis / client": cores(mixed),
-        "errors": str(alone.errors() + mixed.errors()),
+        **light_alone_and_mixed(alone, mixed, limit),
     }
 
 
@@ -627,20 +635,10 @@ async def light_open_scenario(stack: Stack, args: argparse.Namespace, limit: int
         "light TTFB p50 alone / mixed (ms)": (
             f"{ms(pct(alone.ttfbs('light'), 0.5))} / {ms(pct(mixed.ttfbs('light'), 0.5))}"
         ),
-        "light TTFB p90 alone / mixed (ms)": (
-            f"{ms(pct(alone.ttfbs('light'), 0.9))} / {ms(pct(mixed.ttfbs('light'), 0.9))}"
-        ),
-        "light first byte to end, mean alone / mixed (ms)": (
-            f"{mean_ms(alone.stream_times('light'))} / {mean_ms(mixed.stream_times('light'))}"
-        ),
         "light in flight, mean alone / mixed": (
             f"{alone.in_flight('light'):.1f} / {mixed.in_flight('light'):.1f}"
         ),
-        "on the servers, mean / max": servers(mixed, limit),
-        "samples over the limit / mean excess": over(mixed, limit),
-        "CPU cores alone: EPPs / sims / Envoy / Redis / client": cores(alone),
-        "CPU cores mixed: EPPs / sims / Envoy / Redis / client": cores(mixed),
-        "errors": str(alone.errors() + mixed.errors()),
+        **light_alone_and_mixed(alone, mixed, limit),
     }
 
 
