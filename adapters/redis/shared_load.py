@@ -523,8 +523,10 @@ class RedisSharedLoad:
         # the change (the other's round trip), and this copy read at most a quarter after
         # this process's own last change (its round trip): half of ``staleness`` and two
         # round trips, which a busy machine stretches (a burst slows the round trips
-        # before they are measured, hence the whole ``staleness``).
-        return self._staleness + 2 * self._round_trip
+        # before they are measured, hence the whole ``staleness``). At most
+        # ``_MAX_VISIBLE_AFTER`` staleness: a slow Redis must not make flow control count
+        # seconds of this process's dispatches again for every other process.
+        return min(self._staleness + 2 * self._round_trip, _MAX_VISIBLE_AFTER * self._staleness)
 
     def watch(self, callback: Callable[[], None]) -> None:
         self._watchers.append(callback)
@@ -843,6 +845,8 @@ def _hex(block: int) -> str:
     return f"{block & HASH_MASK:016x}"
 
 
+#: ``visible_after`` is at most this many times the staleness.
+_MAX_VISIBLE_AFTER = 4
 #: The reply's header: status, load triples, flow triples, other live processes, 0, 0.
 _HEADER = 6
 

@@ -368,3 +368,28 @@ async def test_an_idle_process_syncs_once_per_idle_period_and_wakes_on_a_change(
         await idle.stop()
         await reader.stop()
         await client.aclose()
+
+
+async def test_a_slow_redis_does_not_stretch_the_time_flow_control_counts_dispatches_unseen(
+    redis_scratch_server: RedisServer, key_prefix: str
+) -> None:
+    """Flow control counts this process's recent dispatches again for every other process
+    for ``visible_after``, which grows with the load sync's round trips; a Redis that takes
+    0.4 s to answer must not make that 0.8 s (four staleness at most)."""
+    server = redis_scratch_server
+    client = connect(server.url, connect_timeout=2.0, socket_timeout=2.0)
+    load = RedisSharedLoad(client, key_prefix=key_prefix, lease=10.0, staleness=0.02)
+    try:
+        await load.sync_once()
+        assert 0.02 <= load.visible_after() <= 0.08
+        server.freeze()
+        try:
+            sync = asyncio.create_task(load.sync_once())
+            await asyncio.sleep(0.4)  # the slow round trip's length (the input, not a wait)
+        finally:
+            server.thaw()
+        await asyncio.wait_for(sync, 5.0)
+        assert load.visible_after() == pytest.approx(0.08)
+    finally:
+        await load.stop()
+        await client.aclose()

@@ -196,6 +196,16 @@ class RedisServer:
         for command in commands.split():
             self.cli("ACL", "SETUSER", user, command)
 
+    def freeze(self) -> None:
+        """SIGSTOP: the server keeps its connections and answers nothing until ``thaw``."""
+        if self._process is not None and self._process.poll() is None:
+            self._process.send_signal(signal.SIGSTOP)
+
+    def thaw(self) -> None:
+        """SIGCONT after ``freeze``: the server answers what it was sent meanwhile."""
+        if self._process is not None and self._process.poll() is None:
+            self._process.send_signal(signal.SIGCONT)
+
     def kill(self) -> None:
         """SIGKILL: the server dies at once, losing everything (nothing is persisted)."""
         if self._process is not None and self._process.poll() is None:
