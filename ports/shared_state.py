@@ -11,6 +11,7 @@ for the store and never fails because of it.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Protocol
@@ -23,12 +24,14 @@ __all__ = [
     "FlowCounts",
     "PoolBlocks",
     "PoolFlows",
+    "ProcessBlocks",
     "SharedAdmission",
     "SharedKVBlocks",
     "SharedLoad",
     "SharedStateError",
     "SharedStateReplyError",
     "SharedStateWriteRefusedError",
+    "estimate_pool_blocks",
 ]
 
 
@@ -216,6 +219,53 @@ class PoolBlocks:
     sampled: frozenset[int] = frozenset()
 
 
+@dataclass(frozen=True, slots=True)
+class ProcessBlocks:
+    """What one process's requests hold on one endpoint, as it publishes it: ``prefix``
+    distinct prefix blocks, ``sampled`` the hashes among them (taken modulo 2**64) with
+    ``h & SAMPLE_MASK == 0``, and ``unshared`` blocks that are not shared."""
+
+    prefix: int = 0
+    unshared: int = 0
+    sampled: frozenset[int] = frozenset()
+
+
+def estimate_pool_blocks(
+    own: Mapping[str, AbstractSet[int]], others: Iterable[Mapping[str, ProcessBlocks]]
+) -> dict[str, PoolBlocks]:
+    """Per endpoint, the blocks ``others`` (the other processes, in a fixed order) hold
+    beyond this process's, whose sampled prefix hashes per endpoint are ``own``.
+
+    A process's prefix blocks count in the proportion of its sample that neither this
+    process nor one before it holds (a process with no sampled hash counts all of them);
+    its blocks that are not shared count whole. One sampled hash stands for 16 blocks, so
+    the count is exact when the processes hold the same prefixes or different ones, and
+    within the sampling error in between: that is what lets a process publish a sixteenth
+    of its hashes and the store keep no count per block."""
+    counts: dict[str, float] = {}
+    seen: dict[str, set[int]] = {}
+    for process in others:
+        for endpoint, blocks in process.items():
+            union = seen.get(endpoint)
+            if union is None:
+                union = seen[endpoint] = set()
+            sampled = blocks.sampled
+            share = 1.0
+            if sampled:
+                fresh = sampled - union
+                mine = own.get(endpoint)
+                if mine:
+                    fresh = fresh - mine
+                share = len(fresh) / len(sampled)
+                union |= sampled
+            counts[endpoint] = counts.get(endpoint, 0.0) + blocks.unshared + blocks.prefix * share
+    return {
+        endpoint: PoolBlocks(round(count), frozenset(seen[endpoint]))
+        for endpoint, count in counts.items()
+        if count > 0 or seen[endpoint]
+    }
+
+
 class SharedKVBlocks(Protocol):
     """The KV-cache blocks the *other* EPP processes' in-flight requests hold, per
     endpoint, with shared prefix blocks counted once over the whole pool.
@@ -227,8 +277,10 @@ class SharedKVBlocks(Protocol):
     ``kv_blocks`` is, per endpoint, the blocks the pool holds there beyond this
     process's (``PoolBlocks``): the distinct prefix blocks of every live process that this
     one does not hold, plus the others' ``own`` blocks, and a sample of the others' prefix
-    block hashes. An endpoint absent from it has no published blocks from another
-    process. A local copy refreshed in the background, as
+    block hashes. The distinct prefix blocks are estimated from the samples
+    (``estimate_pool_blocks``, the same function in every implementation), so a store
+    keeps a sixteenth of the hashes and no count per block. An endpoint absent from it
+    has no published blocks from another process. A local copy refreshed in the background, as
     ``SharedAdmission.flows``, and empty once that copy is older than the admission lease.
     Synchronous, cheap and never raising, like ``SharedLoad``."""
 

@@ -76,12 +76,15 @@ from ports.observer import NoopObserver, Observer
 from ports.shared_state import (
     HASH_MASK,
     NO_POOL_FLOWS,
+    SAMPLE_MASK,
     EndpointLoad,
     FlowCounts,
     PoolBlocks,
     PoolFlows,
+    ProcessBlocks,
     SharedStateError,
     SharedStateReplyError,
+    estimate_pool_blocks,
 )
 
 __all__ = [
@@ -115,50 +118,42 @@ _WRITE_LOAD = {"operation": "load_write"}
 #: Seconds ``stop()`` waits for the task to end, then for the withdrawal.
 _STOP_TIMEOUT = 1.0
 
-#: The Lua helpers of the pool's block counts (ARGV[9] to ARGV[12]: the block-hash, block-set,
-#: block-count and sampled-block-count key prefixes).
+#: The Lua helpers of the processes' blocks (ARGV[9] and ARGV[10]: the block-hash and
+#: block-set key prefixes). A process's block hash has, per endpoint, "<prefix blocks>
+#: <blocks not shared>"; its set per endpoint the sampled prefix hashes (16 hex digits).
 _BLOCK_FUNCTIONS = """
 local function set_key(id, endpoint) return ARGV[10] .. id .. ':' .. endpoint end
-local function count_key(endpoint) return ARGV[11] .. endpoint end
-local function sample_key(endpoint) return ARGV[12] .. endpoint end
--- The pool's count of each prefix block per endpoint: processes holding it (and the same for
--- the sampled ones, the hashes ending in a 0 digit).
-local function hold(e, h)
-  redis.call('HINCRBY', count_key(e), h, 1)
-  if string.byte(h, 16) == 48 then redis.call('HINCRBY', sample_key(e), h, 1) end
-end
-local function unhold(e, h)
-  if redis.call('HINCRBY', count_key(e), h, -1) <= 0 then redis.call('HDEL', count_key(e), h) end
-  if string.byte(h, 16) == 48 and redis.call('HINCRBY', sample_key(e), h, -1) <= 0 then
-    redis.call('HDEL', sample_key(e), h)
-  end
-end
--- Take back every block process ``id`` holds (its sets and block hash go).
+-- Drop every block process ``id`` published (its sets and block hash).
 local function withdraw(id)
   local key = ARGV[9] .. id
-  for _, e in ipairs(redis.call('HKEYS', key)) do
-    local members = set_key(id, e)
-    for _, h in ipairs(redis.call('SMEMBERS', members)) do unhold(e, h) end
-    redis.call('DEL', members)
-  end
+  for _, e in ipairs(redis.call('HKEYS', key)) do redis.call('DEL', set_key(id, e)) end
   redis.call('DEL', key)
+end
+-- Add (``command`` SADD) or remove (SREM) ARGV[first..last] in ``key``, in chunks.
+local function members(command, key, first, last)
+  while first <= last do
+    local stop = math.min(last, first + 999)
+    redis.call(command, key, unpack(ARGV, first, stop))
+    first = stop + 1
+  end
 end
 """
 
 # KEYS = live set, own load hash, own flow hash, own block hash, the set of processes holding
 # blocks (scored by the end of their admission lease); ARGV = own id, lease ms, load-hash key
 # prefix, flow-hash key prefix, flow lease ms, clear (0/1), own load entries and own flow
-# entries expected after the writes, block-hash key prefix, block-set key prefix, block-count
-# key prefix, sampled-block-count key prefix,
+# entries expected after the writes, block-hash key prefix, block-set key prefix,
 # then for each table (load, flows): the number of pairs to set, the number of fields to
 # delete, the pairs (field, "a b"), the fields to delete; then the blocks: own block-hash
 # entries expected after the writes, the number of endpoints changed, and for each: its name,
-# its blocks not shared, the number of hashes added and removed, those hashes.
+# its prefix blocks, its blocks not shared, the number of sampled hashes added and removed,
+# those hashes.
 # Reply: a status, the number of load triples, the number of flow triples, the number of
 # other live processes, two zeros (the header is two triples), the (endpoint,
 # requests, tokens) triples of the other live processes, their ("<priority> <flow key>", in
-# flight, waiting) triples, then (endpoint, blocks beyond this process's, the sampled hashes
-# the others hold there, concatenated) triples.
+# flight, waiting) triples, then for each other process holding blocks and each endpoint:
+# (endpoint, its prefix blocks there, "<process id> <blocks not shared> <its sampled hashes
+# there, concatenated>").
 # Status: "ok"; "lost" when the own hash does not hold what was written (evicted keys, a
 # server restarted empty): the caller writes everything again next time; or an OOM error's
 # text if the server refused a write (it should not: see the first PEXPIRE): the read still
@@ -182,7 +177,7 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local lease = tonumber(ARGV[2])
 """
     + _BLOCK_FUNCTIONS
-    + """-- Processes whose blocks lapsed (no round trip for the admission lease): take them back.
+    + """-- Processes whose blocks lapsed (no round trip for the admission lease): drop them.
 for _, id in ipairs(redis.call('ZRANGEBYSCORE', KEYS[5], '-inf', now)) do
   if id ~= ARGV[1] then withdraw(id) end
   redis.call('ZREM', KEYS[5], id)
@@ -191,7 +186,7 @@ if ARGV[6] == '1' then
   withdraw(ARGV[1])
   redis.call('DEL', KEYS[2], KEYS[3])
 end
-local i = 13
+local i = 11
 local function apply(key, expected, ttl)
   local nset, ndel = tonumber(ARGV[i]), tonumber(ARGV[i + 1])
   i = i + 2
@@ -216,32 +211,23 @@ do
   local expected, changed = tonumber(ARGV[i]), tonumber(ARGV[i + 1])
   i = i + 2
   for _ = 1, changed do
-    local e, own = ARGV[i], tonumber(ARGV[i + 1])
-    local nadd, nrem = tonumber(ARGV[i + 2]), tonumber(ARGV[i + 3])
-    i = i + 4
+    local e, prefix, unshared = ARGV[i], tonumber(ARGV[i + 1]), tonumber(ARGV[i + 2])
+    local nadd, nrem = tonumber(ARGV[i + 3]), tonumber(ARGV[i + 4])
+    i = i + 5
     local key = set_key(ARGV[1], e)
-    for j = i, i + nadd - 1 do
-      if redis.call('SADD', key, ARGV[j]) == 1 then hold(e, ARGV[j]) end
-    end
-    i = i + nadd
-    for j = i, i + nrem - 1 do
-      if redis.call('SREM', key, ARGV[j]) == 1 then unhold(e, ARGV[j]) end
-    end
-    i = i + nrem
-    if own > 0 then write('HSET', KEYS[4], e, own)
+    if prefix + unshared > 0 then
+      members('SADD', key, i, i + nadd - 1)
+      members('SREM', key, i + nadd, i + nadd + nrem - 1)
+      write('HSET', KEYS[4], e, prefix .. ' ' .. unshared)
     else
       redis.call('HDEL', KEYS[4], e)
-      for _, h in ipairs(redis.call('SMEMBERS', key)) do unhold(e, h) end
       redis.call('DEL', key)
     end
+    i = i + nadd + nrem
   end
   local held = redis.call('HKEYS', KEYS[4])
   if status == 'ok' and #held ~= expected then status = 'lost' end
-  for _, e in ipairs(held) do
-    redis.call('PEXPIRE', set_key(ARGV[1], e), lease)
-    redis.call('PEXPIRE', count_key(e), lease)
-    redis.call('PEXPIRE', sample_key(e), lease)
-  end
+  for _, e in ipairs(held) do redis.call('PEXPIRE', set_key(ARGV[1], e), lease) end
   redis.call('PEXPIRE', KEYS[4], lease)
   if #held > 0 then
     write('ZADD', KEYS[5], now + tonumber(ARGV[5]), ARGV[1])
@@ -287,26 +273,20 @@ out[3] = #order
 for _, f in ipairs(order) do
   out[#out + 1] = f; out[#out + 1] = a[f]; out[#out + 1] = b[f]
 end
--- The others' blocks per endpoint: their unshared blocks, plus the pool's distinct prefix
--- blocks (the count hash's fields) that this one's set does not hold; and the pool's
--- sampled prefix blocks (this process's among them: it holds their whole chain anyway).
-local own, endpoints = {}, {}
+-- The other processes' blocks per endpoint, with their samples.
 for _, id in ipairs(redis.call('ZRANGE', KEYS[5], 0, -1)) do
   if id ~= ARGV[1] then
     local flat = redis.call('HGETALL', ARGV[9] .. id)
     for j = 1, #flat, 2 do
-      local e, n = flat[j], tonumber(flat[j + 1])
-      if n and n >= 0 then
-        if own[e] == nil then own[e] = 0; endpoints[#endpoints + 1] = e end
-        own[e] = own[e] + n
+      local e = flat[j]
+      local prefix, unshared = string.match(flat[j + 1], '^(%d+) (%d+)$')
+      if prefix then
+        out[#out + 1] = e; out[#out + 1] = tonumber(prefix)
+        out[#out + 1] = id .. ' ' .. unshared .. ' '
+          .. table.concat(redis.call('SMEMBERS', set_key(id, e)))
       end
     end
   end
-end
-for _, e in ipairs(endpoints) do
-  local extra = redis.call('HLEN', count_key(e)) - redis.call('SCARD', set_key(ARGV[1], e))
-  out[#out + 1] = e; out[#out + 1] = own[e] + math.max(0, extra)
-  out[#out + 1] = table.concat(redis.call('HKEYS', sample_key(e)))
 end
 return out
 """,
@@ -314,12 +294,11 @@ return out
 
 
 # KEYS = the set of processes holding blocks; ARGV = own id, block-hash key prefix, block-set
-# key prefix, block-count key prefix, sampled-block-count key prefix: takes this process's
-# blocks back from the pool's counts (at stop).
+# key prefix: drops this process's blocks (at stop).
 _WITHDRAW_BLOCKS = LuaScript(
     "blocks-withdraw",
     """
-local ARGV = {ARGV[1], '', '', '', '', '', '', '', ARGV[2], ARGV[3], ARGV[4], ARGV[5]}
+local ARGV = {ARGV[1], '', '', '', '', '', '', '', ARGV[2], ARGV[3]}
 """
     + _BLOCK_FUNCTIONS
     + """
@@ -345,7 +324,6 @@ class RedisSharedLoad:
         "_client",
         "_copy",
         "_copy_at",
-        "_count_prefix",
         "_degraded",
         "_dirty",
         "_dirty_flows",
@@ -366,13 +344,13 @@ class RedisSharedLoad:
         "_own_flow_key",
         "_own_flows",
         "_own_key",
+        "_own_sampled",
         "_process_id",
         "_process_prefix",
         "_refresh_budget",
         "_refused",
         "_republish",
         "_round_trip",
-        "_sample_prefix",
         "_sampled_raw",
         "_set_prefix",
         "_staleness",
@@ -410,18 +388,19 @@ class RedisSharedLoad:
         self._block_prefix = f"{key_prefix}:load:{{{key_prefix}}}:k:"
         self._own_block_key = self._block_prefix + self._process_id
         self._set_prefix = f"{key_prefix}:load:{{{key_prefix}}}:s:"
-        self._count_prefix = f"{key_prefix}:load:{{{key_prefix}}}:c:"
-        self._sample_prefix = f"{key_prefix}:load:{{{key_prefix}}}:t:"
         self._holders_key = f"{key_prefix}:load:{{{key_prefix}}}:holders"
-        #: per endpoint: the prefix blocks held, the blocks not shared; what changed since
-        #: the last round trip (hashes added, removed; endpoints)
+        #: per endpoint: the prefix blocks held (taken modulo 2**64), the sampled ones, the
+        #: blocks not shared; what changed since the last round trip (sampled hashes added,
+        #: removed; endpoints)
         self._blocks: dict[str, set[int]] = {}
+        self._own_sampled: dict[str, set[int]] = {}
         self._own_blocks: dict[str, int] = {}
         self._blocks_added: dict[str, set[int]] = {}
         self._blocks_removed: dict[str, set[int]] = {}
         self._blocks_dirty: set[str] = set()
         self._kv_blocks: Mapping[str, PoolBlocks] = _NO_BLOCKS
-        self._sampled_raw: dict[str, bytes] = {}
+        #: (process id, endpoint) -> the raw sample last parsed, and its hashes
+        self._sampled_raw: dict[tuple[str, str], tuple[bytes, frozenset[int]]] = {}
         self._admission_lease = min(ADMISSION_LEASE, lease)
         self._own: dict[str, EndpointLoad] = {}
         self._dirty: set[str] = set()
@@ -537,24 +516,35 @@ class RedisSharedLoad:
     ) -> None:
         self._active_at = time.monotonic()
         held = self._blocks.setdefault(endpoint, set())
+        sampled = self._own_sampled.setdefault(endpoint, set())
         pending_add = self._blocks_added.setdefault(endpoint, set())
         pending_remove = self._blocks_removed.setdefault(endpoint, set())
         for block in added:
+            block &= HASH_MASK
             if block not in held:
                 held.add(block)
+                if block & SAMPLE_MASK:
+                    continue
+                sampled.add(block)
                 if block in pending_remove:
                     pending_remove.discard(block)
                 else:
                     pending_add.add(block)
         for block in removed:
+            block &= HASH_MASK
             if block in held:
                 held.discard(block)
+                if block & SAMPLE_MASK:
+                    continue
+                sampled.discard(block)
                 if block in pending_add:
                     pending_add.discard(block)
                 else:
                     pending_remove.add(block)
         if not held:
             del self._blocks[endpoint]
+        if not sampled:
+            del self._own_sampled[endpoint]
         own = max(0, own)
         if own:
             self._own_blocks[endpoint] = own
@@ -616,8 +606,6 @@ class RedisSharedLoad:
                                 self._process_id,
                                 self._block_prefix,
                                 self._set_prefix,
-                                self._count_prefix,
-                                self._sample_prefix,
                             ],
                         ),
                         _STOP_TIMEOUT,
@@ -631,29 +619,28 @@ class RedisSharedLoad:
             logger.warning("could not withdraw this process's load from redis: %s", error)
 
     # Internals
-    def _take_blocks(self, blocks: dict[str, tuple[int, bytes]]) -> None:
-        """The others' blocks from a reply; an endpoint's sample is parsed again only when
-        it changed."""
-        current = self._kv_blocks
-        fresh: dict[str, PoolBlocks] = {}
-        changed = len(blocks) != len(current)
-        for endpoint, (count, raw) in blocks.items():
-            before = self._sampled_raw.get(endpoint)
-            seen = current.get(endpoint)
-            if seen is not None and before == raw:
-                sampled = seen.sampled
-            else:
-                sampled = frozenset(int(raw[j : j + 16], 16) for j in range(0, len(raw), 16))
-                self._sampled_raw[endpoint] = raw
-            if seen is None or seen.count != count or seen.sampled is not sampled:
-                changed = True
-                fresh[endpoint] = PoolBlocks(count, sampled)
-            else:
-                fresh[endpoint] = seen
-        for endpoint in [e for e in self._sampled_raw if e not in blocks]:
-            del self._sampled_raw[endpoint]
-        if changed:
-            self._kv_blocks = MappingProxyType(fresh) if fresh else _NO_BLOCKS
+    def _take_blocks(self, blocks: list[tuple[str, str, int, int, bytes]]) -> None:
+        """The others' blocks from a reply, (process id, endpoint, prefix blocks, blocks not
+        shared, raw sample) each, estimated per endpoint; a sample is parsed again only
+        when it changed."""
+        cache = self._sampled_raw
+        fresh_cache: dict[tuple[str, str], tuple[bytes, frozenset[int]]] = {}
+        processes: dict[str, dict[str, ProcessBlocks]] = {}
+        for process_id, endpoint, prefix, unshared, raw in blocks:
+            key = (process_id, endpoint)
+            parsed = cache.get(key)
+            if parsed is None or parsed[0] != raw:
+                parsed = (raw, frozenset(int(raw[j : j + 16], 16) for j in range(0, len(raw), 16)))
+            fresh_cache[key] = parsed
+            processes.setdefault(process_id, {})[endpoint] = ProcessBlocks(
+                prefix, unshared, parsed[1]
+            )
+        self._sampled_raw = fresh_cache
+        estimate = estimate_pool_blocks(
+            self._own_sampled, [processes[p] for p in sorted(processes)]
+        )
+        if estimate != self._kv_blocks:
+            self._kv_blocks = MappingProxyType(estimate) if estimate else _NO_BLOCKS
 
     def _set_key(self, endpoint: str) -> str:
         return f"{self._set_prefix}{self._process_id}:{endpoint}"
@@ -661,13 +648,14 @@ class RedisSharedLoad:
     def _block_args(self, republish: bool) -> list[str | int]:
         """The script's block table: what changed since the last round trip (all of it
         when republishing), the pending changes cleared."""
-        endpoints = set(self._own_blocks) | set(self._blocks) if republish else self._blocks_dirty
+        held = set(self._own_blocks) | set(self._blocks)
+        endpoints = held if republish else self._blocks_dirty
         added, removed = self._blocks_added, self._blocks_removed
         self._blocks_added, self._blocks_removed, self._blocks_dirty = {}, {}, set()
-        args: list[str | int] = [len(self._own_blocks), len(endpoints)]
+        args: list[str | int] = [len(held), len(endpoints)]
         for endpoint in endpoints:
             if republish:
-                plus: Iterable[int] = self._blocks.get(endpoint, ())
+                plus: Iterable[int] = self._own_sampled.get(endpoint, ())
                 minus: Iterable[int] = ()
             else:
                 plus, minus = added.get(endpoint, ()), removed.get(endpoint, ())
@@ -675,6 +663,7 @@ class RedisSharedLoad:
             minus_hex = [_hex(block) for block in minus]
             args += (
                 endpoint,
+                len(self._blocks.get(endpoint, ())),
                 self._own_blocks.get(endpoint, 0),
                 len(plus_hex),
                 len(minus_hex),
@@ -722,8 +711,6 @@ class RedisSharedLoad:
             len(self._own_flows),
             self._block_prefix,
             self._set_prefix,
-            self._count_prefix,
-            self._sample_prefix,
             len(pairs) // 2,
             len(deleted),
             *pairs,
@@ -857,7 +844,7 @@ def _parse_reply(
     bytes,
     dict[str, EndpointLoad],
     dict[tuple[int, str], FlowCounts],
-    dict[str, tuple[int, bytes]],
+    list[tuple[str, str, int, int, bytes]],
     int,
 ]:
     """The script's status, the others' load, their flow counts, their blocks per
@@ -879,7 +866,7 @@ def _parse_reply(
         raise SharedStateReplyError(f"redis load sync: unexpected reply {reply!r:.100}")
     loads: dict[str, EndpointLoad] = {}
     flows: dict[tuple[int, str], FlowCounts] = {}
-    blocks: dict[str, tuple[int, bytes]] = {}
+    blocks: list[tuple[str, str, int, int, bytes]] = []
     end_of_loads = _HEADER + 3 * reply[1]
     end_of_flows = end_of_loads + 3 * reply[2]
     for i in range(_HEADER, len(reply), 3):
@@ -887,7 +874,7 @@ def _parse_reply(
         if not isinstance(name, bytes) or not isinstance(first, int):
             raise SharedStateReplyError(f"redis load sync: unexpected reply {reply!r:.100}")
         if i >= end_of_flows and isinstance(second, bytes) and first >= 0:
-            pass  # blocks: (endpoint, count, sampled hashes)
+            pass  # blocks: (endpoint, prefix blocks, "<process> <not shared> <sample>")
         elif not isinstance(second, int) or first < 0 or second < 0:
             raise SharedStateReplyError(f"redis load sync: unexpected reply {reply!r:.100}")
         try:
@@ -898,8 +885,11 @@ def _parse_reply(
             loads[text] = EndpointLoad(requests=first, tokens=second)
             continue
         if i >= end_of_flows:
-            if first and isinstance(second, bytes) and len(second) % 16 == 0:
-                blocks[text] = (first, second)
+            if isinstance(second, bytes):
+                process_id, _, rest = second.partition(b" ")
+                unshared, _, sample = rest.partition(b" ")
+                if process_id.isascii() and unshared.isdigit() and len(sample) % 16 == 0:
+                    blocks.append((process_id.decode(), text, first, int(unshared), sample))
             continue
         priority, space, flow = text.partition(" ")
         try:

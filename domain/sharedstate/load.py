@@ -33,6 +33,8 @@ from ports.shared_state import (
     FlowCounts,
     PoolBlocks,
     PoolFlows,
+    ProcessBlocks,
+    estimate_pool_blocks,
 )
 
 __all__ = ["BoardMember", "LoadBoard", "LocalSharedLoad"]
@@ -221,25 +223,23 @@ class LoadBoard:
     def _kv_blocks(self, process_id: str) -> dict[str, PoolBlocks]:
         now = self.clock()
         mine = self._entries.get(process_id)
-        own_held = mine.blocks if mine is not None else {}
-        union: dict[str, set[int]] = {}
-        extra: dict[str, int] = {}
-        for pid, entry in self._entries.items():
+        own = {endpoint: _sample(held) for endpoint, held in (mine.blocks if mine else {}).items()}
+        others: list[dict[str, ProcessBlocks]] = []
+        for pid in sorted(self._entries):
+            entry = self._entries[pid]
             if pid == process_id or entry.admission_end <= now:
                 continue
-            for endpoint, held in entry.blocks.items():
-                union.setdefault(endpoint, set()).update(held)
-            for endpoint, own in entry.own_blocks.items():
-                extra[endpoint] = extra.get(endpoint, 0) + own
-        for endpoint, held in union.items():
-            extra[endpoint] = extra.get(endpoint, 0) + len(held - own_held.get(endpoint, set()))
-        return {
-            endpoint: PoolBlocks(
-                count,
-                frozenset(h for h in union.get(endpoint, ()) if not h & SAMPLE_MASK),
+            others.append(
+                {
+                    endpoint: ProcessBlocks(
+                        len(entry.blocks.get(endpoint, ())),
+                        entry.own_blocks.get(endpoint, 0),
+                        _sample(entry.blocks.get(endpoint, ())),
+                    )
+                    for endpoint in entry.blocks.keys() | entry.own_blocks.keys()
+                }
             )
-            for endpoint, count in extra.items()
-        }
+        return estimate_pool_blocks(own, others)
 
     def _publish(self, process_id: str, endpoint: str, load: EndpointLoad, lease: float) -> None:
         entry = self._entry(process_id)
@@ -385,3 +385,8 @@ class BoardMember:
         while True:
             await asyncio.sleep(min(self._lease, self._board.admission_lease) / 3)
             self.renew()
+
+
+def _sample(held: Iterable[int]) -> frozenset[int]:
+    """The sampled ones of prefix block hashes (taken modulo 2**64)."""
+    return frozenset(h for h in held if not h & SAMPLE_MASK)

@@ -613,8 +613,9 @@ def extra_rows(columns: Sequence[Column]) -> list[tuple[str, list[str]]]:
         ("redis add round trip p50 (ms)", shared(trip(0.5, "add"))),
         ("shared matches answered", shared(lambda m: f"{total(m, MATCHES, operation='match'):.0f}")),  # noqa: E501
         ("deadline misses (local fallback)", shared(lambda m: f"{total(m, MISSES):.0f}")),
-        ("kv gate: requests held / wait p50 / p90 (ms)", every(
+        ("kv gate: requests held / past maxHoldMs / wait p50 / p90 (ms)", every(
             lambda c: f"{total(c.metrics, KV_GATE_WAIT + '_count'):.0f}"
+            f" / {total(c.metrics, KV_GATE_WAIT + '_count', outcome='deadline'):.0f}"
             f" / {_ms(quantile(c.metrics, KV_GATE_WAIT, 0.5))}"
             f" / {_ms(quantile(c.metrics, KV_GATE_WAIT, 0.9))}"
             if present(c.metrics, KV_GATE_WAIT + '_count') else "-")),

@@ -3,7 +3,10 @@
 or three instances play the processes of one pool; each publishes the prefix blocks its
 in-flight requests hold per endpoint and its blocks that are not shared, and reads back the
 blocks the pool holds beyond its own: a prefix block several processes hold counts once.
-Then the faults: a process that dies, a process that stops, Redis flushed."""
+The count is estimated from the sampled hashes (one in 16), exact where the processes hold
+the same prefixes or different ones: the hashes here are chosen so (a prefix of 96 blocks
+and tails of 16 each hold one sampled hash in 16). Then the faults: a process that dies, a
+process that stops, Redis flushed."""
 
 from __future__ import annotations
 
@@ -19,9 +22,9 @@ from tests.contract.processes import SEEN_WITHIN, Process, Processes, until
 from tests.support.redis import RedisServer
 
 #: 64-bit block hashes, the high bit set on some (as the hashers produce them).
-SYSTEM_PROMPT = [0x8000_0000_0000_0000 + i for i in range(100)]
-TAIL_A = [0x1111_0000_0000_0000 + i for i in range(10)]
-TAIL_B = [0x2222_0000_0000_0000 + i for i in range(10)]
+SYSTEM_PROMPT = [0x8000_0000_0000_0000 + i for i in range(96)]
+TAIL_A = [0x1111_0000_0000_0000 + i for i in range(16)]
+TAIL_B = [0x2222_0000_0000_0000 + i for i in range(16)]
 
 
 def counts(process: Process) -> dict[str, int]:
@@ -38,32 +41,42 @@ async def test_a_prefix_held_by_two_processes_counts_once(pool: Processes) -> No
     b.publish_blocks("e1", SYSTEM_PROMPT + TAIL_B, (), 3)
     b.publish_blocks("e2", TAIL_B, (), 1)
     # c holds nothing: the pool's distinct prefix blocks plus everyone's own blocks.
-    await until(lambda: counts(c) == {"e1": 120 + 8, "e2": 10 + 1}, "c sees a + b")
+    await until(lambda: counts(c) == {"e1": 128 + 8, "e2": 16 + 1}, "c sees a + b")
     # a: what b holds beyond a's blocks (its tail) and b's own blocks.
-    await until(lambda: counts(a) == {"e1": 10 + 3, "e2": 11}, "a sees b beyond a")
-    await until(lambda: counts(b) == {"e1": 10 + 5}, "b sees a beyond b")
+    await until(lambda: counts(a) == {"e1": 16 + 3, "e2": 17}, "a sees b beyond a")
+    await until(lambda: counts(b) == {"e1": 16 + 5}, "b sees a beyond b")
+
+
+async def test_a_partly_shared_prefix_is_estimated_from_the_sample(pool: Processes) -> None:
+    # a holds the first half of the prompt b holds: b's blocks beyond a's are estimated
+    # from b's sampled hashes a does not hold (3 of 6: 48 blocks).
+    a, b = await pool.process(), await pool.process()
+    a.publish_blocks("e1", SYSTEM_PROMPT[:48], (), 1)
+    b.publish_blocks("e1", SYSTEM_PROMPT, (), 1)
+    await until(lambda: counts(a) == {"e1": 48 + 1}, "a sees b's second half")
+    await until(lambda: counts(b) == {"e1": 0 + 1}, "b sees nothing of a's beyond its own")
 
 
 async def test_the_others_hashes_are_sampled(pool: Processes) -> None:
     # Which of its blocks another process holds, one hash in 16: a request's chain is held
     # elsewhere up to its last block in the sample.
     a, b = await pool.process(), await pool.process()
-    negative = [-(i + 1) * 16 for i in range(3)]  # as Python's hash() can give
+    negative = [-(i + 1) for i in range(16)]  # as Python's hash() can give
     a.publish_blocks("e1", SYSTEM_PROMPT + TAIL_A + negative, (), 1)
     b.publish_blocks("e1", SYSTEM_PROMPT, (), 1)
     expected = sampled(SYSTEM_PROMPT + TAIL_A + negative)
     await until(lambda: b.kv_blocks().get("e1") is not None, "b sees a")
     await until(lambda: b.kv_blocks()["e1"].sampled == expected, "b sees a's sample")
-    assert b.kv_blocks()["e1"].count == 10 + 3 + 1
-    assert len(expected) == 7 + 1 + 3  # 0x...00, 10, ..., 60 of the prompt; 0x1111...0; -16..
+    assert b.kv_blocks()["e1"].count == 16 + 16 + 1
+    assert len(expected) == 6 + 1 + 1  # 0x...00, 10, ..., 50 of the prompt; 0x1111...0; -16
 
 
 async def test_released_blocks_stop_counting(pool: Processes) -> None:
     a, b = await pool.process(), await pool.process()
     a.publish_blocks("e1", SYSTEM_PROMPT + TAIL_A, (), 2)
-    await until(lambda: counts(b).get("e1") == 112, "b sees a")
+    await until(lambda: counts(b).get("e1") == 114, "b sees a")
     a.publish_blocks("e1", (), TAIL_A, 1)  # one request ended: its tail is free
-    await until(lambda: counts(b).get("e1") == 101, "b sees the tail released")
+    await until(lambda: counts(b).get("e1") == 97, "b sees the tail released")
     a.publish_blocks("e1", (), SYSTEM_PROMPT, 0)  # the last one ended
     await until(lambda: "e1" not in b.kv_blocks(), "b sees nothing on e1")
 
@@ -72,9 +85,9 @@ async def test_a_removed_endpoint_is_forgotten(pool: Processes) -> None:
     a, b = await pool.process(), await pool.process()
     a.publish_blocks("gone", TAIL_A, (), 4)
     a.publish_blocks("kept", TAIL_B, (), 1)
-    await until(lambda: counts(b) == {"gone": 14, "kept": 11}, "b sees both")
+    await until(lambda: counts(b) == {"gone": 20, "kept": 17}, "b sees both")
     a.remove_endpoint("gone")
-    await until(lambda: counts(b) == {"kept": 11}, "b forgets the removed endpoint")
+    await until(lambda: counts(b) == {"kept": 17}, "b forgets the removed endpoint")
 
 
 async def test_stop_withdraws_the_blocks(pool: Processes) -> None:
@@ -91,13 +104,13 @@ async def test_a_dead_process_stops_counting_within_the_admission_lease(pool: Pr
     c = await pool.process(lease=30.0)
     a.publish_blocks("e1", SYSTEM_PROMPT + TAIL_A, (), 1)
     b.publish_blocks("e1", SYSTEM_PROMPT, (), 2)
-    await until(lambda: counts(c) == {"e1": 110 + 3}, "c sees a and b")
+    await until(lambda: counts(c) == {"e1": 112 + 3}, "c sees a and b")
     crashed_at = time.monotonic()
     await pool.crash(a)
     pool.started.remove(a)
     # a's tail and its own block stop counting; the prefix b holds too still counts.
     await until(
-        lambda: counts(c) == {"e1": 100 + 2},
+        lambda: counts(c) == {"e1": 96 + 2},
         "a's blocks lapsed",
         within=ADMISSION_LEASE + SEEN_WITHIN,
     )
@@ -115,14 +128,14 @@ async def test_a_redis_flush_heals_without_a_new_publish(
         await a.start()
         await b.start()
         a.publish_blocks("e1", SYSTEM_PROMPT + TAIL_A, (), 2)
-        await until(lambda: counts(b).get("e1") == 112, "b sees a")
+        await until(lambda: counts(b).get("e1") == 114, "b sees a")
         await raw.flushall()
         # a's next round trip finds its keys gone and writes them all again.
         started = time.monotonic()
         while not await raw.keys(f"{key_prefix}:load:*:s:{a.process_id}:e1"):
             assert time.monotonic() - started < SEEN_WITHIN, "a never rewrote its blocks"
             await asyncio.sleep(0.005)
-        await until(lambda: counts(b).get("e1") == 112, "b sees a again")
+        await until(lambda: counts(b).get("e1") == 114, "b sees a again")
     finally:
         await a.stop()
         await b.stop()

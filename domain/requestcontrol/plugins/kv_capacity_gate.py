@@ -52,7 +52,9 @@ Several EPP processes (replicas or workers sharing state):
   blocks its counted requests hold and their blocks that are not shared, and counts the
   blocks the other processes' requests hold there beyond its own: a prefix block held by
   requests of several processes counts once, as in the server's cache, so the fit test is
-  the one a single process would make, up to ``SharedLoad.staleness`` old;
+  the one a single process would make, up to ``SharedLoad.staleness`` old and estimated
+  from one prefix hash in 16 (``estimate_pool_blocks``: exact when the processes hold the
+  same prefixes or different ones);
 - otherwise (or for an endpoint no other gate publishes blocks for, or while the pool's
   copy is older than its lease: the store is down) the other processes' in-flight load on
   the endpoint, as the ``inflight-load-producer`` publishes it (their uncached input tokens
