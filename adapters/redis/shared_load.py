@@ -334,10 +334,12 @@ class RedisSharedLoad:
         "_idle_after",
         "_idle_period",
         "_kv_blocks",
+        "_kv_blocks_stale",
         "_lease",
         "_live_key",
         "_observer",
         "_on_degraded",
+        "_others_blocks",
         "_own",
         "_own_block_key",
         "_own_blocks",
@@ -399,6 +401,10 @@ class RedisSharedLoad:
         self._blocks_removed: dict[str, set[int]] = {}
         self._blocks_dirty: set[str] = set()
         self._kv_blocks: Mapping[str, PoolBlocks] = _NO_BLOCKS
+        #: the other processes' blocks as of the last round trip (in process id order), and
+        #: whether this process's sample changed since ``_kv_blocks`` was estimated
+        self._others_blocks: list[dict[str, ProcessBlocks]] = []
+        self._kv_blocks_stale = False
         #: (process id, endpoint) -> the raw sample last parsed, and its hashes
         self._sampled_raw: dict[tuple[str, str], tuple[bytes, frozenset[int]]] = {}
         self._admission_lease = min(ADMISSION_LEASE, lease)
@@ -526,6 +532,7 @@ class RedisSharedLoad:
                 if block & SAMPLE_MASK:
                     continue
                 sampled.add(block)
+                self._kv_blocks_stale = True
                 if block in pending_remove:
                     pending_remove.discard(block)
                 else:
@@ -537,6 +544,7 @@ class RedisSharedLoad:
                 if block & SAMPLE_MASK:
                     continue
                 sampled.discard(block)
+                self._kv_blocks_stale = True
                 if block in pending_add:
                     pending_add.discard(block)
                 else:
@@ -556,6 +564,10 @@ class RedisSharedLoad:
     def kv_blocks(self) -> Mapping[str, PoolBlocks]:
         if time.monotonic() - self._copy_at > self._admission_lease:
             return _NO_BLOCKS
+        if self._kv_blocks_stale:
+            # Against this process's sample as it is now: a prefix it stopped holding since
+            # the round trip counts again where the others hold it, one it took on stops.
+            self._estimate()
         return self._kv_blocks
 
     async def refresh(self) -> None:
@@ -636,9 +648,13 @@ class RedisSharedLoad:
                 prefix, unshared, parsed[1]
             )
         self._sampled_raw = fresh_cache
-        estimate = estimate_pool_blocks(
-            self._own_sampled, [processes[p] for p in sorted(processes)]
-        )
+        self._others_blocks = [processes[p] for p in sorted(processes)]
+        self._estimate()
+
+    def _estimate(self) -> None:
+        """``_kv_blocks`` from the others' last blocks and this process's sample now."""
+        self._kv_blocks_stale = False
+        estimate = estimate_pool_blocks(self._own_sampled, self._others_blocks)
         if estimate != self._kv_blocks:
             self._kv_blocks = MappingProxyType(estimate) if estimate else _NO_BLOCKS
 

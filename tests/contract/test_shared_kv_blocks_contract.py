@@ -57,6 +57,20 @@ async def test_a_partly_shared_prefix_is_estimated_from_the_sample(pool: Process
     await until(lambda: counts(b) == {"e1": 0 + 1}, "b sees nothing of a's beyond its own")
 
 
+async def test_a_prefix_this_process_frees_counts_again_at_once(pool: Processes) -> None:
+    # The server keeps the prefix for a's request: the moment b's last request on it ends,
+    # b counts it as a's, without waiting for a round trip (where b would let in requests
+    # into room that is not there).
+    a, b = await pool.process(), await pool.process()
+    a.publish_blocks("e1", SYSTEM_PROMPT, (), 1)
+    b.publish_blocks("e1", SYSTEM_PROMPT + TAIL_B, (), 2)
+    await until(lambda: counts(b) == {"e1": 0 + 1}, "b holds all a holds")
+    b.publish_blocks("e1", (), SYSTEM_PROMPT + TAIL_B, 0)
+    assert counts(b) == {"e1": 96 + 1}
+    b.publish_blocks("e1", SYSTEM_PROMPT, (), 1)
+    assert counts(b) == {"e1": 0 + 1}
+
+
 async def test_the_others_hashes_are_sampled(pool: Processes) -> None:
     # Which of its blocks another process holds, one hash in 16: a request's chain is held
     # elsewhere up to its last block in the sample.
