@@ -130,6 +130,7 @@ COLUMNS: dict[str, tuple[str, int, str | None]] = {
     "redis-est": ("3 redis, gate estimate", REPLICAS, "server"),
     "1-nogate": ("1 replica, no gate", 1, None),
     "redis-nogate": ("3 redis, no gate", REPLICAS, "server"),
+    "redis-scrape1": ("3 redis, scrapes of 1", REPLICAS, "server"),
 }
 #: Column key → more EPP flags: ``redis-est`` keeps kv-capacity-gate (and flow control) per
 #: process, counting the other replicas' requests by their published uncached tokens.
@@ -146,6 +147,8 @@ COLUMN_FLAGS: dict[str, list[str]] = {
     "redis-est": ["--redis-shared-admission=false"],
     "1-nogate": ["--config-text", NO_GATE_CONFIG],
     "redis-nogate": ["--config-text", NO_GATE_CONFIG],
+    # each replica scrapes REPLICAS times less often: each server gets one replica's scrapes
+    "redis-scrape1": ["--refresh-metrics-interval", f"{50 * REPLICAS}ms"],
 }
 #: ``redisN``: N EPPs on one redis-server; ``podN``: one EPP with ``--workers N`` on it.
 SCALED = re.compile(r"(redis|pod)([1-9][0-9]*)")
@@ -959,7 +962,8 @@ def main() -> None:
         "--columns",
         default=",".join(DEFAULT_COLUMNS),
         help=f"which columns, in order (default: {', '.join(DEFAULT_COLUMNS)}; also"
-        " 1-nogate, redis-nogate: without kv-capacity-gate)",
+        " 1-nogate, redis-nogate: without kv-capacity-gate; redis-scrape1: each replica"
+        " scraping 3 times less often, so the servers get one replica's scrapes)",
     )
     parser.add_argument(
         "--replicas",
