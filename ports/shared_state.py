@@ -223,11 +223,16 @@ class PoolBlocks:
 class ProcessBlocks:
     """What one process's requests hold on one endpoint, as it publishes it: ``prefix``
     distinct prefix blocks, ``sampled`` the hashes among them (taken modulo 2**64) with
-    ``h & SAMPLE_MASK == 0``, and ``unshared`` blocks that are not shared."""
+    ``h & SAMPLE_MASK == 0``, and ``unshared`` blocks that are not shared.
+
+    ``sample_size`` (0: ``len(sampled)``) is how many sampled hashes the process holds when
+    ``sampled`` carries only those no process before it holds (a store that sends each
+    hash once)."""
 
     prefix: int = 0
     unshared: int = 0
     sampled: frozenset[int] = frozenset()
+    sample_size: int = 0
 
 
 def estimate_pool_blocks(
@@ -250,13 +255,14 @@ def estimate_pool_blocks(
             if union is None:
                 union = seen[endpoint] = set()
             sampled = blocks.sampled
+            size = blocks.sample_size or len(sampled)
             share = 1.0
-            if sampled:
+            if size:
                 fresh = sampled - union
                 mine = own.get(endpoint)
                 if mine:
                     fresh = fresh - mine
-                share = len(fresh) / len(sampled)
+                share = len(fresh) / size
                 union |= sampled
             counts[endpoint] = counts.get(endpoint, 0.0) + blocks.unshared + blocks.prefix * share
     return {

@@ -151,9 +151,9 @@ end
 # Reply: a status, the number of load triples, the number of flow triples, the number of
 # other live processes, two zeros (the header is two triples), the (endpoint,
 # requests, tokens) triples of the other live processes, their ("<priority> <flow key>", in
-# flight, waiting) triples, then for each other process holding blocks and each endpoint:
-# (endpoint, its prefix blocks there, "<process id> <blocks not shared> <its sampled hashes
-# there, concatenated>").
+# flight, waiting) triples, then for each other process holding blocks (in id order) and each
+# endpoint: (endpoint, its prefix blocks there, "<process id> <blocks not shared> <its
+# sampled hashes there> <those no process before it holds, concatenated>").
 # Status: "ok"; "lost" when the own hash does not hold what was written (evicted keys, a
 # server restarted empty): the caller writes everything again next time; or an OOM error's
 # text if the server refused a write (it should not: see the first PEXPIRE): the read still
@@ -273,18 +273,29 @@ out[3] = #order
 for _, f in ipairs(order) do
   out[#out + 1] = f; out[#out + 1] = a[f]; out[#out + 1] = b[f]
 end
--- The other processes' blocks per endpoint, with their samples.
+-- The other processes' blocks per endpoint, in process id order; each sampled hash goes
+-- out once, with the first process that holds it, each process with its sample's size.
+local holders = {}
 for _, id in ipairs(redis.call('ZRANGE', KEYS[5], 0, -1)) do
-  if id ~= ARGV[1] then
-    local flat = redis.call('HGETALL', ARGV[9] .. id)
-    for j = 1, #flat, 2 do
-      local e = flat[j]
-      local prefix, unshared = string.match(flat[j + 1], '^(%d+) (%d+)$')
-      if prefix then
-        out[#out + 1] = e; out[#out + 1] = tonumber(prefix)
-        out[#out + 1] = id .. ' ' .. unshared .. ' '
-          .. table.concat(redis.call('SMEMBERS', set_key(id, e)))
+  if id ~= ARGV[1] then holders[#holders + 1] = id end
+end
+table.sort(holders)
+local seen = {}
+for _, id in ipairs(holders) do
+  local flat = redis.call('HGETALL', ARGV[9] .. id)
+  for j = 1, #flat, 2 do
+    local e = flat[j]
+    local prefix, unshared = string.match(flat[j + 1], '^(%d+) (%d+)$')
+    if prefix then
+      local union = seen[e]
+      if union == nil then union = {}; seen[e] = union end
+      local sample = redis.call('SMEMBERS', set_key(id, e))
+      local first = {}
+      for _, h in ipairs(sample) do
+        if not union[h] then union[h] = true; first[#first + 1] = h end
       end
+      out[#out + 1] = e; out[#out + 1] = tonumber(prefix)
+      out[#out + 1] = id .. ' ' .. unshared .. ' ' .. #sample .. ' ' .. table.concat(first)
     end
   end
 end
@@ -631,21 +642,21 @@ class RedisSharedLoad:
             logger.warning("could not withdraw this process's load from redis: %s", error)
 
     # Internals
-    def _take_blocks(self, blocks: list[tuple[str, str, int, int, bytes]]) -> None:
+    def _take_blocks(self, blocks: list[tuple[str, str, int, int, int, bytes]]) -> None:
         """The others' blocks from a reply, (process id, endpoint, prefix blocks, blocks not
-        shared, raw sample) each, estimated per endpoint; a sample is parsed again only
-        when it changed."""
+        shared, sample size, the raw hashes of its sample no process before it holds)
+        each; a sample is parsed again only when it changed."""
         cache = self._sampled_raw
         fresh_cache: dict[tuple[str, str], tuple[bytes, frozenset[int]]] = {}
         processes: dict[str, dict[str, ProcessBlocks]] = {}
-        for process_id, endpoint, prefix, unshared, raw in blocks:
+        for process_id, endpoint, prefix, unshared, size, raw in blocks:
             key = (process_id, endpoint)
             parsed = cache.get(key)
             if parsed is None or parsed[0] != raw:
                 parsed = (raw, frozenset(int(raw[j : j + 16], 16) for j in range(0, len(raw), 16)))
             fresh_cache[key] = parsed
             processes.setdefault(process_id, {})[endpoint] = ProcessBlocks(
-                prefix, unshared, parsed[1]
+                prefix, unshared, parsed[1], size
             )
         self._sampled_raw = fresh_cache
         self._others_blocks = [processes[p] for p in sorted(processes)]
@@ -860,7 +871,7 @@ def _parse_reply(
     bytes,
     dict[str, EndpointLoad],
     dict[tuple[int, str], FlowCounts],
-    list[tuple[str, str, int, int, bytes]],
+    list[tuple[str, str, int, int, int, bytes]],
     int,
 ]:
     """The script's status, the others' load, their flow counts, their blocks per
@@ -882,7 +893,7 @@ def _parse_reply(
         raise SharedStateReplyError(f"redis load sync: unexpected reply {reply!r:.100}")
     loads: dict[str, EndpointLoad] = {}
     flows: dict[tuple[int, str], FlowCounts] = {}
-    blocks: list[tuple[str, str, int, int, bytes]] = []
+    blocks: list[tuple[str, str, int, int, int, bytes]] = []
     end_of_loads = _HEADER + 3 * reply[1]
     end_of_flows = end_of_loads + 3 * reply[2]
     for i in range(_HEADER, len(reply), 3):
@@ -890,7 +901,7 @@ def _parse_reply(
         if not isinstance(name, bytes) or not isinstance(first, int):
             raise SharedStateReplyError(f"redis load sync: unexpected reply {reply!r:.100}")
         if i >= end_of_flows and isinstance(second, bytes) and first >= 0:
-            pass  # blocks: (endpoint, prefix blocks, "<process> <not shared> <sample>")
+            pass  # blocks: (endpoint, prefix blocks, "<process> <not shared> <size> <sample>")
         elif not isinstance(second, int) or first < 0 or second < 0:
             raise SharedStateReplyError(f"redis load sync: unexpected reply {reply!r:.100}")
         try:
@@ -903,9 +914,17 @@ def _parse_reply(
         if i >= end_of_flows:
             if isinstance(second, bytes):
                 process_id, _, rest = second.partition(b" ")
-                unshared, _, sample = rest.partition(b" ")
-                if process_id.isascii() and unshared.isdigit() and len(sample) % 16 == 0:
-                    blocks.append((process_id.decode(), text, first, int(unshared), sample))
+                unshared, _, rest = rest.partition(b" ")
+                size, _, sample = rest.partition(b" ")
+                if (
+                    process_id.isascii()
+                    and unshared.isdigit()
+                    and size.isdigit()
+                    and len(sample) % 16 == 0
+                ):
+                    blocks.append(
+                        (process_id.decode(), text, first, int(unshared), int(size), sample)
+                    )
             continue
         priority, space, flow = text.partition(" ")
         try:

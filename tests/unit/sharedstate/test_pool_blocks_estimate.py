@@ -84,3 +84,23 @@ def test_shared_prefix_holdings_stay_within_the_sampling_error() -> None:
     spread = sorted(abs(error) for error in errors)
     assert spread[len(spread) // 2] < 0.15
     assert spread[int(len(spread) * 0.9)] < 0.40
+
+
+def test_each_sampled_hash_sent_once_gives_the_same_estimate() -> None:
+    # A store may send each sampled hash once, with the first process holding it, and each
+    # process's sample size: the estimate is the one of the whole samples.
+    rng = random.Random(10)
+    prefix = chain(rng, 150)
+    holdings = [set(prefix[: rng.randint(40, 150)]) | set(chain(rng, 40)) for _ in range(3)]
+    mine = sample(set(prefix[:60]))
+    whole = [{"e": published(held, unshared=2)} for held in holdings]
+    seen: set[int] = set()
+    once: list[dict[str, ProcessBlocks]] = []
+    for held in holdings:
+        full = sample(held)
+        once.append(
+            {"e": ProcessBlocks(len(held), 2, frozenset(full - seen), sample_size=len(full))}
+        )
+        seen |= full
+    assert any(len(p["e"].sampled) < p["e"].sample_size for p in once)
+    assert estimate_pool_blocks({"e": mine}, once) == estimate_pool_blocks({"e": mine}, whole)
