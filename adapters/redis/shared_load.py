@@ -413,9 +413,10 @@ class RedisSharedLoad:
         self._blocks_dirty: set[str] = set()
         self._kv_blocks: Mapping[str, PoolBlocks] = _NO_BLOCKS
         #: the other processes' blocks as of the last round trip (in process id order), and
-        #: whether this process's sample changed since ``_kv_blocks`` was estimated
+        #: the endpoints where this process's sample changed since ``_kv_blocks`` was
+        #: estimated
         self._others_blocks: list[dict[str, ProcessBlocks]] = []
-        self._kv_blocks_stale = False
+        self._kv_blocks_stale: set[str] = set()
         #: (process id, endpoint) -> the raw sample last parsed, and its hashes
         self._sampled_raw: dict[tuple[str, str], tuple[bytes, frozenset[int]]] = {}
         self._admission_lease = min(ADMISSION_LEASE, lease)
@@ -543,7 +544,7 @@ class RedisSharedLoad:
                 if block & SAMPLE_MASK:
                     continue
                 sampled.add(block)
-                self._kv_blocks_stale = True
+                self._kv_blocks_stale.add(endpoint)
                 if block in pending_remove:
                     pending_remove.discard(block)
                 else:
@@ -555,7 +556,7 @@ class RedisSharedLoad:
                 if block & SAMPLE_MASK:
                     continue
                 sampled.discard(block)
-                self._kv_blocks_stale = True
+                self._kv_blocks_stale.add(endpoint)
                 if block in pending_add:
                     pending_add.discard(block)
                 else:
@@ -578,7 +579,7 @@ class RedisSharedLoad:
         if self._kv_blocks_stale:
             # Against this process's sample as it is now: a prefix it stopped holding since
             # the round trip counts again where the others hold it, one it took on stops.
-            self._estimate()
+            self._estimate(self._kv_blocks_stale)
         return self._kv_blocks
 
     async def refresh(self) -> None:
@@ -662,10 +663,19 @@ class RedisSharedLoad:
         self._others_blocks = [processes[p] for p in sorted(processes)]
         self._estimate()
 
-    def _estimate(self) -> None:
-        """``_kv_blocks`` from the others' last blocks and this process's sample now."""
-        self._kv_blocks_stale = False
-        estimate = estimate_pool_blocks(self._own_sampled, self._others_blocks)
+    def _estimate(self, endpoints: set[str] | None = None) -> None:
+        """``_kv_blocks`` from the others' last blocks and this process's sample now: for
+        ``endpoints`` only (the rest kept), or for every endpoint (``None``)."""
+        self._kv_blocks_stale = set()
+        if endpoints is None:
+            estimate = estimate_pool_blocks(self._own_sampled, self._others_blocks)
+        else:
+            others = [
+                {e: process[e] for e in endpoints if e in process}
+                for process in self._others_blocks
+            ]
+            estimate = {e: b for e, b in self._kv_blocks.items() if e not in endpoints}
+            estimate.update(estimate_pool_blocks(self._own_sampled, others))
         if estimate != self._kv_blocks:
             self._kv_blocks = MappingProxyType(estimate) if estimate else _NO_BLOCKS
 
